@@ -1,0 +1,31 @@
+"""The REST API under ``/api/v1`` (aiohttp); ``provisioner.api.app.make_app`` builds it.
+
+The typed keys live here, not in ``app.py``: ``app.py`` stores them and imports the handler
+modules, which read them, so keeping them in ``app.py`` would make an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from aiohttp import web
+
+from provisioner.config import ApiSettings
+from provisioner.domain import TokenInfo
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.metrics import Metrics
+from provisioner.store.repo import NodeRepo
+from provisioner.store.tokens import TokenRepo
+
+CONDUCTOR: Final = web.AppKey("conductor", Conductor)
+NODES: Final = web.AppKey("nodes", NodeRepo)
+TOKENS: Final = web.AppKey("tokens", TokenRepo)
+METRICS: Final = web.AppKey("metrics", Metrics)
+SETTINGS: Final = web.AppKey("settings", ApiSettings)
+#: the caller's token, set by the auth middleware on every authenticated request
+PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
+
+
+def actor(request: web.Request) -> str:
+    """Who the history records for this request: ``token:<name>``."""
+    return f"token:{request[PRINCIPAL].name}"

@@ -1,0 +1,154 @@
+"""Node handlers: parse, call the conductor or the repo, serialise. Nothing else happens here.
+
+``{id}`` in a path is a node id, hostname, serial or MAC address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from aiohttp import web
+
+from provisioner.api import CONDUCTOR, NODES, SETTINGS, actor
+from provisioner.api.openapi import Route
+from provisioner.api.schemas import (
+    ActionRequest,
+    EnrollRequest,
+    HistoryPage,
+    NodeDetailOut,
+    NodeListQuery,
+    NodeOut,
+    NodePage,
+    history_out,
+    node_detail,
+    node_out,
+    parse_json,
+    respond,
+)
+from provisioner.domain import BmcEndpoint, NewNode, Node, NodeFilter, Role
+from provisioner.errors import InvalidRequest, NotFound
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.states import INTERNAL_EVENTS, Event, NodeState, allowed_events
+
+PREFIX: Final = "/api/v1"
+
+#: action name -> lifecycle event
+EVENT_ACTIONS: Final[Mapping[str, Event]] = {
+    "inspect": Event.INSPECT,
+    "deploy": Event.DEPLOY,
+    "retire": Event.RETIRE,
+    "retry": Event.RETRY,
+    "abort": Event.ABORT,
+}
+#: action name -> maintenance flag
+MAINTENANCE_ACTIONS: Final[Mapping[str, bool]] = {"maintenance-on": True,
+                                                  "maintenance-off": False}
+ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS)
+#: the conductor refuses these while a node is in maintenance
+_WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
+
+
+async def list_nodes(request: web.Request) -> web.Response:
+    context = {"page_size_max": request.app[SETTINGS].page_size_max}
+    query = NodeListQuery.model_validate(dict(request.query), context=context)
+    flt = NodeFilter(state=query.state, rack=query.rack, profile=query.profile,
+                     maintenance=query.maintenance, query=query.q)
+    found, total = await request.app[NODES].list(flt, limit=query.limit, offset=query.offset)
+    status = request.app[CONDUCTOR].step_status
+    items = [node_out(node, status(node.id)) for node in found]
+    return respond(NodePage(items=items, total=total, limit=query.limit, offset=query.offset))
+
+
+async def show_node(request: web.Request) -> web.Response:
+    node = await _node(request)
+    history = await request.app[NODES].history(node.id)
+    status = request.app[CONDUCTOR].step_status(node.id)
+    return respond(node_detail(node, status, history, allowed_actions(node)))
+
+
+async def node_history(request: web.Request) -> web.Response:
+    node = await _node(request)
+    history = await request.app[NODES].history(node.id)
+    return respond(HistoryPage(items=[history_out(entry) for entry in history]))
+
+
+async def enroll_node(request: web.Request) -> web.Response:
+    body = EnrollRequest.model_validate(parse_json(await request.read()))
+    conductor = request.app[CONDUCTOR]
+    node = await conductor.enroll(_new_node(body), actor=actor(request))
+    location = f"{PREFIX}/nodes/{node.id}"
+    return respond(node_out(node, conductor.step_status(node.id)), status=201,
+                   headers={"Location": location})
+
+
+async def act_on_node(request: web.Request) -> web.Response:
+    action = request.match_info["action"]
+    if action not in ACTIONS:
+        raise web.HTTPNotFound(text=f"unknown action {action!r}; valid actions: "
+                                    + ", ".join(ACTIONS))
+    raw = await request.read()
+    body = ActionRequest.model_validate(parse_json(raw)) if raw.strip() else ActionRequest()
+    node = await _node(request)
+    conductor = request.app[CONDUCTOR]
+    node = await _apply(conductor, node.id, action, actor=actor(request), reason=body.reason)
+    return respond(node_out(node, conductor.step_status(node.id)), status=202)
+
+
+async def _apply(conductor: Conductor, node_id: str, action: str, *, actor: str,
+                 reason: str) -> Node:
+    if action in MAINTENANCE_ACTIONS:
+        on = MAINTENANCE_ACTIONS[action]
+        if on and not reason:
+            raise InvalidRequest("maintenance-on needs a reason (body: {\"reason\": \"...\"})")
+        return await conductor.set_maintenance(node_id, on, actor=actor, reason=reason)
+    return await conductor.fire(node_id, EVENT_ACTIONS[action], actor=actor, reason=reason)
+
+
+async def _node(request: web.Request) -> Node:
+    key = request.match_info["id"]
+    if "\x00" in key or key.encode("utf-8", "replace").decode() != key:
+        raise NotFound("node", key)  # NUL or a lone surrogate: no node has such a name
+    return await request.app[NODES].find(key)
+
+
+def allowed_actions(node: Node) -> list[str]:
+    """The actions that would be accepted now (what the UI offers)."""
+    events = allowed_events(NodeState(node.state)) - INTERNAL_EVENTS
+    if node.maintenance:
+        events -= _WORK_EVENTS
+    names = [name for name, event in EVENT_ACTIONS.items() if event in events]
+    names.append("maintenance-off" if node.maintenance else "maintenance-on")
+    return names
+
+
+def _new_node(body: EnrollRequest) -> NewNode:
+    bmc = password = None
+    if body.bmc is not None:
+        bmc = BmcEndpoint(driver=body.bmc.driver, address=body.bmc.address, port=body.bmc.port,
+                          username=body.bmc.username)
+        password = body.bmc.password.get_secret_value() if body.bmc.password else None
+    return NewNode(state=NodeState.ENROLLED, hostname=body.hostname, serial=body.serial,
+                   macs=tuple(body.macs), profile=body.profile, rack=body.rack,
+                   position=body.position, bmc=bmc, bmc_password=password)
+
+
+_ID: Final = ("id", "node id, hostname, serial or MAC address")
+_ACTION: Final = ("action", "one of: " + ", ".join(ACTIONS))
+
+ROUTES: Final = (
+    Route("GET", f"{PREFIX}/nodes", list_nodes, "List nodes, filtered and paginated",
+          Role.VIEWER, NodePage, query=NodeListQuery, errors=(422,)),
+    Route("POST", f"{PREFIX}/nodes", enroll_node, "Enrol a machine", Role.OPERATOR, NodeOut,
+          status=201, body=EnrollRequest, errors=(400, 409, 413, 422)),
+    Route("GET", f"{PREFIX}/nodes/{{id}}", show_node,
+          "A node with its facts, BMC endpoint (no secrets), step status and history",
+          Role.VIEWER, NodeDetailOut, path_params=(_ID,), errors=(404,)),
+    Route("GET", f"{PREFIX}/nodes/{{id}}/history", node_history,
+          "A node's transitions, oldest first", Role.VIEWER, HistoryPage, path_params=(_ID,),
+          errors=(404,)),
+    Route("POST", f"{PREFIX}/nodes/{{id}}/actions/{{action}}", act_on_node,
+          "Request an action; 409 names the node's state and the events it allows",
+          Role.OPERATOR, NodeOut, status=202, body=ActionRequest, body_required=False,
+          path_params=(_ID, _ACTION), errors=(400, 404, 409, 413, 422)),
+)

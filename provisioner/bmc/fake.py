@@ -1,0 +1,41 @@
+"""The shipped ``fake`` BMC driver: acts on a simulated machine in a SimWorld."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from provisioner.bmc.base import BmcFactory, BootDevice, PowerState
+from provisioner.domain import BmcCredentials, BmcEndpoint
+from provisioner.simulation.world import SimWorld
+
+log = logging.getLogger(__name__)
+
+
+class FakeBmc:
+    def __init__(self, world: SimWorld, endpoint: BmcEndpoint, *, delay_s: float = 0.0) -> None:
+        self._world = world
+        self._key = endpoint.address
+        self._delay_s = delay_s
+
+    async def power_state(self) -> PowerState:
+        return PowerState(await self._world.get(self._key, "power"))
+
+    async def set_power(self, state: PowerState) -> None:
+        await asyncio.sleep(self._delay_s)
+        if await self._world.ensure(self._key, f"power_{state}", "power", str(state)):
+            log.info("fake bmc %s: power %s", self._key, state)
+
+    async def set_boot_device(self, device: BootDevice, *, persistent: bool = False) -> None:
+        await asyncio.sleep(self._delay_s / 5)
+        await self._world.ensure(self._key, "bootdev", "bootdev", str(device))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def fake_bmc_factory(world: SimWorld, *, delay_s: float = 0.0) -> BmcFactory:
+    def make(_node_id: str, endpoint: BmcEndpoint, _credentials: BmcCredentials) -> FakeBmc:
+        return FakeBmc(world, endpoint, delay_s=delay_s)
+
+    return make

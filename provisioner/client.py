@@ -1,0 +1,124 @@
+"""A tiny synchronous client of the REST API (stdlib only, so the CLI starts fast).
+
+Errors come back as ``ApiError`` with a one-line reason taken from the problem document
+(``application/problem+json``); the bearer token is never part of any message.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from provisioner import __version__
+
+#: JSON as it comes off the wire; the CLI looks at it, it never crosses into the daemon.
+Json = Any
+ParamValue = str | int | bool | None
+
+
+class ApiError(Exception):
+    """A request failed: ``status`` is the HTTP status, or 0 when no response came back."""
+
+    def __init__(self, status: int, detail: str, problem: Mapping[str, Json] | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.problem: Mapping[str, Json] = problem or {}
+
+
+class ApiClient:
+    def __init__(self, base_url: str, token: str | None, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._token = token
+        self.timeout_s = timeout_s
+
+    def __repr__(self) -> str:  # never show the token
+        return f"ApiClient({self.base_url!r})"
+
+    def get(self, path: str, params: Mapping[str, ParamValue] | None = None) -> Json:
+        return self._request("GET", path + _query(params or {}), None, None)
+
+    def post(self, path: str, body: Mapping[str, Json] | None = None) -> Json:
+        data = None if body is None else json.dumps(body).encode()
+        return self._request("POST", path, data, "application/json" if data else None)
+
+    def post_raw(self, path: str, data: bytes, content_type: str) -> Json:
+        return self._request("POST", path, data, content_type)
+
+    def _request(
+        self, method: str, path: str, data: bytes | None, content_type: str | None
+    ) -> Json:
+        url = self.base_url + path
+        headers = {"Accept": "application/json", "User-Agent": f"provisioner-cli/{__version__}"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        if content_type:
+            headers["Content-Type"] = content_type
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                payload = response.read()
+        except urllib.error.HTTPError as exc:
+            with exc:
+                raise _api_error(exc.code, exc.reason, exc.read()) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise ApiError(0, f"cannot reach provisioner at {self.base_url}: "
+                              f"{_reason(exc)}") from None
+        if not payload:
+            return None
+        try:
+            return json.loads(payload)
+        except ValueError:
+            raise ApiError(0, f"{method} {path}: the response is not JSON") from None
+
+
+def _query(params: Mapping[str, ParamValue]) -> str:
+    pairs: list[tuple[str, str]] = []
+    for key, value in params.items():
+        if value is None:
+            continue
+        if isinstance(value, bool):
+            pairs.append((key, "true" if value else "false"))
+        else:
+            pairs.append((key, str(value)))
+    return "?" + urllib.parse.urlencode(pairs) if pairs else ""
+
+
+def _api_error(status: int, reason: object, body: bytes) -> ApiError:
+    """Build the error from a problem document, or from the status line when there is none."""
+    try:
+        problem = json.loads(body) if body else None
+    except ValueError:
+        problem = None
+    if not isinstance(problem, dict):
+        text = body.decode("utf-8", "replace").strip().splitlines()
+        return ApiError(status, f"HTTP {status}: {text[0] if text else reason}")
+    detail = str(problem.get("detail") or problem.get("title") or reason or f"HTTP {status}")
+    errors = problem.get("errors")
+    if isinstance(errors, list) and errors:
+        detail += ": " + "; ".join(_describe_error(item) for item in errors[:5])
+    return ApiError(status, " ".join(detail.split()), problem)
+
+
+def _describe_error(item: Json) -> str:
+    if isinstance(item, dict):
+        loc = item.get("loc") or item.get("field")
+        msg = item.get("msg") or item.get("message") or item.get("detail") or item
+        if isinstance(loc, list):
+            loc = ".".join(str(part) for part in loc)
+        return f"{loc}: {msg}" if loc else str(msg)
+    return str(item)
+
+
+def _reason(exc: Exception) -> str:
+    reason: object = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, TimeoutError):
+        return "timed out"
+    if isinstance(reason, OSError) and reason.strerror:
+        return str(reason.strerror).lower()
+    return str(reason) or type(reason).__name__

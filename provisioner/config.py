@@ -1,0 +1,182 @@
+"""Settings: a TOML file, then ``PROVISIONER_*`` environment variables; frozen and validated.
+
+Only ``daemon.py`` and ``cli.py`` load settings; each component gets its own section.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from provisioner.errors import ConfigError
+
+DEFAULT_CONFIG_PATH = Path("/etc/provisioner/provisioner.toml")
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` too); raise ValueError naming what is wrong."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    host = host.removeprefix("[").removesuffix("]")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"port must be 0-65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ApiSettings(_Section):
+    listen: str = Field("127.0.0.1:8700", description="HOST:PORT of the REST API, web UI, metrics")
+    max_body_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond)"
+    )
+    page_size_max: int = Field(1000, ge=1, description="Largest page a list call may ask for")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        parse_host_port(value)
+        return value
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        return parse_host_port(self.listen)
+
+
+class StoreSettings(_Section):
+    auto_migrate: bool = Field(
+        True, description="Apply pending migrations at start (a newer schema is always refused)"
+    )
+    pool_size: int = Field(4, ge=1, le=64, description="Store threads (SQLite uses one writer)")
+
+
+class LifecycleSettings(_Section):
+    auto_inspect: bool = Field(True, description="Inspect discovered and enrolled nodes at once")
+    auto_deploy: bool = Field(
+        True, description="Deploy inspected nodes that have a profile, without an operator"
+    )
+    max_inspecting: int = Field(50, ge=1, description="Nodes inspecting at once; more queue")
+    max_deploying: int = Field(20, ge=1, description="Nodes deploying at once; more queue")
+    max_in_flight: int = Field(200, ge=1, description="Steps running at once, all kinds")
+    step_timeout_s: float = Field(3600.0, gt=0, description="A step running longer fails")
+
+
+class SimulationSettings(_Section):
+    nodes: int = Field(0, ge=0, le=100_000, description="Simulated nodes enrolled at start")
+    racks: int = Field(1, ge=1, description="Racks the simulated nodes are spread over")
+    profile: str = Field("gpu-worker", description="Profile given to simulated nodes")
+    step_delay_s: float = Field(
+        0.5, ge=0, description="Simulated duration of each fake driver operation"
+    )
+    fail_rate: float = Field(0.0, ge=0, le=1, description="Share of fake operations that fail")
+
+
+class LogSettings(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level")
+
+
+class DaemonSettings(_Section):
+    shutdown_timeout_s: float = Field(
+        20.0, gt=0, description="Grace period for in-flight steps to checkpoint on SIGTERM"
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="PROVISIONER_",
+        env_nested_delimiter="__",
+        frozen=True,
+        extra="forbid",
+    )
+
+    state_dir: Path = Field(
+        Path("/var/lib/provisioner"), description="Database, secret key, agent artefacts"
+    )
+    database_url: SecretStr | None = Field(
+        None, description="SQLAlchemy URL; default SQLite in state_dir (WAL)"
+    )
+    api: ApiSettings = ApiSettings()
+    store: StoreSettings = StoreSettings()
+    lifecycle: LifecycleSettings = LifecycleSettings()
+    simulation: SimulationSettings = SimulationSettings()
+    log: LogSettings = LogSettings()
+    daemon: DaemonSettings = DaemonSettings()
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The file's values arrive as init kwargs; the environment overrides them.
+        return (env_settings, init_settings)
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        if self.database_url is not None:
+            return self.database_url.get_secret_value()
+        return f"sqlite:///{self.state_dir / 'provisioner.sqlite'}"
+
+
+def load_settings(path: Path | None, *, explicit: bool = True) -> Settings:
+    """Read ``path`` (if given), then the environment; raise ConfigError with a one-line reason.
+
+    A missing file is an error when the operator named it; the default path may be absent.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with path.open("rb") as fh:
+                data = tomllib.load(fh)
+        except FileNotFoundError:
+            if explicit:
+                raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except OSError as exc:
+            raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
+    try:
+        return Settings(**data)
+    except ValidationError as exc:
+        raise ConfigError(_describe(exc, path)) from None
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    first = exc.errors()[0]
+    key = ".".join(str(part) for part in first["loc"]) or "(root)"
+    where = f" in {path}" if path is not None else ""
+    env_name = "PROVISIONER_" + key.upper().replace(".", "__")
+    hint = f" (or {env_name})" if env_name in os.environ else ""
+    message = first["msg"]
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"invalid config{where}: {key}{hint}: {message}"
+
+
+def effective_config(settings: Settings) -> dict[str, Any]:
+    """The effective settings as plain data with every secret masked."""
+    data: dict[str, Any] = json.loads(settings.model_dump_json())
+    if settings.database_url is not None:
+        data["database_url"] = mask_url(settings.database_url.get_secret_value())
+    return data
+
+
+def mask_url(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    creds, at, host = rest.rpartition("@")
+    if not sep or not at:
+        return url
+    user = creds.partition(":")[0]
+    return f"{scheme}://{user}:***@{host}"

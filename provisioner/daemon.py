@@ -1,0 +1,126 @@
+"""Composition root: settings → store → drivers → conductor → servers.
+
+Owns the event loop's TaskGroup, signals and systemd notifications. Nothing imports it
+except the CLI's ``serve`` command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from contextlib import AsyncExitStack
+
+from aiohttp import web
+
+from provisioner.api.app import make_app
+from provisioner.bmc.fake import fake_bmc_factory
+from provisioner.bmc.registry import BmcRegistry
+from provisioner.config import Settings
+from provisioner.errors import ConfigError, SchemaError
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.ports import Ports
+from provisioner.log import setup_logging
+from provisioner.metrics import Metrics
+from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
+from provisioner.simulation.drivers import FakeInspector, FakeInstaller, FakeKube, FakeSlurm
+from provisioner.simulation.rack import simulated_nodes
+from provisioner.simulation.world import SimWorld
+from provisioner.store.store import Store, open_store
+
+log = logging.getLogger(__name__)
+
+
+def run(settings: Settings) -> int:
+    """Run the daemon until SIGTERM or SIGINT; return the process exit code."""
+    setup_logging(settings.log.level)
+    try:
+        return asyncio.run(Daemon(settings).serve())
+    except (ConfigError, SchemaError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+def build_ports(settings: Settings, world: SimWorld) -> Ports:
+    """Pick the drivers. Until the real ones land, inspection, install, Kubernetes and Slurm
+    act on the simulated rack; BMCs are picked per node by driver name."""
+    sim = settings.simulation
+    kw = {"delay_s": sim.step_delay_s, "fail_rate": sim.fail_rate}
+    registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=sim.step_delay_s)})
+    return Ports(bmc=registry, inspector=FakeInspector(world, **kw),
+                 installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
+                 slurm=FakeSlurm(world, **kw))
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._stop = asyncio.Event()
+        self._notifier = SystemdNotifier()
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop, sig)
+        async with AsyncExitStack() as stack:
+            store = await asyncio.to_thread(open_store, self._settings)
+            stack.callback(store.close)
+            world = SimWorld(self._settings.state_dir / "simworld.sqlite")
+            stack.callback(world.close)
+            metrics = Metrics()
+            conductor = Conductor(store.nodes, build_ports(self._settings, world),
+                                  self._settings.lifecycle, observer=metrics.observe_transition)
+            stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
+            runner = await self._start_api(store, conductor, metrics)
+            stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
+            await self._seed_simulation(store, conductor)
+            resumed = await conductor.recover()
+            log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
+                     resumed)
+            self._notifier.ready(f"serving; {resumed} nodes resumed")
+            async with asyncio.TaskGroup() as group:
+                watchdog = group.create_task(self._watchdog(), name="watchdog")
+                await self._stop.wait()
+                watchdog.cancel()
+            self._notifier.stopping()
+            log.info("stopping: letting running sub-steps checkpoint")
+        log.info("stopped")
+        return 0
+
+    def _request_stop(self, sig: signal.Signals) -> None:
+        log.info("received %s", sig.name)
+        self._stop.set()
+
+    async def _start_api(self, store: Store, conductor: Conductor,
+                         metrics: Metrics) -> web.AppRunner:
+        app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
+                       metrics=metrics, settings=self._settings.api)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        host, port = self._settings.api.host_port
+        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        return runner
+
+    async def _seed_simulation(self, store: Store, conductor: Conductor) -> None:
+        """Enroll the simulated rack's nodes that are not in the store yet (idempotent, so a
+        daemon killed half-way through seeding completes it on the next start)."""
+        sim = self._settings.simulation
+        if sim.nodes == 0:
+            return
+        known = await store.nodes.serials()
+        missing = [new for new in simulated_nodes(sim) if new.serial not in known]
+        if missing:
+            log.info("enrolling %d simulated nodes", len(missing))
+        for new in missing:
+            await conductor.enroll(new, actor="simulation", reason="simulated rack")
+
+    async def _watchdog(self) -> None:
+        interval = watchdog_interval_s()
+        if interval is None:
+            return
+        while True:
+            self._notifier.watchdog()
+            await asyncio.sleep(interval)

@@ -1,0 +1,109 @@
+"""Domain values shared by the store, the conductor and the API: frozen, slotted, no I/O."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from provisioner.ids import NodeId
+from provisioner.lifecycle.states import NodeState
+
+
+class Role(StrEnum):
+    VIEWER = "viewer"
+    OPERATOR = "operator"
+    ADMIN = "admin"
+    AGENT = "agent"
+
+    def allows(self, needed: Role) -> bool:
+        """Whether this role may do what ``needed`` may (admin ⊃ operator ⊃ viewer)."""
+        order = [Role.VIEWER, Role.OPERATOR, Role.ADMIN]
+        if self is Role.AGENT or needed is Role.AGENT:
+            return self is needed
+        return order.index(self) >= order.index(needed)
+
+
+@dataclass(frozen=True, slots=True)
+class BmcEndpoint:
+    driver: str
+    address: str
+    port: int | None = None
+    username: str | None = None
+    password_set: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class BmcCredentials:
+    """Decrypted credentials, handed only to BMC drivers. Never logged: repr hides them."""
+
+    username: str | None
+    password: str | None = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    id: NodeId
+    state: NodeState
+    hostname: str | None
+    serial: str | None
+    macs: tuple[str, ...]
+    maintenance: bool
+    maintenance_reason: str
+    profile: str | None
+    rack: str | None
+    position: str | None
+    facts: dict[str, Any]
+    last_error: str
+    checkpoint: tuple[str, ...]
+    version: int
+    history_seq: int
+    bmc: BmcEndpoint | None
+    created_at: datetime
+    updated_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NewNode:
+    """What enrolment (operator, import or discovery) knows about a machine."""
+
+    state: NodeState
+    hostname: str | None = None
+    serial: str | None = None
+    macs: tuple[str, ...] = ()
+    profile: str | None = None
+    rack: str | None = None
+    position: str | None = None
+    bmc: BmcEndpoint | None = None
+    bmc_password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    node_id: NodeId
+    seq: int
+    event: str
+    from_state: str
+    to_state: str
+    actor: str
+    reason: str
+    at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFilter:
+    state: str | None = None
+    rack: str | None = None
+    profile: str | None = None
+    maintenance: bool | None = None
+    query: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TokenInfo:
+    id: str
+    name: str
+    role: Role
+    node_id: NodeId | None
+    expires_at: datetime | None

@@ -1,0 +1,266 @@
+"""The Conductor: the only writer of node state.
+
+Every transition goes through ``_transition`` under a per-node lock, as one compare-and-set
+plus a history row. Steps run outside the lock; their outcome comes back as ``done``/``fail``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import defaultdict
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Final
+
+from provisioner.config import LifecycleSettings
+from provisioner.domain import NewNode, Node
+from provisioner.errors import Conflict, ProvisionerError
+from provisioner.ids import NodeId
+from provisioner.lifecycle.budgets import Budgets
+from provisioner.lifecycle.context import RunContext
+from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.states import (
+    FAILED,
+    IN_FLIGHT,
+    Event,
+    NodeState,
+    next_state,
+)
+from provisioner.lifecycle.steps import STEPS, Step
+from provisioner.store.repo import NodeRepo
+from provisioner.tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+Observer = Callable[[Node, str, NodeState], None]
+"""Called after every committed transition with (node after, event, state before)."""
+
+_SUCCESS: Final = frozenset({NodeState.INSPECTED, NodeState.ACTIVE, NodeState.RETIRED})
+_WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
+SYSTEM_ACTOR: Final = "conductor"
+POLICY_ACTOR: Final = "policy"
+
+
+class Conductor:
+    def __init__(
+        self,
+        repo: NodeRepo,
+        ports: Ports,
+        settings: LifecycleSettings,
+        *,
+        steps: Mapping[NodeState, Step] = STEPS,
+        observer: Observer | None = None,
+    ) -> None:
+        self._repo = repo
+        self._ports = ports
+        self._settings = settings
+        self._steps = steps
+        self._observer = observer
+        self._budgets = Budgets(settings)
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._tasks = TaskSet()
+        self._running: dict[str, asyncio.Task[None]] = {}
+        self._status: dict[str, str] = {}
+        self._released: dict[str, asyncio.Event] = {}
+        self._draining = False
+        self._busy = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- requests -----------------------------------------------------------------------------
+
+    async def enroll(self, new: NewNode, *, actor: str, reason: str = "") -> Node:
+        node = await self._repo.create(new, actor=actor, reason=reason)
+        log.info("node %s: enrolled as %s by %s", node.id, node.state, actor)
+        self._notify(node, "enroll", NodeState(node.state))
+        await self._apply_policy(node)
+        return node
+
+    async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "") -> Node:
+        node = await self._transition(node_id, event, actor=actor, reason=reason)
+        assert node is not None
+        if event is Event.ABORT and (task := self._running.get(node_id)) is not None:
+            task.cancel()
+        await self._follow_up(node)
+        return node
+
+    async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str) -> Node:
+        async with self._locks[node_id]:
+            node = await self._repo.get(node_id)
+            if node.maintenance == on:
+                return node
+            node = await self._repo.transition(
+                node, to_state=node.state, event="maintenance_on" if on else "maintenance_off",
+                actor=actor, reason=reason, reset_checkpoint=False,
+                maintenance=(on, reason if on else ""),
+            )
+        log.info("node %s: maintenance %s by %s %s", node_id, "on" if on else "off", actor, reason)
+        self._hold(node_id, on)
+        if not on:
+            await self._apply_policy(node)
+        return node
+
+    def step_status(self, node_id: str) -> str | None:
+        """``queued`` (waiting for a budget), ``running``, ``held`` (maintenance) or None."""
+        return self._status.get(node_id)
+
+    # -- start and stop -----------------------------------------------------------------------
+
+    async def recover(self) -> int:
+        """Resume every in-flight node where it was; apply policy to waiting ones."""
+        resumed = 0
+        for node in await self._repo.in_states(IN_FLIGHT):
+            self._hold(node.id, node.maintenance)
+            log.info("node %s: resuming %s after %s", node.id, node.state,
+                     ", ".join(node.checkpoint) or "nothing done")
+            self._start(node)
+            resumed += 1
+        waiting = [NodeState.DISCOVERED, NodeState.ENROLLED, NodeState.INSPECTED]
+        for node in await self._repo.in_states(waiting):
+            self._hold(node.id, node.maintenance)
+            await self._apply_policy(node)
+        return resumed
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        """Let running sub-steps finish (up to ``grace_s``), start no new ones, then cancel.
+
+        Nodes stay in their in-flight state with their checkpoint: the next start resumes
+        them. A sub-step cut off by the deadline is redone then (sub-steps are idempotent)."""
+        self._draining = True
+        if grace_s > 0:
+            try:
+                async with asyncio.timeout(grace_s):
+                    await self._idle.wait()
+            except TimeoutError:
+                log.warning("%d sub-steps still running after %g s; cancelling them",
+                            self._busy, grace_s)
+        await self._tasks.cancel_all()
+
+    # -- internals ----------------------------------------------------------------------------
+
+    async def _transition(
+        self, node_id: str, event: Event, *, actor: str, reason: str,
+        expect: NodeState | None = None,
+    ) -> Node | None:
+        async with self._locks[node_id]:
+            node = await self._repo.get(node_id)
+            if expect is not None and node.state != expect:
+                log.info("node %s: dropping %s from %s step, node is %s", node_id, event,
+                         expect, node.state)
+                return None
+            if event in _WORK_EVENTS and node.maintenance:
+                raise Conflict(f"node {node_id} is in maintenance ({node.maintenance_reason}); "
+                               "turn maintenance off first")
+            target = next_state(node.state, event)
+            last_error: str | None = None
+            if target in FAILED:
+                last_error = reason
+            elif target in _SUCCESS:
+                last_error = ""
+            before = node.state
+            node = await self._repo.transition(node, to_state=target, event=str(event),
+                                               actor=actor, reason=reason,
+                                               last_error=last_error)
+        level = logging.ERROR if target in FAILED else logging.INFO
+        log.log(level, "node %s: %s --%s--> %s by %s%s", node_id, before, event, target,
+                actor, f": {reason}" if reason else "")
+        self._notify(node, str(event), before)
+        return node
+
+    async def _follow_up(self, node: Node) -> None:
+        if node.state in IN_FLIGHT:
+            self._start(node)
+        else:
+            await self._apply_policy(node)
+
+    async def _apply_policy(self, node: Node) -> None:
+        if node.maintenance:
+            return
+        event: Event | None = None
+        if node.state in (NodeState.DISCOVERED, NodeState.ENROLLED):
+            event = Event.INSPECT if self._settings.auto_inspect else None
+        elif node.state is NodeState.INSPECTED and node.profile:
+            event = Event.DEPLOY if self._settings.auto_deploy else None
+        if event is None:
+            return
+        try:
+            await self.fire(node.id, event, actor=POLICY_ACTOR, reason=f"auto_{event}")
+        except Conflict as exc:  # someone else moved the node first
+            log.info("node %s: policy skipped %s: %s", node.id, event, exc)
+
+    def _start(self, node: Node) -> None:
+        current = self._running.get(node.id)
+        if current is not None and not current.done():
+            return
+        self._status[node.id] = "queued"
+        task = self._tasks.spawn(self._run(node.id, node.state), name=f"{node.state}:{node.id}")
+        self._running[node.id] = task
+
+    async def _run(self, node_id: NodeId, state: NodeState) -> None:
+        outcome: tuple[Event, str] | None = None
+        try:
+            outcome = await self._execute(node_id, state)
+        finally:
+            self._status.pop(node_id, None)
+            if self._running.get(node_id) is asyncio.current_task():
+                del self._running[node_id]
+        if outcome is not None:
+            event, reason = outcome
+            node = await self._transition(node_id, event, actor=SYSTEM_ACTOR, reason=reason,
+                                          expect=state)
+            if node is not None:
+                await self._follow_up(node)
+
+    async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
+        async with self._budgets.slot(state):
+            self._status[node_id] = "running"
+            node = await self._repo.get(node_id)
+            if node.state != state:
+                return None
+            ctx = RunContext(node, self._ports, self._repo, self._gate)
+            try:
+                async with asyncio.timeout(self._settings.step_timeout_s):
+                    await self._steps[state](ctx)
+            except TimeoutError:
+                return Event.FAIL, f"{state} timed out after {self._settings.step_timeout_s:g} s"
+            except ProvisionerError as exc:
+                return Event.FAIL, str(exc)
+            except Exception as exc:  # a task boundary: log once, keep the node's reason
+                log.exception("node %s: %s step crashed", node_id, state)
+                return Event.FAIL, f"internal error in {state}: {type(exc).__name__}: {exc}"
+            finally:
+                await ctx.aclose()
+        return Event.DONE, ""
+
+    @asynccontextmanager
+    async def _gate(self, node_id: str) -> AsyncIterator[None]:
+        """Entered around each sub-step: waits while the node is in maintenance, never lets
+        a new sub-step start while the daemon drains, and counts busy sub-steps."""
+        released = self._released.get(node_id)
+        if released is not None and not released.is_set():
+            self._status[node_id] = "held"
+            await released.wait()
+            self._status[node_id] = "running"
+        if self._draining:
+            await asyncio.Future()  # parked until stop() cancels it
+        self._busy += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._busy -= 1
+            if self._busy == 0:
+                self._idle.set()
+
+    def _hold(self, node_id: str, on: bool) -> None:
+        released = self._released.setdefault(node_id, asyncio.Event())
+        if on:
+            released.clear()
+        else:
+            released.set()
+            del self._released[node_id]
+
+    def _notify(self, node: Node, event: str, before: NodeState) -> None:
+        if self._observer is not None:
+            self._observer(node, event, before)

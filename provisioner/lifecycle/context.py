@@ -1,0 +1,77 @@
+"""RunContext: what a step sees. It checkpoints sub-steps so a resumed step skips them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from provisioner.bmc.base import Bmc
+from provisioner.domain import Node
+from provisioner.errors import FatalError
+from provisioner.lifecycle.ports import Ports
+from provisioner.store.repo import NodeRepo
+
+_RUN_PREFIX = "run:"
+
+
+class RunContext:
+    def __init__(
+        self,
+        node: Node,
+        ports: Ports,
+        repo: NodeRepo,
+        gate: Callable[[str], AbstractAsyncContextManager[None]],
+    ) -> None:
+        self._node = node
+        self._ports = ports
+        self._repo = repo
+        self._gate = gate
+        self._done = list(node.checkpoint)
+        self._bmc: Bmc | None = None
+        run = next((item for item in self._done if item.startswith(_RUN_PREFIX)), None)
+        self._run_id = run.removeprefix(_RUN_PREFIX) if run else f"{node.id}:{node.history_seq}"
+        self._run_saved = run is not None
+
+    @property
+    def node(self) -> Node:
+        return self._node
+
+    @property
+    def ports(self) -> Ports:
+        return self._ports
+
+    @property
+    def run_id(self) -> str:
+        return self._run_id
+
+    async def bmc(self) -> Bmc:
+        if self._bmc is None:
+            endpoint = self._node.bmc
+            if endpoint is None:
+                raise FatalError(f"node {self._node.id} has no BMC endpoint")
+            credentials = await self._repo.credentials(self._node.id)
+            self._bmc = self._ports.bmc(self._node.id, endpoint, credentials)
+        return self._bmc
+
+    async def substep(self, name: str, action: Callable[[], Awaitable[None]]) -> None:
+        if name in self._done:
+            return
+        async with self._gate(self._node.id):  # waits out maintenance; counts as busy in it
+            if not self._run_saved:
+                await self._save(f"{_RUN_PREFIX}{self._run_id}")
+                self._run_saved = True
+            await action()
+            await self._save(name)
+
+    async def merge_facts(self, facts: dict[str, Any]) -> None:
+        self._node = await self._repo.merge_facts(self._node.id, facts)
+
+    async def aclose(self) -> None:
+        if self._bmc is not None:
+            bmc, self._bmc = self._bmc, None
+            await bmc.aclose()
+
+    async def _save(self, item: str) -> None:
+        self._done.append(item)
+        self._node = await self._repo.save_checkpoint(self._node, self._done)

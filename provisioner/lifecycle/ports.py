@@ -1,0 +1,46 @@
+"""The seams steps drive: Protocols only. ``daemon.py`` picks the concrete drivers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from provisioner.bmc.base import BmcFactory
+from provisioner.domain import Node
+
+
+class Inspector(Protocol):
+    """Boots a node into inspection and returns the facts its agent reported."""
+
+    async def inspect(self, node: Node) -> dict[str, Any]: ...
+
+
+class Installer(Protocol):
+    """Writes the OS and configures it. ``generation`` names one deployment, for idempotency."""
+
+    async def deploy_image(self, node: Node, generation: str) -> None: ...
+
+    async def configure(self, node: Node, generation: str) -> None: ...
+
+    async def wipe(self, node: Node) -> None: ...
+
+
+class KubeJoiner(Protocol):
+    async def join(self, node: Node) -> None: ...
+
+    async def remove(self, node: Node) -> None: ...
+
+
+class SlurmRegistrar(Protocol):
+    async def register(self, node: Node) -> None: ...
+
+    async def remove(self, node: Node) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Ports:
+    bmc: BmcFactory
+    inspector: Inspector
+    installer: Installer
+    kube: KubeJoiner
+    slurm: SlurmRegistrar

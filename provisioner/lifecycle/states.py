@@ -1,0 +1,113 @@
+"""Node states, events and the transition table (DESIGN §2). Pure: standard library only.
+
+Stable states wait for a request or a policy; in-flight states (gerunds) run one step;
+every in-flight state has a ``*_failed`` twin that records why it stopped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Final
+
+from provisioner.errors import InvalidTransition
+
+
+class NodeState(StrEnum):
+    # stable
+    DISCOVERED = "discovered"
+    ENROLLED = "enrolled"
+    INSPECTED = "inspected"
+    ACTIVE = "active"
+    RETIRED = "retired"
+    # in flight
+    INSPECTING = "inspecting"
+    DEPLOYING = "deploying"
+    CONFIGURING = "configuring"
+    JOINING = "joining"
+    REGISTERING = "registering"
+    RETIRING = "retiring"
+    # failed twins (stable)
+    INSPECT_FAILED = "inspect_failed"
+    DEPLOY_FAILED = "deploy_failed"
+    CONFIGURE_FAILED = "configure_failed"
+    JOIN_FAILED = "join_failed"
+    REGISTER_FAILED = "register_failed"
+    RETIRE_FAILED = "retire_failed"
+
+
+class Event(StrEnum):
+    INSPECT = "inspect"
+    DEPLOY = "deploy"
+    RETIRE = "retire"
+    RETRY = "retry"
+    ABORT = "abort"
+    DONE = "done"
+    FAIL = "fail"
+
+
+S, E = NodeState, Event
+
+#: in-flight state -> its failed twin
+FAILED_TWIN: Final[Mapping[NodeState, NodeState]] = {
+    S.INSPECTING: S.INSPECT_FAILED,
+    S.DEPLOYING: S.DEPLOY_FAILED,
+    S.CONFIGURING: S.CONFIGURE_FAILED,
+    S.JOINING: S.JOIN_FAILED,
+    S.REGISTERING: S.REGISTER_FAILED,
+    S.RETIRING: S.RETIRE_FAILED,
+}
+IN_FLIGHT: Final[frozenset[NodeState]] = frozenset(FAILED_TWIN)
+FAILED: Final[frozenset[NodeState]] = frozenset(FAILED_TWIN.values())
+STABLE: Final[frozenset[NodeState]] = frozenset(NodeState) - IN_FLIGHT
+
+#: where a successful step leads
+_DONE: Final[Mapping[NodeState, NodeState]] = {
+    S.INSPECTING: S.INSPECTED,
+    S.DEPLOYING: S.CONFIGURING,
+    S.CONFIGURING: S.JOINING,
+    S.JOINING: S.REGISTERING,
+    S.REGISTERING: S.ACTIVE,
+    S.RETIRING: S.RETIRED,
+}
+
+#: stable states from which an operator may retire a node
+_RETIRABLE: Final[frozenset[NodeState]] = frozenset(
+    {S.DISCOVERED, S.ENROLLED, S.INSPECTED, S.ACTIVE} | (FAILED - {S.RETIRE_FAILED})
+)
+
+
+def _build() -> dict[tuple[NodeState, Event], NodeState]:
+    table: dict[tuple[NodeState, Event], NodeState] = {
+        (S.DISCOVERED, E.INSPECT): S.INSPECTING,
+        (S.ENROLLED, E.INSPECT): S.INSPECTING,
+        (S.INSPECTED, E.INSPECT): S.INSPECTING,
+        (S.RETIRED, E.INSPECT): S.INSPECTING,
+        (S.INSPECTED, E.DEPLOY): S.DEPLOYING,
+        (S.ACTIVE, E.DEPLOY): S.DEPLOYING,  # re-provision
+    }
+    for in_flight, failed in FAILED_TWIN.items():
+        table[in_flight, E.DONE] = _DONE[in_flight]
+        table[in_flight, E.FAIL] = failed
+        table[in_flight, E.ABORT] = failed
+        table[failed, E.RETRY] = in_flight
+    for state in _RETIRABLE:
+        table[state, E.RETIRE] = S.RETIRING
+    return table
+
+
+TRANSITIONS: Final[Mapping[tuple[NodeState, Event], NodeState]] = _build()
+
+#: events only the step runner fires; operators use the others
+INTERNAL_EVENTS: Final[frozenset[Event]] = frozenset({E.DONE, E.FAIL})
+
+
+def allowed_events(state: NodeState) -> frozenset[Event]:
+    return frozenset(event for (source, event) in TRANSITIONS if source == state)
+
+
+def next_state(current: NodeState, event: Event) -> NodeState:
+    try:
+        return TRANSITIONS[current, event]
+    except KeyError:
+        raise InvalidTransition(current, event, allowed_events(current)) from None

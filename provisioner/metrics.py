@@ -1,0 +1,76 @@
+"""Prometheus metrics: one registry per daemon, owned by ``Metrics`` and passed explicitly.
+
+prometheus_client is untyped; its objects stay inside this module (``Any`` does not leave it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from provisioner.domain import Node
+from provisioner.lifecycle.states import NodeState
+
+#: the classic text format; ``generate_latest`` writes it whatever the library's default is
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+
+_REQUEST_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class StateCounter(Protocol):
+    """What the node gauge needs from the store (``NodeRepo`` has it)."""
+
+    async def count_by_state(self) -> dict[str, int]: ...
+
+
+class _NodeCollector:
+    """``provisioner_nodes{state}`` from the counts of the last ``refresh``; 0 when absent."""
+
+    def __init__(self) -> None:
+        self.counts: Mapping[str, int] = {}
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily("provisioner_nodes", "Nodes per lifecycle state",
+                                   labels=["state"])
+        for state in NodeState:
+            family.add_metric([str(state)], float(self.counts.get(state, 0)))
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        # Registering calls describe(); without it the collector is collected at once.
+        yield GaugeMetricFamily("provisioner_nodes", "Nodes per lifecycle state",
+                                labels=["state"])
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self._registry: Any = CollectorRegistry(auto_describe=True)
+        self._transitions: Any = Counter(
+            "provisioner_transitions_total", "Committed node transitions",
+            ["event", "from_state", "to_state"], registry=self._registry,
+        )
+        self._requests: Any = Histogram(
+            "provisioner_api_request_seconds", "REST API request duration",
+            ["method", "route", "status"], buckets=_REQUEST_BUCKETS_S, registry=self._registry,
+        )
+        self._nodes = _NodeCollector()
+        self._registry.register(self._nodes)
+
+    def observe_transition(self, node: Node, event: str, before: NodeState) -> None:
+        """The conductor's ``Observer``: count one committed transition."""
+        self._transitions.labels(event=event, from_state=str(before),
+                                 to_state=str(node.state)).inc()
+
+    def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        self._requests.labels(method=method, route=route, status=str(status)).observe(seconds)
+
+    async def refresh(self, repo: StateCounter) -> None:
+        """Re-read the node counts; call before ``render``."""
+        self._nodes.counts = dict(await repo.count_by_state())
+
+    def render(self) -> bytes:
+        data: bytes = generate_latest(self._registry)
+        return data

@@ -1,0 +1,100 @@
+"""Fake inspector, installer, Kubernetes and Slurm drivers over a SimWorld.
+
+They stand in until the real drivers exist, and stay for demos and scale runs. Each is
+idempotent the way the real thing must be: an image already on disk for this deployment is
+not written again, a node already in Kubernetes is not joined twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import uuid
+from typing import Any
+
+from provisioner.domain import Node
+from provisioner.errors import RetryableError
+from provisioner.simulation.world import SimWorld
+
+H100_SXM = {"vendor": "0x10de", "device": "0x2330", "name": "NVIDIA H100 80GB HBM3"}
+
+
+def machine_key(node: Node) -> str:
+    """The simulated machine behind a node: its BMC address, else serial, else id."""
+    if node.bmc is not None and node.bmc.driver == "fake":
+        return node.bmc.address
+    return node.serial or node.id
+
+
+class _Sim:
+    def __init__(self, world: SimWorld, *, delay_s: float, fail_rate: float,
+                 rng: random.Random | None = None) -> None:
+        self._world = world
+        self._delay_s = delay_s
+        self._fail_rate = fail_rate
+        self._rng = rng or random.Random()
+
+    async def _work(self, what: str, node: Node) -> None:
+        await asyncio.sleep(self._delay_s)
+        if self._fail_rate and self._rng.random() < self._fail_rate:
+            raise RetryableError(f"simulated {what} failure on {machine_key(node)}")
+
+
+class FakeInspector(_Sim):
+    async def inspect(self, node: Node) -> dict[str, Any]:
+        await self._work("inspection", node)
+        return simulated_facts(machine_key(node), node.serial)
+
+
+class FakeInstaller(_Sim):
+    async def deploy_image(self, node: Node, generation: str) -> None:
+        await self._work("image write", node)
+        await self._world.ensure(machine_key(node), "image_write", "disk", generation)
+
+    async def configure(self, node: Node, generation: str) -> None:
+        await self._work("configuration", node)
+        await self._world.ensure(machine_key(node), "configure", "configured", generation)
+
+    async def wipe(self, node: Node) -> None:
+        await self._work("wipe", node)
+        await self._world.ensure(machine_key(node), "wipe", "disk", "")
+
+
+class FakeKube(_Sim):
+    async def join(self, node: Node) -> None:
+        await self._work("kubeadm join", node)
+        await self._world.ensure(machine_key(node), "kube_join", "kube", node.hostname or "")
+
+    async def remove(self, node: Node) -> None:
+        await self._world.ensure(machine_key(node), "kube_remove", "kube", "")
+
+
+class FakeSlurm(_Sim):
+    async def register(self, node: Node) -> None:
+        await self._work("slurmd registration", node)
+        await self._world.ensure(machine_key(node), "slurm_register", "slurm",
+                                 node.hostname or "")
+
+    async def remove(self, node: Node) -> None:
+        await self._world.ensure(machine_key(node), "slurm_remove", "slurm", "")
+
+
+def simulated_facts(key: str, serial: str | None) -> dict[str, Any]:
+    """Deterministic facts for a simulated HGX H100 node."""
+    digest = hashlib.sha256(key.encode()).digest()
+    mac_base = "02:" + ":".join(f"{b:02x}" for b in digest[:4])
+    return {
+        "system": {"vendor": "Simulated", "model": "HGX H100 8-GPU", "serial": serial or key,
+                   "uuid": str(uuid.UUID(bytes=digest[:16]))},
+        "cpu": {"model": "Intel Xeon Platinum 8480+", "sockets": 2, "cores": 112},
+        "memory_mib": 2 * 1024 * 1024,
+        "disks": [{"name": "nvme0n1", "size_bytes": 3_840_000_000_000, "rotational": False}],
+        "nics": [{"mac": f"{mac_base}:{i:02x}", "driver": "mlx5_core", "speed_mbps": 200_000}
+                 for i in range(2)],
+        "gpus": [dict(H100_SXM, pci_address=f"0000:{0x18 + 0x10 * i:02x}:00.0")
+                 for i in range(8)],
+        "infiniband": [{"device": f"mlx5_{i}", "node_guid": f"0x{digest[8 + i % 8]:02x}"
+                        f"{int.from_bytes(digest[:6], 'big'):012x}{i:02x}",
+                        "rate_gbps": 400, "state": "ACTIVE"} for i in range(8)],
+    }

@@ -1,0 +1,84 @@
+"""Engine creation and schema migrations (alembic). The daemon refuses a newer schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+
+from provisioner.errors import SchemaError
+
+_MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(
+            url, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
+        )
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=4)
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()
+
+
+def _alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def head_revision() -> str:
+    script = ScriptDirectory(str(_MIGRATIONS))
+    head = script.get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def upgrade(engine: Engine) -> tuple[str | None, str]:
+    """Apply pending migrations; return (revision before, revision after)."""
+    before = check_not_newer(engine)
+    command.upgrade(_alembic_config(engine), "head")
+    return before, head_revision()
+
+
+def check_not_newer(engine: Engine) -> str | None:
+    """Raise SchemaError when the database was migrated by a newer provisioner."""
+    current = current_revision(engine)
+    script = ScriptDirectory(str(_MIGRATIONS))
+    known = {rev.revision for rev in script.walk_revisions()}
+    if current is not None and current not in known:
+        raise SchemaError(
+            f"database schema revision {current} is newer than this provisioner "
+            f"(head {head_revision()}); upgrade provisioner"
+        )
+    return current
+
+
+def check_current(engine: Engine) -> None:
+    """Raise SchemaError unless the schema is exactly at head."""
+    current = check_not_newer(engine)
+    if current != head_revision():
+        raise SchemaError(
+            f"database schema is at {current or 'nothing'}, expected {head_revision()}: "
+            "run 'provisioner db upgrade'"
+        )

@@ -1,0 +1,72 @@
+"""SQLModel tables. Only ``store/`` sees these; everything else gets ``provisioner.domain`` values."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import UniqueConstraint
+from sqlmodel import Field, SQLModel
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class NodeRow(SQLModel, table=True):
+    __tablename__ = "node"
+
+    id: str = Field(primary_key=True, max_length=36)
+    hostname: str | None = Field(default=None, unique=True, max_length=253)
+    serial: str | None = Field(default=None, unique=True, max_length=128)
+    state: str = Field(index=True, max_length=32)
+    maintenance: bool = Field(default=False, index=True)
+    maintenance_reason: str = Field(default="", max_length=1024)
+    profile: str | None = Field(default=None, index=True, max_length=128)
+    rack: str | None = Field(default=None, index=True, max_length=128)
+    position: str | None = Field(default=None, max_length=64)
+    facts: str = Field(default="{}")
+    last_error: str = Field(default="", max_length=4096)
+    checkpoint: str = Field(default="[]")
+    version: int = Field(default=0)
+    history_seq: int = Field(default=0)
+    bmc_driver: str | None = Field(default=None, max_length=32)
+    bmc_address: str | None = Field(default=None, max_length=255)
+    bmc_port: int | None = Field(default=None)
+    bmc_username: str | None = Field(default=None, max_length=255)
+    bmc_password_enc: str | None = Field(default=None)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class NodeMacRow(SQLModel, table=True):
+    __tablename__ = "node_mac"
+
+    mac: str = Field(primary_key=True, max_length=17)
+    node_id: str = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+
+
+class TransitionRow(SQLModel, table=True):
+    __tablename__ = "transition"
+    __table_args__ = (UniqueConstraint("node_id", "seq", name="uq_transition_node_seq"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    node_id: str = Field(foreign_key="node.id", index=True, ondelete="CASCADE")
+    seq: int
+    event: str = Field(max_length=32)
+    from_state: str = Field(max_length=32)
+    to_state: str = Field(max_length=32)
+    actor: str = Field(max_length=128)
+    reason: str = Field(default="", max_length=4096)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class ApiTokenRow(SQLModel, table=True):
+    __tablename__ = "api_token"
+
+    id: str = Field(primary_key=True, max_length=16)
+    name: str = Field(unique=True, max_length=128)
+    role: str = Field(max_length=16)
+    token_hash: str = Field(unique=True, max_length=64)
+    node_id: str | None = Field(default=None, foreign_key="node.id", ondelete="CASCADE")
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime | None = None

@@ -1,0 +1,343 @@
+"""NodeRepo: the only SQL in the daemon. Blocking work runs in the bounded ``store`` pool.
+
+State changes are compare-and-set on ``node.version`` and write their history row in the
+same transaction, so a crash can never leave a state without its history or vice versa.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine, func, or_, update
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from provisioner.domain import (
+    BmcCredentials,
+    BmcEndpoint,
+    HistoryEntry,
+    NewNode,
+    Node,
+    NodeFilter,
+)
+from provisioner.errors import Conflict, NodeBusy, NotFound
+from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
+from provisioner.lifecycle.states import NodeState
+from provisioner.store.models import NodeMacRow, NodeRow, TransitionRow, utcnow
+from provisioner.store.secretbox import SecretBox
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """Metadata an operator or an import may change; None leaves a field alone."""
+
+    hostname: str | None = None
+    profile: str | None = None
+    rack: str | None = None
+    position: str | None = None
+    bmc: BmcEndpoint | None = None
+    bmc_password: str | None = None
+
+
+class NodeRepo:
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor, box: SecretBox) -> None:
+        self._engine = engine
+        self._pool = pool
+        self._box = box
+
+    async def _run(self, fn: Callable[[Session], T]) -> T:
+        def work() -> T:
+            with Session(self._engine, expire_on_commit=False) as session:
+                return fn(session)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, node_id: str) -> Node:
+        return await self._run(lambda s: self._to_node(s, _get_row(s, node_id)))
+
+    async def find(self, key: str) -> Node:
+        """Look a node up by id, hostname, serial or MAC."""
+        return await self._run(lambda s: self._to_node(s, _find_row(s, key)))
+
+    async def list(
+        self, flt: NodeFilter, *, limit: int, offset: int
+    ) -> tuple[list[Node], int]:
+        def work(s: Session) -> tuple[list[Node], int]:
+            query = _filtered(select(NodeRow), flt)
+            total = s.exec(_filtered(select(func.count()).select_from(NodeRow), flt)).one()
+            rows = s.exec(query.order_by(col(NodeRow.created_at), col(NodeRow.id))
+                          .offset(offset).limit(limit)).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows], int(total)
+
+        return await self._run(work)
+
+    async def in_states(self, states: Iterable[NodeState]) -> list[Node]:
+        wanted = [str(st) for st in states]
+
+        def work(s: Session) -> list[Node]:
+            rows = s.exec(select(NodeRow).where(col(NodeRow.state).in_(wanted))).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def serials(self) -> frozenset[str]:
+        def work(s: Session) -> frozenset[str]:
+            rows = s.exec(select(NodeRow.serial).where(col(NodeRow.serial).is_not(None))).all()
+            return frozenset(serial for serial in rows if serial is not None)
+
+        return await self._run(work)
+
+    async def count_by_state(self) -> dict[str, int]:
+        def work(s: Session) -> dict[str, int]:
+            query = select(NodeRow.state, func.count()).group_by(col(NodeRow.state))
+            return {state: int(n) for state, n in s.exec(query).all()}
+
+        return await self._run(work)
+
+    async def history(self, node_id: str) -> list[HistoryEntry]:
+        def work(s: Session) -> list[HistoryEntry]:
+            _get_row(s, node_id)
+            rows = s.exec(select(TransitionRow).where(TransitionRow.node_id == node_id)
+                          .order_by(col(TransitionRow.seq))).all()
+            return [_to_entry(r) for r in rows]
+
+        return await self._run(work)
+
+    async def credentials(self, node_id: str) -> BmcCredentials:
+        def work(s: Session) -> BmcCredentials:
+            row = _get_row(s, node_id)
+            password = None
+            if row.bmc_password_enc is not None:
+                password = self._box.decrypt(row.bmc_password_enc)
+            return BmcCredentials(username=row.bmc_username, password=password)
+
+        return await self._run(work)
+
+    # -- writes -----------------------------------------------------------------------------
+
+    async def create(self, new: NewNode, *, actor: str, reason: str = "") -> Node:
+        def work(s: Session) -> Node:
+            row = NodeRow(id=new_node_id(), state=str(new.state), hostname=new.hostname,
+                          serial=new.serial, profile=new.profile, rack=new.rack,
+                          position=new.position, version=1, history_seq=1)
+            self._apply_bmc(row, new.bmc, new.bmc_password)
+            s.add(row)
+            _commit_unique(s, "node", flush_only=True)  # the node row first: the FKs need it
+            for mac in new.macs:
+                s.add(NodeMacRow(mac=normalize_mac(mac), node_id=row.id))
+            s.add(TransitionRow(node_id=row.id, seq=1, event="enroll", from_state="",
+                                to_state=str(new.state), actor=actor, reason=reason))
+            _commit_unique(s, "node")
+            return self._to_node(s, row)
+
+        return await self._run(work)
+
+    async def update_meta(self, node_id: str, change: NodeChange) -> Node:
+        def work(s: Session) -> Node:
+            row = _get_row(s, node_id)
+            for name in ("hostname", "profile", "rack", "position"):
+                value = getattr(change, name)
+                if value is not None:
+                    setattr(row, name, value)
+            if change.bmc is not None:
+                self._apply_bmc(row, change.bmc, change.bmc_password)
+            row.updated_at = utcnow()
+            s.add(row)
+            _commit_unique(s, "node")
+            return self._to_node(s, row)
+
+        return await self._run(work)
+
+    async def transition(
+        self,
+        node: Node,
+        *,
+        to_state: NodeState,
+        event: str,
+        actor: str,
+        reason: str = "",
+        last_error: str | None = None,
+        reset_checkpoint: bool = True,
+        maintenance: tuple[bool, str] | None = None,
+    ) -> Node:
+        """CAS the node from ``node.version`` to ``to_state`` and append one history row."""
+
+        def work(s: Session) -> Node:
+            values: dict[str, Any] = {
+                "state": str(to_state),
+                "version": node.version + 1,
+                "history_seq": node.history_seq + 1,
+                "updated_at": utcnow(),
+            }
+            if last_error is not None:
+                values["last_error"] = last_error
+            if reset_checkpoint:
+                values["checkpoint"] = "[]"
+            if maintenance is not None:
+                values["maintenance"], values["maintenance_reason"] = maintenance
+            result = s.execute(
+                update(NodeRow)
+                .where(col(NodeRow.id) == node.id, col(NodeRow.version) == node.version)
+                .values(**values)
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise NodeBusy(f"node {node.id} changed concurrently; retry")
+            s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
+                                from_state=str(node.state), to_state=str(to_state),
+                                actor=actor, reason=reason))
+            s.commit()
+            return self._to_node(s, _get_row(s, node.id))
+
+        return await self._run(work)
+
+    async def save_checkpoint(self, node: Node, checkpoint: Sequence[str]) -> Node:
+        """Record finished sub-steps of the step running for ``node.state``.
+
+        Conditional on the state, not the version: a transition (abort) wins over a step."""
+
+        def work(s: Session) -> Node:
+            result = s.execute(
+                update(NodeRow)
+                .where(col(NodeRow.id) == node.id, col(NodeRow.state) == str(node.state))
+                .values(checkpoint=json.dumps(list(checkpoint)), updated_at=utcnow())
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
+            s.commit()
+            return self._to_node(s, _get_row(s, node.id))
+
+        return await self._run(work)
+
+    async def merge_facts(self, node_id: str, facts: dict[str, Any]) -> Node:
+        def work(s: Session) -> Node:
+            row = _get_row(s, node_id)
+            merged = json.loads(row.facts) | facts
+            row.facts = json.dumps(merged, sort_keys=True)
+            row.updated_at = utcnow()
+            s.add(row)
+            s.commit()
+            return self._to_node(s, row)
+
+        return await self._run(work)
+
+    # -- mapping ----------------------------------------------------------------------------
+
+    def _apply_bmc(self, row: NodeRow, bmc: BmcEndpoint | None, password: str | None) -> None:
+        if bmc is None:
+            return
+        row.bmc_driver, row.bmc_address = bmc.driver, bmc.address
+        row.bmc_port, row.bmc_username = bmc.port, bmc.username
+        if password is not None:
+            row.bmc_password_enc = self._box.encrypt(password)
+
+    def _to_node(self, s: Session, row: NodeRow, macs: Sequence[str] | None = None) -> Node:
+        if macs is None:
+            macs = _macs_for(s, [row.id]).get(row.id, ())
+        bmc = None
+        if row.bmc_driver is not None:
+            bmc = BmcEndpoint(driver=row.bmc_driver, address=row.bmc_address or "",
+                              port=row.bmc_port, username=row.bmc_username,
+                              password_set=row.bmc_password_enc is not None)
+        return Node(
+            id=NodeId(row.id), state=NodeState(row.state), hostname=row.hostname,
+            serial=row.serial, macs=tuple(macs), maintenance=row.maintenance,
+            maintenance_reason=row.maintenance_reason, profile=row.profile, rack=row.rack,
+            position=row.position, facts=json.loads(row.facts), last_error=row.last_error,
+            checkpoint=tuple(json.loads(row.checkpoint)), version=row.version,
+            history_seq=row.history_seq, bmc=bmc, created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+def _get_row(s: Session, node_id: str) -> NodeRow:
+    row = s.get(NodeRow, node_id)
+    if row is None:
+        raise NotFound("node", node_id)
+    return row
+
+
+def _find_row(s: Session, key: str) -> NodeRow:
+    row = s.get(NodeRow, key)
+    if row is None and is_mac(key):
+        mac_row = s.get(NodeMacRow, normalize_mac(key))
+        row = s.get(NodeRow, mac_row.node_id) if mac_row else None
+    if row is None:
+        row = s.exec(select(NodeRow).where(
+            or_(col(NodeRow.hostname) == key, col(NodeRow.serial) == key))).first()
+    if row is None:
+        raise NotFound("node", key)
+    return row
+
+
+def _filtered(query: Any, flt: NodeFilter) -> Any:
+    if flt.state is not None:
+        query = query.where(col(NodeRow.state) == flt.state)
+    if flt.rack is not None:
+        query = query.where(col(NodeRow.rack) == flt.rack)
+    if flt.profile is not None:
+        query = query.where(col(NodeRow.profile) == flt.profile)
+    if flt.maintenance is not None:
+        query = query.where(col(NodeRow.maintenance) == flt.maintenance)
+    if flt.query:
+        pattern = f"%{_escape_like(flt.query)}%"
+        mac_match = select(NodeMacRow.node_id).where(
+            col(NodeMacRow.mac).like(f"%{_escape_like(flt.query.lower())}%", escape="\\"))
+        query = query.where(or_(
+            col(NodeRow.hostname).like(pattern, escape="\\"),
+            col(NodeRow.serial).like(pattern, escape="\\"),
+            col(NodeRow.id).in_(mac_match),
+        ))
+    return query
+
+
+def _escape_like(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _macs_for(s: Session, node_ids: list[str]) -> dict[str, tuple[str, ...]]:
+    if not node_ids:
+        return {}
+    found: dict[str, list[str]] = {}
+    rows = s.exec(select(NodeMacRow).where(col(NodeMacRow.node_id).in_(node_ids))
+                  .order_by(col(NodeMacRow.mac))).all()
+    for mac_row in rows:
+        found.setdefault(mac_row.node_id, []).append(mac_row.mac)
+    return {node_id: tuple(macs) for node_id, macs in found.items()}
+
+
+def _commit_unique(s: Session, kind: str, *, flush_only: bool = False) -> None:
+    try:
+        if flush_only:
+            s.flush()
+        else:
+            s.commit()
+    except IntegrityError as exc:
+        s.rollback()
+        raise Conflict(f"{kind} conflicts with an existing one: {_which_unique(exc)}") from exc
+
+
+def _which_unique(exc: IntegrityError) -> str:
+    text = str(exc.orig).lower()
+    for field in ("hostname", "serial", "mac", "name"):
+        if field in text:
+            return f"{field} already in use"
+    return "a unique field is already in use"
+
+
+def _to_entry(row: TransitionRow) -> HistoryEntry:
+    return HistoryEntry(node_id=NodeId(row.node_id), seq=row.seq, event=row.event,
+                        from_state=row.from_state, to_state=row.to_state, actor=row.actor,
+                        reason=row.reason, at=row.created_at)

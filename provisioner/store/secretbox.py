@@ -1,0 +1,48 @@
+"""Secrets at rest: a Fernet key in a 0600 file under the state dir, created on first start."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken
+
+from provisioner.errors import ConfigError
+
+
+class SecretBox:
+    def __init__(self, key: bytes) -> None:
+        self._fernet = Fernet(key)
+
+    @classmethod
+    def from_key_file(cls, path: Path) -> SecretBox:
+        """Load the key, creating it (mode 0600, atomically) when it does not exist yet."""
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(Fernet.generate_key())
+                fh.flush()
+                os.fsync(fh.fileno())
+            try:
+                os.link(tmp, path)  # never replaces a key another process created first
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+        if path.stat().st_mode & 0o077:
+            raise ConfigError(f"secret key file {path} must not be readable by group or others")
+        try:
+            return cls(path.read_bytes().strip())
+        except ValueError:
+            raise ConfigError(f"secret key file {path} does not hold a valid key") from None
+
+    def encrypt(self, plaintext: str) -> str:
+        return self._fernet.encrypt(plaintext.encode()).decode("ascii")
+
+    def decrypt(self, token: str) -> str:
+        try:
+            return self._fernet.decrypt(token.encode("ascii")).decode()
+        except InvalidToken:
+            raise ConfigError("a stored secret cannot be decrypted with this key file") from None

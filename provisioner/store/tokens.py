@@ -1,0 +1,96 @@
+"""API and agent tokens: random, shown once, stored only as a SHA-256 hash."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import TypeVar
+
+from sqlalchemy import Engine, delete
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from provisioner.domain import Role, TokenInfo
+from provisioner.errors import Conflict
+from provisioner.ids import NodeId
+from provisioner.store.models import ApiTokenRow
+
+T = TypeVar("T")
+TOKEN_PREFIX = "pvt_"
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class TokenRepo:
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor) -> None:
+        self._engine = engine
+        self._pool = pool
+
+    async def _run(self, fn: Callable[[Session], T]) -> T:
+        def work() -> T:
+            with Session(self._engine, expire_on_commit=False) as session:
+                return fn(session)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    def create_blocking(
+        self, name: str, role: Role, *, node_id: str | None = None,
+        expires_at: datetime | None = None,
+    ) -> tuple[TokenInfo, str]:
+        """Create a token; return its info and the plaintext, which is never stored."""
+        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+        row = ApiTokenRow(id=secrets.token_hex(6), name=name, role=str(role),
+                          token_hash=hash_token(token), node_id=node_id, expires_at=expires_at)
+        with Session(self._engine, expire_on_commit=False) as session:
+            session.add(row)
+            try:
+                session.commit()
+            except IntegrityError:
+                raise Conflict(f"a token named {name!r} already exists") from None
+        return _to_info(row), token
+
+    async def create(
+        self, name: str, role: Role, *, node_id: str | None = None,
+        expires_at: datetime | None = None,
+    ) -> tuple[TokenInfo, str]:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: self.create_blocking(name, role, node_id=node_id,
+                                                     expires_at=expires_at))
+
+    async def lookup(self, token: str) -> TokenInfo | None:
+        """The token's info, or None when it is unknown or expired."""
+        digest = hash_token(token)
+
+        def work(s: Session) -> TokenInfo | None:
+            row = s.exec(select(ApiTokenRow).where(ApiTokenRow.token_hash == digest)).first()
+            if row is None:
+                return None
+            if row.expires_at is not None and _aware(row.expires_at) <= datetime.now(UTC):
+                return None
+            return _to_info(row)
+
+        return await self._run(work)
+
+    async def revoke_for_node(self, node_id: str) -> int:
+        def work(s: Session) -> int:
+            result = s.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == node_id))
+            s.commit()
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+        return await self._run(work)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _to_info(row: ApiTokenRow) -> TokenInfo:
+    return TokenInfo(id=row.id, name=row.name, role=Role(row.role),
+                     node_id=NodeId(row.node_id) if row.node_id else None,
+                     expires_at=row.expires_at)

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Set up, then run the daemon's main job on the embedded default: SQLite and a simulated rack
+# of 16 GPU nodes on the fake drivers. Shows `provisioner node list` while the nodes move
+# enrolled -> inspecting -> ... -> active, then stops the daemon.
+#   bash scripts/demo.sh            (PROVISIONER_DEMO_NODES=N for another rack size)
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=$(bash "$ROOT/scripts/setup.sh" | tail -1)
+PV="$VENV/bin/provisioner"
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/provisioner"
+DEMO="$CACHE/demo"
+rm -rf "$DEMO"; mkdir -p "$DEMO"
+PORT=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+NODES=${PROVISIONER_DEMO_NODES:-16}
+sed -e "s|^state_dir = .*|state_dir = \"$DEMO/state\"|" \
+    -e "s|^listen = .*|listen = \"127.0.0.1:$PORT\"|" \
+    -e "s|^nodes = .*|nodes = $NODES|" "$ROOT/examples/demo.toml" > "$DEMO/provisioner.toml"
+CFG=(--config "$DEMO/provisioner.toml")
+
+"$PV" "${CFG[@]}" db upgrade >&2
+export PROVISIONER_TOKEN
+PROVISIONER_TOKEN=$("$PV" "${CFG[@]}" token create --role admin --name demo 2>/dev/null | tail -1)
+"$PV" "${CFG[@]}" serve 2>"$DEMO/daemon.log" &
+DAEMON=$!
+trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null || true' EXIT
+for _ in $(seq 100); do
+  curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+echo "provisioner is serving on http://127.0.0.1:$PORT (log: $DEMO/daemon.log)"
+for _ in $(seq 120); do
+  clear 2>/dev/null || true
+  date +%T
+  "$PV" "${CFG[@]}" node list
+  active=$("$PV" "${CFG[@]}" node list --state active --json | "$VENV/bin/python" -c 'import json,sys; print(len(json.load(sys.stdin)))')
+  [ "$active" -ge "$NODES" ] && break
+  sleep 1
+done
+echo
+echo "All $active nodes are active. One node's history:"
+"$PV" "${CFG[@]}" node history sim-r01-n001
+echo
+echo "Try it yourself while it runs: PROVISIONER_TOKEN=$PROVISIONER_TOKEN $PV ${CFG[*]} node list"

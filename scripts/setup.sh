@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Idempotent bootstrap of a Debian 12 host for provisioner's test suite.
+#   1. apt-installs the Debian packages the tests start as real peers (only those missing);
+#   2. creates a cached virtualenv with `pip install -e ".[test]"` (only when it is missing).
+# Prints the virtualenv path as the LAST line of stdout:  VENV=$(bash scripts/setup.sh | tail -1)
+# Everything else goes to stderr. Safe without a tty (CI=true, no stdin).
+set -euo pipefail
+
+# Debian packages the tests need. Later issues append here (qemu, ipmitool, slurm, ...).
+APT_PACKAGES=(
+  postgresql-15    # server binaries under /usr/lib/postgresql/15/bin (PEERS.md §11)
+  systemd          # systemd-analyze, systemd-sysusers, systemd-tmpfiles
+  iproute2
+  curl
+  ca-certificates
+  python3          # a fresh Debian 12 has no python3; harmless when pyenv provides one
+  python3-venv     # Debian's python3 cannot `-m venv` without it (no ensurepip)
+)
+MIN_PYTHON=(3 11)
+
+exec 3>&1 1>&2    # fd 3 = the real stdout, reserved for the final line
+log() { printf 'setup.sh: %s\n' "$*"; }
+die() { log "error: $*"; exit 1; }
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+
+# Run a command with its output kept back unless it fails (quiet on success).
+quietly() {
+  local out rc=0
+  out=$(mktemp)
+  "$@" >"$out" 2>&1 </dev/null || rc=$?
+  ((rc == 0)) || cat "$out"
+  rm -f "$out"
+  return "$rc"
+}
+
+is_installed() { dpkg -s "$1" 2>/dev/null | grep -qx 'Status: install ok installed'; }
+
+install_debian_packages() {
+  command -v dpkg >/dev/null || die "dpkg not found: this script targets Debian 12"
+  local missing=() pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    is_installed "$pkg" || missing+=("$pkg")
+  done
+  ((${#missing[@]})) || return 0
+  local sudo=()
+  if ((EUID != 0)); then
+    command -v sudo >/dev/null && sudo -n true 2>/dev/null \
+      || die "missing Debian packages (${missing[*]}); run as root or with passwordless sudo"
+    sudo=(sudo -n)
+  fi
+  log "apt-get install ${missing[*]}"
+  local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o Dpkg::Use-Pty=0)
+  quietly "${apt[@]}" update
+  quietly "${apt[@]}" install -y --no-install-recommends "${missing[@]}"
+}
+
+# Resolve `python3` on PATH once (a pyenv shim resolves to its real interpreter).
+find_python() {
+  command -v python3 >/dev/null || die "python3 not found on PATH"
+  PY=$(python3 -c 'import sys; print(sys.executable)')
+  "$PY" -c "import sys; sys.exit(sys.version_info < (${MIN_PYTHON[0]}, ${MIN_PYTHON[1]}))" \
+    || die "$PY is $("$PY" -V 2>&1); provisioner needs Python >= ${MIN_PYTHON[0]}.${MIN_PYTHON[1]}"
+}
+
+# Key: pyproject.toml + the interpreter + this checkout's path (an editable install points
+# at one checkout, so two clones must not share a venv).
+venv_path() {
+  local key
+  key=$(
+    "$PY" - "$ROOT" <<'EOF'
+import hashlib, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+h = hashlib.sha256((root / "pyproject.toml").read_bytes())
+h.update(f"\0{sys.version}\0{sys.base_prefix}\0{root}".encode())
+print(h.hexdigest()[:12])
+EOF
+  )
+  local home=${HOME:-$(getent passwd "$EUID" | cut -d: -f6)}    # CI may leave HOME unset
+  printf '%s/provisioner/venv-%s\n' "${XDG_CACHE_HOME:-$home/.cache}" "$key"
+}
+
+create_venv() {
+  local venv=$1 marker=$1/.provisioner-installed
+  if [[ -f $marker ]] && "$venv/bin/python" -c '' 2>/dev/null; then
+    return 0
+  fi
+  log "creating $venv (pip install -e .[test])"
+  rm -rf "$venv"
+  "$PY" -m venv "$venv"
+  quietly env PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    "$venv/bin/python" -m pip install -q -e ".[test]"
+  touch "$marker"
+}
+
+install_debian_packages
+find_python
+VENV=$(venv_path)
+mkdir -p "$(dirname "$VENV")"
+exec 9>"$VENV.lock"
+flock 9    # two concurrent runs must not build the same venv
+create_venv "$VENV"
+printf '%s\n' "$VENV" >&3

@@ -1,0 +1,173 @@
+"""The store against real SQLite and a real PostgreSQL server started by the test."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+
+from provisioner.config import Settings
+from provisioner.domain import BmcEndpoint, NewNode, NodeFilter, Role
+from provisioner.errors import Conflict, NodeBusy, NotFound, SchemaError
+from provisioner.lifecycle.states import NodeState
+from provisioner.store import db
+from provisioner.store.repo import NodeChange
+from provisioner.store.store import Store, open_store
+from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
+
+S = NodeState
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    reason = postgres_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def backend_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+    if request.param == "sqlite":
+        return Settings(state_dir=tmp_path / "state")
+    server: PostgresServer = request.getfixturevalue("postgres")
+    url = server.create_database(f"pv_test_{next(_names)}")
+    return Settings(state_dir=tmp_path / "state", database_url=url)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def any_store(backend_settings: Settings) -> Iterator[Store]:
+    opened = open_store(backend_settings)
+    yield opened
+    opened.close()
+
+
+def new(n: int, **kw: object) -> NewNode:
+    values: dict[str, object] = {"state": S.ENROLLED, "hostname": f"gpu-{n:03d}",
+                                 "serial": f"SN{n:04d}", "macs": (f"52:54:00:aa:00:{n:02x}",),
+                                 "rack": f"r{n % 2}", "profile": "h100" if n % 3 else None}
+    values.update(kw)
+    return NewNode(**values)  # type: ignore[arg-type]
+
+
+async def test_create_and_find_by_every_key(any_store: Store) -> None:
+    node = await any_store.nodes.create(new(1), actor="test")
+    for key in (node.id, "gpu-001", "SN0001", "52:54:00:AA:00:01", "5254.00aa.0001"):
+        assert (await any_store.nodes.find(key)).id == node.id
+    with pytest.raises(NotFound):
+        await any_store.nodes.find("nope")
+
+
+@pytest.mark.parametrize("clash", ["hostname", "serial", "macs"])
+async def test_unique_fields_conflict(any_store: Store, clash: str) -> None:
+    await any_store.nodes.create(new(1), actor="test")
+    other = {"hostname": "x", "serial": "y", "macs": ("52:54:00:bb:00:01",)}
+    other[clash] = getattr(new(1), clash)
+    with pytest.raises(Conflict, match="mac" if clash == "macs" else clash):
+        await any_store.nodes.create(new(2, **other), actor="test")
+    assert (await any_store.nodes.count_by_state()) == {"enrolled": 1}
+
+
+async def test_list_filters_and_pagination(any_store: Store) -> None:
+    for n in range(1, 11):
+        await any_store.nodes.create(new(n), actor="test")
+    repo = any_store.nodes
+    _, total = await repo.list(NodeFilter(), limit=3, offset=0)
+    assert total == 10
+    pages = [await repo.list(NodeFilter(), limit=4, offset=o) for o in (0, 4, 8)]
+    names = [n.hostname for page, _ in pages for n in page]
+    assert names == [f"gpu-{n:03d}" for n in range(1, 11)]
+    assert (await repo.list(NodeFilter(rack="r0"), limit=50, offset=0))[1] == 5
+    assert (await repo.list(NodeFilter(profile="h100"), limit=50, offset=0))[1] == 7
+    assert (await repo.list(NodeFilter(state="active"), limit=50, offset=0))[1] == 0
+    for q, count in (("gpu-00", 9), ("SN0010", 1), ("aa:00:0a", 1), ("%", 0), ("_", 0)):
+        assert (await repo.list(NodeFilter(query=q), limit=50, offset=0))[1] == count, q
+
+
+async def test_transition_is_compare_and_set_with_history(any_store: Store) -> None:
+    node = await any_store.nodes.create(new(1), actor="alice")
+    moved = await any_store.nodes.transition(node, to_state=S.INSPECTING, event="inspect",
+                                             actor="bob", reason="go")
+    assert moved.state == S.INSPECTING and moved.version == node.version + 1
+    with pytest.raises(NodeBusy):  # a stale copy loses
+        await any_store.nodes.transition(node, to_state=S.INSPECTING, event="inspect",
+                                         actor="eve")
+    history = await any_store.nodes.history(node.id)
+    assert [(h.seq, h.event, h.from_state, h.to_state, h.actor) for h in history] == [
+        (1, "enroll", "", "enrolled", "alice"), (2, "inspect", "enrolled", "inspecting", "bob")]
+
+
+async def test_checkpoint_only_while_in_that_state(any_store: Store) -> None:
+    node = await any_store.nodes.create(new(1, state=S.DEPLOYING), actor="t")
+    saved = await any_store.nodes.save_checkpoint(node, ["run:1", "power-on"])
+    assert saved.checkpoint == ("run:1", "power-on")
+    await any_store.nodes.transition(saved, to_state=S.DEPLOY_FAILED, event="abort", actor="t")
+    with pytest.raises(NodeBusy):
+        await any_store.nodes.save_checkpoint(saved, ["run:1", "power-on", "write-image"])
+
+
+async def test_bmc_password_is_encrypted_at_rest(any_store: Store) -> None:
+    bmc = BmcEndpoint(driver="ipmi", address="10.1.1.1", port=623, username="admin")
+    node = await any_store.nodes.create(new(1, bmc=bmc, bmc_password="hunter2-secret"),
+                                        actor="t")
+    assert node.bmc is not None and node.bmc.password_set and "hunter2" not in repr(node)
+    with any_store.engine.connect() as conn:
+        raw = conn.execute(text("SELECT bmc_password_enc FROM node")).scalar_one()
+    assert "hunter2" not in raw
+    creds = await any_store.nodes.credentials(node.id)
+    assert creds.password == "hunter2-secret" and "hunter2" not in repr(creds)
+    await any_store.nodes.update_meta(node.id, NodeChange(bmc=bmc, bmc_password="new-pw"))
+    assert (await any_store.nodes.credentials(node.id)).password == "new-pw"
+
+
+async def test_tokens_hashed_and_expiring(any_store: Store) -> None:
+    info, token = await any_store.tokens.create("alice", Role.OPERATOR)
+    assert token.startswith("pvt_") and (await any_store.tokens.lookup(token)) == info
+    assert await any_store.tokens.lookup(token + "x") is None
+    with any_store.engine.connect() as conn:
+        assert token not in str(conn.execute(text("SELECT * FROM api_token")).all())
+    past = datetime.now(UTC) - timedelta(seconds=1)
+    _, expired = await any_store.tokens.create("old", Role.VIEWER, expires_at=past)
+    assert await any_store.tokens.lookup(expired) is None
+    with pytest.raises(Conflict):
+        await any_store.tokens.create("alice", Role.VIEWER)
+
+
+async def test_facts_merge_and_serials(any_store: Store) -> None:
+    node = await any_store.nodes.create(new(1), actor="t")
+    await any_store.nodes.merge_facts(node.id, {"cpu": {"cores": 8}})
+    merged = await any_store.nodes.merge_facts(node.id, {"gpus": [{"device": "0x2330"}]})
+    assert merged.facts == {"cpu": {"cores": 8}, "gpus": [{"device": "0x2330"}]}
+    assert await any_store.nodes.serials() == frozenset({"SN0001"})
+
+
+def test_migrations_are_idempotent_and_refuse_a_newer_schema(
+    backend_settings: Settings,
+) -> None:
+    backend_settings.state_dir.mkdir(parents=True)
+    engine = db.make_engine(backend_settings.sqlalchemy_url)
+    assert db.current_revision(engine) is None
+    with pytest.raises(SchemaError, match="provisioner db upgrade"):
+        db.check_current(engine)
+    assert db.upgrade(engine) == (None, db.head_revision())
+    assert db.upgrade(engine) == (db.head_revision(), db.head_revision())
+    db.check_current(engine)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE alembic_version SET version_num = 'ffff_from_the_future'"))
+    with pytest.raises(SchemaError, match="newer than this provisioner"):
+        open_store(backend_settings)
+    engine.dispose()
+
+
+def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
+    opened = open_store(Settings(state_dir=tmp_path))
+    with opened.engine.connect() as conn:
+        assert conn.execute(text("PRAGMA journal_mode")).scalar_one() == "wal"
+    opened.close()
+    assert (tmp_path / "secret.key").stat().st_mode & 0o777 == 0o600
