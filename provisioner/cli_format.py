@@ -104,7 +104,7 @@ def _summarise(value: Json) -> str:
         if all(not isinstance(v, Mapping | list) for v in value):
             out = ", ".join(text(v) for v in value)
         else:
-            out = f"{len(value)} items"
+            out = f"{len(value)} item" + ("" if len(value) == 1 else "s")
     else:
         out = text(value)
     return out if len(out) <= FACT_WIDTH else out[: FACT_WIDTH - 3] + "..."

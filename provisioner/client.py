@@ -100,19 +100,24 @@ def _api_error(status: int, reason: object, body: bytes) -> ApiError:
         return ApiError(status, f"HTTP {status}: {text[0] if text else reason}")
     detail = str(problem.get("detail") or problem.get("title") or reason or f"HTTP {status}")
     errors = problem.get("errors")
-    if isinstance(errors, list) and errors:
-        detail += ": " + "; ".join(_describe_error(item) for item in errors[:5])
+    if isinstance(errors, list):
+        more = [text for text in map(_describe_error, errors) if text not in detail]
+        if more:
+            detail += "; " + "; ".join(more[:5])
+        if len(more) > 5:
+            detail += f"; and {len(more) - 5} more"
     return ApiError(status, " ".join(detail.split()), problem)
 
 
 def _describe_error(item: Json) -> str:
-    if isinstance(item, dict):
-        loc = item.get("loc") or item.get("field")
-        msg = item.get("msg") or item.get("message") or item.get("detail") or item
-        if isinstance(loc, list):
-            loc = ".".join(str(part) for part in loc)
-        return f"{loc}: {msg}" if loc else str(msg)
-    return str(item)
+    """``row 3: bmc.port: Input should be a valid integer`` from an ``errors`` item."""
+    if not isinstance(item, dict):
+        return str(item)
+    loc = item.get("loc")
+    if isinstance(loc, list):
+        loc = ".".join(str(part) for part in loc)
+    text = f"{loc}: {item.get('msg', '')}" if loc else str(item.get("msg", item))
+    return f"row {item['row']}: {text}" if item.get("row") is not None else text
 
 
 def _reason(exc: Exception) -> str:

@@ -47,12 +47,15 @@ def run(settings: Settings) -> int:
 def build_ports(settings: Settings, world: SimWorld) -> Ports:
     """Pick the drivers. Until the real ones land, inspection, install, Kubernetes and Slurm
     act on the simulated rack; BMCs are picked per node by driver name."""
-    sim = settings.simulation
-    kw = {"delay_s": sim.step_delay_s, "fail_rate": sim.fail_rate}
-    registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=sim.step_delay_s)})
-    return Ports(bmc=registry, inspector=FakeInspector(world, **kw),
-                 installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
-                 slurm=FakeSlurm(world, **kw))
+    delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
+    registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=delay_s)})
+    return Ports(
+        bmc=registry,
+        inspector=FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate),
+        installer=FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
+        kube=FakeKube(world, delay_s=delay_s, fail_rate=fail_rate),
+        slurm=FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
+    )
 
 
 class Daemon:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final, Literal
@@ -25,6 +25,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Method = Literal["GET", "POST"]
 
 _REF: Final = "#/components/schemas/{model}"
+_Refs = Mapping[Any, dict[str, Any]]  # (model, mode) -> {"$ref": ...}
 _PATH_PARAM: Final = re.compile(r"\{(\w+)\}")
 _PROBLEM_MEDIA: Final = "application/problem+json"
 
@@ -78,7 +79,7 @@ def openapi_document(routes: Sequence[Route], *, title: str, version: str) -> by
     return json.dumps(document, indent=2, sort_keys=True).encode()
 
 
-def _operation(route: Route, refs: dict[tuple[type[BaseModel], JsonSchemaMode], Any],
+def _operation(route: Route, refs: _Refs,
                components: dict[str, Any]) -> dict[str, Any]:
     needs = f" Needs role `{route.role}`." if route.role else " No token needed."
     operation: dict[str, Any] = {
@@ -113,12 +114,12 @@ def _parameters(route: Route, components: dict[str, Any]) -> list[dict[str, Any]
     return params
 
 
-def _responses(route: Route, refs: dict[tuple[type[BaseModel], JsonSchemaMode], Any],
+def _responses(route: Route, refs: _Refs,
                ) -> dict[str, Any]:
     if route.response is not None:
         schema = refs[route.response, "serialization"]
     else:
-        schema = {"type": "string"}
+        schema = {"type": "string" if route.media.startswith("text/") else "object"}
     responses: dict[str, Any] = {
         str(route.status): {"description": HTTPStatus(route.status).phrase,
                             "content": {route.media: {"schema": schema}}},

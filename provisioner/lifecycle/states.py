@@ -107,7 +107,10 @@ def allowed_events(state: NodeState) -> frozenset[Event]:
 
 
 def next_state(current: NodeState, event: Event) -> NodeState:
+    """The state ``event`` leads to; InvalidTransition names the events an operator could
+    send instead (``done``/``fail`` are the step runner's own)."""
     try:
         return TRANSITIONS[current, event]
     except KeyError:
-        raise InvalidTransition(current, event, allowed_events(current)) from None
+        offered = allowed_events(current) - INTERNAL_EVENTS
+        raise InvalidTransition(current, event, offered) from None

@@ -1,1 +1,3 @@
-"""A simulated rack: persistent fake hardware the ``fake`` drivers act on (demos, scale, crash tests)."""
+"""A simulated rack: persistent fake hardware that the ``fake`` drivers act on.
+
+For demos, scale runs and crash tests."""

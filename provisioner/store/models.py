@@ -1,4 +1,4 @@
-"""SQLModel tables. Only ``store/`` sees these; everything else gets ``provisioner.domain`` values."""
+"""SQLModel tables. Only ``store/`` sees these; the rest gets ``provisioner.domain`` values."""
 
 from __future__ import annotations
 

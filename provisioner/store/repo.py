@@ -7,6 +7,7 @@ same transaction, so a crash can never leave a state without its history or vice
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -70,8 +71,8 @@ class NodeRepo:
 
     async def list(
         self, flt: NodeFilter, *, limit: int, offset: int
-    ) -> tuple[list[Node], int]:
-        def work(s: Session) -> tuple[list[Node], int]:
+    ) -> tuple[builtins.list[Node], int]:
+        def work(s: Session) -> tuple[builtins.list[Node], int]:
             query = _filtered(select(NodeRow), flt)
             total = s.exec(_filtered(select(func.count()).select_from(NodeRow), flt)).one()
             rows = s.exec(query.order_by(col(NodeRow.created_at), col(NodeRow.id))
@@ -81,10 +82,10 @@ class NodeRepo:
 
         return await self._run(work)
 
-    async def in_states(self, states: Iterable[NodeState]) -> list[Node]:
+    async def in_states(self, states: Iterable[NodeState]) -> builtins.list[Node]:
         wanted = [str(st) for st in states]
 
-        def work(s: Session) -> list[Node]:
+        def work(s: Session) -> builtins.list[Node]:
             rows = s.exec(select(NodeRow).where(col(NodeRow.state).in_(wanted))).all()
             macs = _macs_for(s, [r.id for r in rows])
             return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
@@ -105,8 +106,8 @@ class NodeRepo:
 
         return await self._run(work)
 
-    async def history(self, node_id: str) -> list[HistoryEntry]:
-        def work(s: Session) -> list[HistoryEntry]:
+    async def history(self, node_id: str) -> builtins.list[HistoryEntry]:
+        def work(s: Session) -> builtins.list[HistoryEntry]:
             _get_row(s, node_id)
             rows = s.exec(select(TransitionRow).where(TransitionRow.node_id == node_id)
                           .order_by(col(TransitionRow.seq))).all()

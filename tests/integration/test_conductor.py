@@ -152,7 +152,9 @@ async def test_maintenance_holds_the_next_substep(store, world, make_node) -> No
     await asyncio.sleep(0.05)
     await cond.set_maintenance(node.id, True, actor="op", reason="swap PSU")
     async with asyncio.timeout(5):
-        while cond.step_status(node.id) != "held":
+        while True:
+            if cond.step_status(node.id) == "held":
+                break
             await asyncio.sleep(0.02)
     held = await store.nodes.get(node.id)
     assert held.state == S.INSPECTING and held.maintenance_reason == "swap PSU"

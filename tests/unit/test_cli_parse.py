@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -224,10 +225,24 @@ def test_problem_document_becomes_api_error() -> None:
 
 
 def test_problem_with_errors_lists_them_on_one_line() -> None:
-    body = (b'{"title": "Unprocessable", "status": 422, "detail": "invalid node",'
-            b' "errors": [{"loc": ["body", "macs", 0], "msg": "invalid MAC"}]}')
-    exc = client._api_error(422, "Unprocessable", body)
-    assert exc.detail == "invalid node: body.macs.0: invalid MAC"
+    body = (b'{"title": "Unprocessable Content", "status": 422, "detail": "invalid request: '
+            b'macs.0: invalid MAC", "errors": [{"loc": "macs.0", "msg": "invalid MAC", '
+            b'"type": "value_error"}, {"loc": "bmc.port", "msg": "too big", "type": "x"}]}')
+    exc = client._api_error(422, "Unprocessable Content", body)
+    assert exc.detail == "invalid request: macs.0: invalid MAC; bmc.port: too big"
+
+
+def test_import_problem_lists_rows() -> None:
+    errors = [{"loc": "serial", "msg": "missing", "type": "missing", "row": n}
+              for n in range(1, 9)]
+    body = json.dumps({"title": "Unprocessable Content", "status": 422,
+                       "detail": "8 error(s) in the import, nothing imported; first: row 1: "
+                                 "serial: missing", "errors": errors}).encode()
+    detail = client._api_error(422, "Unprocessable Content", body).detail
+    assert detail.startswith("8 error(s) in the import, nothing imported; first: row 1: "
+                             "serial: missing; row 2: serial: missing; ")
+    assert detail.endswith("row 6: serial: missing; and 2 more")
+    assert "\n" not in detail
 
 
 def test_non_json_error_body() -> None:

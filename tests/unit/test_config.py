@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from provisioner.config import (
     Settings,
@@ -95,3 +95,22 @@ def test_parse_host_port(text: str, expected: tuple[str, int]) -> None:
 
 def test_mask_url_without_password() -> None:
     assert mask_url("sqlite:////var/lib/pv.sqlite") == "sqlite:////var/lib/pv.sqlite"
+
+
+def _keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    keys: list[str] = []
+    for name, field in model.model_fields.items():
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            keys += _keys(field.annotation, f"{prefix}{name}.")
+        else:
+            keys.append(prefix + name)
+    return keys
+
+
+def test_operator_guide_documents_every_key() -> None:
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "operator-guide.md").read_text()
+    example = (Path(__file__).resolve().parents[2] / "examples" / "provisioner.toml").read_text()
+    for key in _keys(Settings):
+        assert f"| `{key}` |" in guide, f"docs/operator-guide.md lacks {key}"
+        assert key.rpartition(".")[2] in example, f"examples/provisioner.toml lacks {key}"
+    load_settings(Path(__file__).resolve().parents[2] / "examples" / "provisioner.toml")

@@ -1,0 +1,210 @@
+"""The aiohttp application: routes, auth, problem+json errors and request timing.
+
+Public (no token): ``/healthz``, ``/openapi.json`` (also under ``/api/v1``) and ``/metrics``.
+``/metrics`` is unauthenticated as Prometheus scrapers expect; it exposes only counts and
+timings, never node identities. Every other route needs a bearer token: reads ``viewer``,
+mutations ``operator`` (``Route.role``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from http import HTTPStatus
+from typing import Final
+
+from aiohttp import hdrs, web
+from pydantic import ValidationError
+
+from provisioner.api import CONDUCTOR, METRICS, NODES, PRINCIPAL, SETTINGS, TOKENS
+from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
+from provisioner.api.nodes import PREFIX
+from provisioner.api.nodes import ROUTES as NODE_ROUTES
+from provisioner.api.openapi import Handler, Route, openapi_document
+from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
+from provisioner.config import ApiSettings
+from provisioner.domain import Role
+from provisioner.errors import (
+    Conflict,
+    InvalidRequest,
+    InvalidTransition,
+    NotFound,
+    ProvisionerError,
+)
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.metrics import CONTENT_TYPE, Metrics
+from provisioner.store.repo import NodeRepo
+from provisioner.store.tokens import TokenRepo
+
+log = logging.getLogger(__name__)
+
+API_VERSION: Final = "1"
+OPENAPI: Final = web.AppKey("openapi", bytes)
+#: (method, canonical path) -> least role; None: public
+ROLES: Final[web.AppKey[Mapping[tuple[str, str], Role | None]]] = web.AppKey("roles")
+
+_PROBLEM_MEDIA: Final = "application/problem+json"
+_STATUS_OF: Final[Sequence[tuple[type[ProvisionerError], int]]] = (
+    (NotFound, 404), (Conflict, 409), (InvalidRequest, 422),
+)
+_METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_MAX_TOKEN_CHARS: Final = 512
+
+
+def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
+             settings: ApiSettings) -> web.Application:
+    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *_OWN_ROUTES)
+    app = web.Application(client_max_size=settings.max_body_bytes,
+                          middlewares=[_timing, _errors, _auth])
+    app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
+    app[METRICS], app[SETTINGS] = metrics, settings
+    roles: Mapping[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
+    app[ROLES] = roles
+    app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
+    for route in routes:
+        app.router.add_route(route.method, route.path, route.handler)
+    return app
+
+
+# -- public handlers ------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return respond(Health(status="ok"))
+
+
+async def metrics_text(request: web.Request) -> web.Response:
+    metrics = request.app[METRICS]
+    await metrics.refresh(request.app[NODES])
+    return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
+
+
+async def openapi_json(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[OPENAPI], content_type="application/json")
+
+
+_OWN_ROUTES: Final = (
+    Route("GET", "/healthz", healthz, "Liveness: 200 while the API serves", None, Health),
+    Route("GET", "/metrics", metrics_text, "Prometheus metrics, unauthenticated", None,
+          media="text/plain"),
+    Route("GET", f"{PREFIX}/openapi.json", openapi_json, "This OpenAPI document", None),
+    Route("GET", "/openapi.json", openapi_json, "This OpenAPI document", None),
+)
+
+
+# -- middlewares ----------------------------------------------------------------------------
+
+
+@web.middleware
+async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    except asyncio.CancelledError:
+        status = 499  # the client went away
+        raise
+    finally:
+        method = request.method if request.method in _METHODS else "OTHER"
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        elapsed = time.perf_counter() - started
+        request.app[METRICS].observe_request(method, route, status, elapsed)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return _from_http_error(exc)
+    except ValidationError as exc:
+        items = error_items(exc)
+        first = items[0]
+        detail = f"invalid request: {first.loc}: {first.msg}"
+        return problem(422, detail, kind="validation-error", errors=items)
+    except InvalidRows as exc:
+        return problem(422, str(exc), kind="validation-error", errors=exc.errors)
+    except InvalidTransition as exc:
+        return problem(409, str(exc), kind="invalid-transition", state=exc.state,
+                       allowed_events=list(exc.allowed))
+    except ProvisionerError as exc:
+        status = next((code for cls, code in _STATUS_OF if isinstance(exc, cls)), None)
+        if status is None:  # ConfigError, SchemaError, DriverError: not the caller's fault
+            log.exception("%s %s failed", request.method, request.path)
+            return problem(500, "internal error; see the daemon log")
+        return problem(status, str(exc))
+    except Exception:  # the API's task boundary: log once, with the traceback
+        log.exception("%s %s failed", request.method, request.path)
+        return problem(500, "internal error; see the daemon log")
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    route = request.match_info.route
+    key = (route.method, route.resource.canonical if route.resource is not None else "")
+    needed = request.app[ROLES].get(key, Role.VIEWER)  # unmatched paths: no hints without one
+    if needed is None:
+        return await handler(request)
+    token = _bearer(request)
+    info = await request.app[TOKENS].lookup(token) if token else None
+    if info is None:
+        return _unauthorized(invalid=token is not None)
+    if not info.role.allows(needed):
+        return problem(403, f"this needs the {needed} role; token {info.name!r} has "
+                            f"{info.role}")
+    request[PRINCIPAL] = info
+    return await handler(request)
+
+
+def _bearer(request: web.Request) -> str | None:
+    """The bearer token; "" when one is given but cannot be valid; None when none is given."""
+    scheme, _, token = request.headers.get(hdrs.AUTHORIZATION, "").partition(" ")
+    if scheme.lower() != "bearer":
+        return "" if scheme else None
+    token = token.strip()
+    if not token.isascii() or not token.isprintable() or len(token) > _MAX_TOKEN_CHARS:
+        return ""
+    return token
+
+
+def _unauthorized(*, invalid: bool) -> web.Response:
+    challenge = 'Bearer realm="provisioner"'
+    if invalid:
+        challenge += ', error="invalid_token"'
+        detail = "the bearer token is unknown, expired or malformed"
+    else:
+        detail = "this needs a bearer token (Authorization: Bearer <token>)"
+    return problem(401, detail, headers={hdrs.WWW_AUTHENTICATE: challenge})
+
+
+# -- problem documents ----------------------------------------------------------------------
+
+
+def problem(status: int, detail: str, *, kind: str = "about:blank",
+            headers: Mapping[str, str] | None = None, **extra: object) -> web.Response:
+    """An RFC 9457 problem+json response; ``detail`` is one line, without internals."""
+    line = detail.splitlines()[0] if detail.strip() else HTTPStatus(status).description
+    body = Problem.model_validate({"type": kind, "title": HTTPStatus(status).phrase,
+                                   "status": status, "detail": line, **extra})
+    return web.Response(text=body.model_dump_json(exclude_none=True), status=status,
+                        headers=headers, content_type=_PROBLEM_MEDIA)
+
+
+def _from_http_error(exc: web.HTTPException) -> web.Response:
+    """aiohttp's own errors (404 route, 405, 413 body too large, our 400/415) as problems."""
+    default = f"{exc.status}: {exc.reason}"
+    detail = exc.text if exc.text and exc.text != default else ""
+    kept = {name: value for name, value in exc.headers.items()
+            if name not in (hdrs.CONTENT_TYPE, hdrs.CONTENT_LENGTH)}
+    return problem(exc.status, detail, headers=kept)
+
