@@ -80,6 +80,86 @@ class SimulationSettings(_Section):
     fail_rate: float = Field(0.0, ge=0, le=1, description="Share of fake operations that fail")
 
 
+def _check_optional_listen(value: str | None) -> str | None:
+    if value is not None:
+        parse_host_port(value)
+    return value
+
+
+class DhcpSettings(_Section):
+    mode: Literal["authoritative", "proxy", "off"] = Field(
+        "off", description="authoritative: our subnet and leases; proxy: PXE-only beside "
+        "the site's DHCP; off: site DHCP points at us")
+    interface: str | None = Field(None, description="Interface to serve on (SO_BINDTODEVICE)")
+    server_address: str | None = Field(None, description="Our address on the boot network")
+    pool: str | None = Field(None, description="FIRST-LAST addresses for discovery leases")
+    netmask: str = Field("255.255.255.0", description="Subnet mask handed out")
+    router: str | None = Field(None, description="Default gateway handed out (option 3)")
+    dns_servers: list[str] = Field(default_factory=list, description="Option 6")
+    domain_name: str | None = Field(None, description="Option 15")
+    lease_time_s: int = Field(3600, ge=60, description="Lease time handed out")
+    port: int = Field(67, ge=1, le=65535, description="Server port (tests use a high one)")
+    proxy_port: int = Field(4011, ge=1, le=65535, description="PXE proxy port")
+    discovery_rate_per_s: float = Field(
+        5.0, gt=0, description="Unknown MACs turned into discovered nodes per second")
+    discovery_burst: int = Field(50, ge=1, description="Burst of new MACs accepted at once")
+
+
+class TftpSettings(_Section):
+    listen: str | None = Field(None, description="HOST:PORT for TFTP (e.g. 0.0.0.0:69); "
+                               "unset: no TFTP server")
+    timeout_s: float = Field(2.0, gt=0, description="Retransmit timeout per block")
+    retries: int = Field(5, ge=1, description="Retransmits before a transfer is dropped")
+    max_transfers: int = Field(1000, ge=1, description="Concurrent transfers")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        return _check_optional_listen(value)
+
+
+class HttpSettings(_Section):
+    listen: str | None = Field(None, description="HOST:PORT of the boot HTTP server (iPXE "
+                               "scripts, kernels, images, agent); unset: no boot HTTP")
+    public_url: str | None = Field(None, description="URL nodes use to reach it; default "
+                                   "http://<dhcp.server_address>:<port>")
+
+    @field_validator("listen")
+    @classmethod
+    def _check_listen(cls, value: str | None) -> str | None:
+        return _check_optional_listen(value)
+
+
+class BootSettings(_Section):
+    assets_dir: Path | None = Field(None, description="iPXE binaries for TFTP; default "
+                                    "Debian's /usr/lib/ipxe")
+    artefacts_dir: Path | None = Field(None, description="Kernels, initrds, images served "
+                                       "over HTTP; default <state_dir>/artefacts")
+    arm64_bootfile: str = Field("grubaa64.efi", description="Boot file for UEFI arm64 clients")
+    inspection_kernel: str = Field("inspect/vmlinuz", description="Under artefacts_dir")
+    inspection_initrd: str = Field("inspect/initrd.gz", description="Under artefacts_dir")
+    kernel_args: str = Field("console=ttyS0", description="Extra kernel command line")
+    agent_token_ttl_s: int = Field(3600, ge=60, description="Lifetime of a node's agent token")
+
+
+class BmcSettings(_Section):
+    timeout_s: float = Field(20.0, gt=0, description="Per-call BMC timeout")
+    max_concurrency: int = Field(64, ge=1, description="BMC calls in flight, all BMCs")
+    per_bmc_concurrency: int = Field(1, ge=1, description="Calls in flight per BMC")
+    retries: int = Field(3, ge=0, description="Retries of a retryable BMC error")
+    retry_backoff_s: float = Field(1.0, ge=0, description="First retry delay (doubles)")
+    confirm_timeout_s: float = Field(60.0, gt=0, description="Wait for power read-back")
+    breaker_threshold: int = Field(5, ge=1, description="Failures that open a BMC's breaker")
+    breaker_reset_s: float = Field(30.0, gt=0, description="First probe of an open breaker")
+    power_on_per_rack_per_s: float = Field(
+        2.0, gt=0, description="Power-ons per rack per second (inrush stagger)")
+    power_sync_interval_s: float = Field(
+        300.0, ge=0, description="Power-state sync period; 0 disables it")
+    power_sync_concurrency: int = Field(16, ge=1, description="BMCs polled at once in a sync")
+    default_username: str | None = Field(None, description="Site default BMC user")
+    default_password: SecretStr | None = Field(None, description="Site default BMC password")
+
+
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level")
 
@@ -108,6 +188,11 @@ class Settings(BaseSettings):
     store: StoreSettings = StoreSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
     simulation: SimulationSettings = SimulationSettings()
+    dhcp: DhcpSettings = DhcpSettings()
+    tftp: TftpSettings = TftpSettings()
+    http: HttpSettings = HttpSettings()
+    boot: BootSettings = BootSettings()
+    bmc: BmcSettings = BmcSettings()
     log: LogSettings = LogSettings()
     daemon: DaemonSettings = DaemonSettings()
 
@@ -168,6 +253,8 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
 def effective_config(settings: Settings) -> dict[str, Any]:
     """The effective settings as plain data with every secret masked."""
     data: dict[str, Any] = json.loads(settings.model_dump_json())
+    if settings.bmc.default_password is not None:
+        data["bmc"]["default_password"] = "***"
     if settings.database_url is not None:
         data["database_url"] = mask_url(settings.database_url.get_secret_value())
     return data

@@ -62,6 +62,8 @@ class Node:
     bmc: BmcEndpoint | None
     created_at: datetime
     updated_at: datetime
+    power_state: str | None = None
+    bmc_mac: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

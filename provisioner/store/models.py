@@ -34,6 +34,9 @@ class NodeRow(SQLModel, table=True):
     bmc_port: int | None = Field(default=None)
     bmc_username: str | None = Field(default=None, max_length=255)
     bmc_password_enc: str | None = Field(default=None)
+    bmc_mac: str | None = Field(default=None, max_length=17)
+    power_state: str | None = Field(default=None, max_length=16)
+    power_checked_at: datetime | None = None
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
 
@@ -70,3 +73,18 @@ class ApiTokenRow(SQLModel, table=True):
     node_id: str | None = Field(default=None, foreign_key="node.id", ondelete="CASCADE")
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
+
+
+class LeaseRow(SQLModel, table=True):
+    """A DHCP lease (authoritative mode). Reservations are nodes' MACs, not rows here."""
+
+    __tablename__ = "lease"
+
+    mac: str = Field(primary_key=True, max_length=17)
+    ip: str = Field(unique=True, max_length=45)
+    node_id: str | None = Field(default=None, foreign_key="node.id", ondelete="SET NULL")
+    hostname: str | None = Field(default=None, max_length=253)
+    client_id: str | None = Field(default=None, max_length=255)
+    state: str = Field(max_length=16)
+    expires_at: datetime
+    updated_at: datetime = Field(default_factory=utcnow)

@@ -259,7 +259,7 @@ class NodeRepo:
             position=row.position, facts=json.loads(row.facts), last_error=row.last_error,
             checkpoint=tuple(json.loads(row.checkpoint)), version=row.version,
             history_seq=row.history_seq, bmc=bmc, created_at=row.created_at,
-            updated_at=row.updated_at,
+            updated_at=row.updated_at, power_state=row.power_state, bmc_mac=row.bmc_mac,
         )
 
 

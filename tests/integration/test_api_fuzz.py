@@ -78,7 +78,7 @@ async def test_random_import_json_never_5xx(api: Api, rows: list[object], wrap: 
 async def test_random_import_csv_never_5xx(api: Api, header: list[str],
                                            cells: list[list[str]], separator: str) -> None:
     lines = [separator.join(header), *(separator.join(row) for row in cells)]
-    data = "\n".join(lines).encode("utf-8", "surrogateescape")
+    data = "\n".join(lines).encode("utf-8", "surrogatepass")
     await api.call("POST", IMPORT, data=data, headers={"Content-Type": "text/csv"})
 
 
@@ -89,7 +89,8 @@ async def test_random_import_csv_never_5xx(api: Api, header: list[str],
 async def test_random_reads_never_5xx(api: Api, query: dict[str, str], key: str) -> None:
     clean = {k: v.encode("utf-8", "replace").decode() for k, v in query.items()}
     async with api.client.get(NODES, params=clean, headers=_viewer(api)) as resp:
-        assert resp.status in (200, 422), await resp.text()
+        # 400: aiohttp's parser refuses request lines over 8 KiB before the app runs
+        assert resp.status in (200, 400, 422), await resp.text()
     path = f"{NODES}/{key.encode('utf-8', 'replace').decode()}"
     async with api.client.get(path, headers=_viewer(api)) as resp:
         assert resp.status < 500, await resp.text()

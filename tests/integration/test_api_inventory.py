@@ -94,10 +94,12 @@ async def test_a_bad_row_rejects_the_whole_import(api: Api) -> None:
 
 
 async def test_duplicates_within_an_import_are_422(api: Api) -> None:
-    reply = await api.post(IMPORT, [{"serial": "D-1", "hostname": "dup", "macs": ["aa:aa:aa:aa:aa:aa"]},
-                                    {"serial": "D-1"},
-                                    {"serial": "D-3", "hostname": "DUP"},
-                                    {"serial": "D-4", "macs": ["AAAA.AAAA.AAAA"]}])
+    reply = await api.post(IMPORT, [
+        {"serial": "D-1", "hostname": "dup", "macs": ["aa:aa:aa:aa:aa:aa"]},
+        {"serial": "D-1"},
+        {"serial": "D-3", "hostname": "DUP"},
+        {"serial": "D-4", "macs": ["AAAA.AAAA.AAAA"]},
+    ])
     assert reply.status == 422
     errors = {(error["row"], error["loc"]) for error in reply.body["errors"]}
     assert errors == {(2, "serial"), (3, "hostname"), (4, "macs")}

@@ -171,3 +171,15 @@ def test_sqlite_runs_in_wal_mode(tmp_path: Path) -> None:
         assert conn.execute(text("PRAGMA journal_mode")).scalar_one() == "wal"
     opened.close()
     assert (tmp_path / "secret.key").stat().st_mode & 0o777 == 0o600
+
+
+def test_migrations_match_the_models(backend_settings: Settings) -> None:
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    opened = open_store(backend_settings)
+    with opened.engine.connect() as conn:
+        drift = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
+    opened.close()
+    assert drift == [], "models changed without a migration: " + repr(drift)
