@@ -193,7 +193,8 @@ def _unauthorized(*, invalid: bool) -> web.Response:
 def problem(status: int, detail: str, *, kind: str = "about:blank",
             headers: Mapping[str, str] | None = None, **extra: object) -> web.Response:
     """An RFC 9457 problem+json response; ``detail`` is one line, without internals."""
-    line = detail.splitlines()[0] if detail.strip() else HTTPStatus(status).description
+    lines = [line for line in detail.splitlines() if line.strip()]
+    line = lines[0] if lines else HTTPStatus(status).description
     body = Problem.model_validate({"type": kind, "title": HTTPStatus(status).phrase,
                                    "status": status, "detail": line, **extra})
     return web.Response(text=body.model_dump_json(exclude_none=True), status=status,

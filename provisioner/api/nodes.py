@@ -29,7 +29,7 @@ from provisioner.api.schemas import (
 from provisioner.domain import BmcEndpoint, NewNode, Node, NodeFilter, Role
 from provisioner.errors import InvalidRequest, NotFound
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.states import INTERNAL_EVENTS, Event, NodeState, allowed_events
+from provisioner.lifecycle.states import Event, NodeState
 
 PREFIX: Final = "/api/v1"
 
@@ -45,8 +45,6 @@ EVENT_ACTIONS: Final[Mapping[str, Event]] = {
 MAINTENANCE_ACTIONS: Final[Mapping[str, bool]] = {"maintenance-on": True,
                                                   "maintenance-off": False}
 ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS)
-#: the conductor refuses these while a node is in maintenance
-_WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -114,9 +112,7 @@ async def _node(request: web.Request) -> Node:
 
 def allowed_actions(node: Node) -> list[str]:
     """The actions that would be accepted now (what the UI offers)."""
-    events = allowed_events(NodeState(node.state)) - INTERNAL_EVENTS
-    if node.maintenance:
-        events -= _WORK_EVENTS
+    events = Conductor.allowed_events(node)
     names = [name for name, event in EVENT_ACTIONS.items() if event in events]
     names.append("maintenance-off" if node.maintenance else "maintenance-on")
     return names

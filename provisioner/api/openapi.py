@@ -79,8 +79,7 @@ def openapi_document(routes: Sequence[Route], *, title: str, version: str) -> by
     return json.dumps(document, indent=2, sort_keys=True).encode()
 
 
-def _operation(route: Route, refs: _Refs,
-               components: dict[str, Any]) -> dict[str, Any]:
+def _operation(route: Route, refs: _Refs, components: dict[str, Any]) -> dict[str, Any]:
     needs = f" Needs role `{route.role}`." if route.role else " No token needed."
     operation: dict[str, Any] = {
         "operationId": route.handler.__name__.strip("_"),
@@ -114,8 +113,7 @@ def _parameters(route: Route, components: dict[str, Any]) -> list[dict[str, Any]
     return params
 
 
-def _responses(route: Route, refs: _Refs,
-               ) -> dict[str, Any]:
+def _responses(route: Route, refs: _Refs) -> dict[str, Any]:
     if route.response is not None:
         schema = refs[route.response, "serialization"]
     else:

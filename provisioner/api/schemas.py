@@ -45,12 +45,14 @@ def _hostname(value: str) -> str:
     name = value.strip().lower()
     labels = name.split(".")
     if len(name) > 253 or not all(_LABEL.match(label) for label in labels):
-        raise ValueError(f"{value!r} is not an RFC 1123 host name (labels of a-z, 0-9 and '-', "
-                         "1-63 characters, not starting or ending with '-')")
+        raise ValueError(f"{value[:80]!r} is not an RFC 1123 host name (labels of a-z, 0-9 "
+                         "and '-', 1-63 characters, not starting or ending with '-')")
     return name
 
 
 def _mac(value: str) -> str:
+    if len(value) > 64:
+        raise ValueError("not a MAC address (too long)")
     try:
         return normalize_mac(value)
     except InvalidRequest as exc:

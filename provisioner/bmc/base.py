@@ -1,17 +1,44 @@
-"""The BMC seam: one small async protocol; drivers implement only single calls."""
+"""The BMC seam: one small async protocol; drivers implement only single calls.
+
+Everything above a single call lives here once, for every driver: the error classes, the
+retry policy, and the idempotent ``ensure_*`` templates (read first, act, confirm by
+read-back). ``managed.py`` applies them, with limits and a circuit breaker, around every
+driver the registry hands out.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from provisioner.domain import BmcCredentials, BmcEndpoint
+from provisioner.errors import FatalError, RetryableError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
 
 
 class PowerState(StrEnum):
     ON = "on"
     OFF = "off"
+
+
+class PowerAction(StrEnum):
+    """What an operator may ask for; ``status`` only reads."""
+
+    ON = "on"
+    OFF = "off"
+    SOFT_OFF = "soft-off"
+    CYCLE = "cycle"
+    STATUS = "status"
 
 
 class BootDevice(StrEnum):
@@ -21,17 +48,186 @@ class BootDevice(StrEnum):
     BIOS = "bios"
 
 
+@dataclass(frozen=True, slots=True)
+class BootSetting:
+    """A boot override as a BMC reports it; None where the BMC does not say."""
+
+    device: BootDevice | None
+    persistent: bool | None = None
+    uefi: bool | None = None
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+class BmcUnreachable(RetryableError):
+    """No usable answer: connection refused or lost, BMC busy, a 5xx."""
+
+
+class BmcTimeout(RetryableError):
+    """The BMC did not answer, or a power change did not read back, in time."""
+
+
+class BmcCircuitOpen(BmcUnreachable):
+    """Failing fast: the BMC failed too often in a row; it is probed again later."""
+
+
+class BmcAuthFailed(FatalError):
+    """Wrong user or password, not enough privilege, or an untrusted TLS certificate."""
+
+
+class BmcUnsupported(FatalError):
+    """The BMC refuses the request as invalid or unsupported (retrying cannot help)."""
+
+
+# -- the protocol -----------------------------------------------------------------------------
+
+
 class Bmc(Protocol):
     """One node's BMC. Idempotent: requesting the current state is success, not an error."""
 
     async def power_state(self) -> PowerState: ...
 
-    async def set_power(self, state: PowerState) -> None: ...
+    async def set_power(self, state: PowerState, *, soft: bool = False) -> None:
+        """On, or off (``soft``: ask the OS to shut down, ACPI / GracefulShutdown)."""
+        ...
 
-    async def set_boot_device(self, device: BootDevice, *, persistent: bool = False) -> None: ...
+    async def power_cycle(self) -> None:
+        """Hard reset of a running machine (a machine that is off is powered on)."""
+        ...
+
+    async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
+                              uefi: bool = True) -> None: ...
+
+    async def boot_device(self) -> BootSetting:
+        """The boot override as the BMC reports it (device None: no override)."""
+        ...
 
     async def aclose(self) -> None: ...
 
 
 BmcFactory = Callable[[str, BmcEndpoint, BmcCredentials], Bmc]
 """(node id, endpoint, credentials) -> Bmc"""
+
+
+# -- retry policy -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Retries ``RetryableError`` with doubling back-off, never ``FatalError``.
+
+    ``deadline_s`` bounds all attempts together (None: only ``retries`` bounds them). A
+    ``BmcCircuitOpen`` is not retried: the breaker already decided when to try again."""
+
+    retries: int = 3
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+    deadline_s: float | None = None
+    sleep: Sleep = field(default=asyncio.sleep, compare=False)
+    clock: Clock = field(default=time.monotonic, compare=False)
+
+    def delay_s(self, retry: int) -> float:
+        """The pause before retry number ``retry`` (0-based)."""
+        return float(min(self.backoff_s * (2**retry), self.max_backoff_s))
+
+    async def run(self, attempt: Callable[[], Awaitable[T]], *, what: str) -> T:
+        started = self.clock()
+        retry = 0
+        while True:
+            try:
+                return await attempt()
+            except BmcCircuitOpen:
+                raise
+            except RetryableError as exc:
+                pause = self.delay_s(retry)
+                if retry >= self.retries or self._past_deadline(started, pause):
+                    raise
+                log.warning("%s failed (%s); retry %d of %d in %.2g s", what, exc,
+                            retry + 1, self.retries, pause)
+                await self.sleep(pause)
+                retry += 1
+
+    def _past_deadline(self, started: float, pause: float) -> bool:
+        return self.deadline_s is not None and self.clock() + pause - started > self.deadline_s
+
+
+# -- idempotent templates ---------------------------------------------------------------------
+
+
+async def confirm_power(bmc: Bmc, want: PowerState, *, timeout_s: float, poll_s: float,
+                        sleep: Sleep = asyncio.sleep, clock: Clock = time.monotonic) -> None:
+    """Poll ``power_state()`` until it reads ``want``; BmcTimeout after ``timeout_s``.
+
+    BMCs apply power actions seconds after acknowledging them: read-back is the proof."""
+    deadline = clock() + timeout_s
+    while True:
+        seen = await bmc.power_state()
+        if seen is want:
+            return
+        left = deadline - clock()
+        if left <= 0:
+            raise BmcTimeout(f"power did not read back {want} within {timeout_s:g} s "
+                             f"(still {seen})")
+        await sleep(min(poll_s, left))
+
+
+async def ensure_power(bmc: Bmc, want: PowerState, *, policy: RetryPolicy,
+                       confirm_timeout_s: float, poll_s: float = 1.0, soft: bool = False,
+                       before_change: Callable[[], Awaitable[None]] | None = None) -> bool:
+    """Bring the power to ``want`` and confirm it; True if it had to change.
+
+    Reads first: asking for the current state is success and touches nothing. Each retry
+    starts over with a read, so a request that did land is never repeated."""
+
+    async def attempt() -> bool:
+        if await bmc.power_state() is want:
+            return False
+        if before_change is not None:
+            await before_change()
+        await bmc.set_power(want, soft=soft)
+        await confirm_power(bmc, want, timeout_s=confirm_timeout_s, poll_s=poll_s,
+                            sleep=policy.sleep, clock=policy.clock)
+        return True
+
+    return await policy.run(attempt, what=f"power {'soft-' if soft else ''}{want}")
+
+
+async def ensure_power_cycle(bmc: Bmc, *, policy: RetryPolicy, confirm_timeout_s: float,
+                             poll_s: float = 1.0) -> None:
+    """Reset a running machine (power on one that is off), then confirm it reads on."""
+
+    async def attempt() -> None:
+        if await bmc.power_state() is PowerState.OFF:
+            await bmc.set_power(PowerState.ON)
+        else:
+            await bmc.power_cycle()
+        await confirm_power(bmc, PowerState.ON, timeout_s=confirm_timeout_s, poll_s=poll_s,
+                            sleep=policy.sleep, clock=policy.clock)
+
+    await policy.run(attempt, what="power cycle")
+
+
+def same_device(seen: BootDevice | None, want: BootDevice) -> bool:
+    """Whether a read-back device satisfies a request. BMCs may report an HTTP-boot request
+    as network boot (IPMI has no HTTP device; sushy-tools stores UefiHttp as Pxe)."""
+    return seen is want or (want is BootDevice.HTTP and seen is BootDevice.PXE)
+
+
+async def ensure_boot_device(bmc: Bmc, device: BootDevice, *, policy: RetryPolicy,
+                             persistent: bool = False, uefi: bool = True) -> bool:
+    """Set the boot override unless it already is exactly that; confirm the device by
+    read-back (the persistence and UEFI bits many BMCs do not report faithfully)."""
+
+    async def attempt() -> bool:
+        seen = await bmc.boot_device()
+        if seen == BootSetting(device, persistent, uefi):
+            return False
+        await bmc.set_boot_device(device, persistent=persistent, uefi=uefi)
+        after = await bmc.boot_device()
+        if not same_device(after.device, device):
+            raise BmcTimeout(f"boot device {device} was accepted but reads back as "
+                             f"{after.device or 'no override'}")
+        return True
+
+    return await policy.run(attempt, what=f"boot device {device}")

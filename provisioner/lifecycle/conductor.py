@@ -23,8 +23,10 @@ from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import (
     FAILED,
     IN_FLIGHT,
+    INTERNAL_EVENTS,
     Event,
     NodeState,
+    allowed_events,
     next_state,
 )
 from provisioner.lifecycle.steps import STEPS, Step
@@ -75,7 +77,7 @@ class Conductor:
         log.info("node %s: enrolled as %s by %s", node.id, node.state, actor)
         self._notify(node, "enroll", NodeState(node.state))
         await self._apply_policy(node)
-        return node
+        return await self._repo.get(node.id)  # as the policy left it
 
     async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "") -> Node:
         node = await self._transition(node_id, event, actor=actor, reason=reason)
@@ -100,6 +102,42 @@ class Conductor:
         if not on:
             await self._apply_policy(node)
         return node
+
+    async def record(self, node_id: str, event: str, *, actor: str, reason: str) -> Node:
+        """A history row that changes no state: a refused agent report, say."""
+        async with self._locks[node_id]:
+            node = await self._repo.get(node_id)
+            node = await self._repo.transition(node, to_state=node.state, event=event,
+                                               actor=actor, reason=reason,
+                                               reset_checkpoint=False)
+        log.warning("node %s: %s by %s: %s", node_id, event, actor, reason)
+        return node
+
+    async def adopt(self, discovered_id: str, owner_id: str, *, actor: str) -> Node:
+        """A discovered node turned out to be an enrolled machine (same serial): fold it in.
+
+        The discovered node's step is cancelled and the node deleted; the owner keeps its
+        state, gets the MACs, and its policy applies (an enrolled owner is inspected)."""
+        first, second = sorted((discovered_id, owner_id))
+        async with self._locks[first], self._locks[second]:
+            discovered = await self._repo.get(discovered_id)
+            owner = await self._repo.get(owner_id)
+            if (task := self._running.get(discovered_id)) is not None:
+                task.cancel()
+            reason = (f"discovered node {discovered.id} (MAC {', '.join(discovered.macs)}) "
+                      f"is this machine (serial {owner.serial})")
+            node = await self._repo.adopt(discovered, owner, actor=actor, reason=reason)
+        log.info("node %s: adopted %s", owner_id, reason)
+        self._notify(node, "adopt", node.state)
+        if node.state not in IN_FLIGHT:
+            await self._apply_policy(node)
+        return node
+
+    @staticmethod
+    def allowed_events(node: Node) -> frozenset[Event]:
+        """The events an operator may send now (maintenance holds inspect/deploy/retry)."""
+        events = allowed_events(node.state) - INTERNAL_EVENTS
+        return events - _WORK_EVENTS if node.maintenance else events
 
     def step_status(self, node_id: str) -> str | None:
         """``queued`` (waiting for a budget), ``running``, ``held`` (maintenance) or None."""

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from provisioner.domain import BmcEndpoint, NewNode
-from provisioner.errors import NotFound, ProvisionerError
+from provisioner.errors import ProvisionerError
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.repo import NodeChange, NodeRepo
@@ -40,9 +40,8 @@ async def import_machines(
     errors: list[str] = []
     for machine in machines:
         try:
-            try:
-                node = await repo.find(machine.serial)
-            except NotFound:
+            node = await repo.find_by_serial(machine.serial)
+            if node is None:
                 node = await conductor.enroll(_new_node(machine), actor=actor,
                                               reason="expected-inventory import")
                 created.append(node.id)

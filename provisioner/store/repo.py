@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine, func, or_, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine, delete, func, or_, update
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Session, col, select
 
 from provisioner.domain import (
@@ -26,10 +26,17 @@ from provisioner.domain import (
     Node,
     NodeFilter,
 )
-from provisioner.errors import Conflict, NodeBusy, NotFound
+from provisioner.errors import Conflict, InvalidRequest, NodeBusy, NotFound
 from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
 from provisioner.lifecycle.states import NodeState
-from provisioner.store.models import NodeMacRow, NodeRow, TransitionRow, utcnow
+from provisioner.store.models import (
+    ApiTokenRow,
+    LeaseRow,
+    NodeMacRow,
+    NodeRow,
+    TransitionRow,
+    utcnow,
+)
 from provisioner.store.secretbox import SecretBox
 
 T = TypeVar("T")
@@ -40,6 +47,7 @@ class NodeChange:
     """Metadata an operator or an import may change; None leaves a field alone."""
 
     hostname: str | None = None
+    serial: str | None = None
     profile: str | None = None
     rack: str | None = None
     position: str | None = None
@@ -68,6 +76,13 @@ class NodeRepo:
     async def find(self, key: str) -> Node:
         """Look a node up by id, hostname, serial or MAC."""
         return await self._run(lambda s: self._to_node(s, _find_row(s, key)))
+
+    async def find_by_serial(self, serial: str) -> Node | None:
+        def work(s: Session) -> Node | None:
+            row = s.exec(select(NodeRow).where(col(NodeRow.serial) == serial)).first()
+            return None if row is None else self._to_node(s, row)
+
+        return await self._run(work)
 
     async def list(
         self, flt: NodeFilter, *, limit: int, offset: int
@@ -147,7 +162,7 @@ class NodeRepo:
     async def update_meta(self, node_id: str, change: NodeChange) -> Node:
         def work(s: Session) -> Node:
             row = _get_row(s, node_id)
-            for name in ("hostname", "profile", "rack", "position"):
+            for name in ("hostname", "serial", "profile", "rack", "position"):
                 value = getattr(change, name)
                 if value is not None:
                     setattr(row, name, value)
@@ -200,6 +215,34 @@ class NodeRepo:
                                 actor=actor, reason=reason))
             s.commit()
             return self._to_node(s, _get_row(s, node.id))
+
+        return await self._run(work)
+
+    async def adopt(self, discovered: Node, owner: Node, *, actor: str, reason: str) -> Node:
+        """Fold a discovered node into the enrolled one with the same serial: its MACs and
+        leases move over, it is deleted, and the owner's history records the adoption."""
+        def work(s: Session) -> Node:
+            s.execute(update(NodeMacRow).where(col(NodeMacRow.node_id) == discovered.id)
+                      .values(node_id=owner.id))
+            s.execute(update(LeaseRow).where(col(LeaseRow.node_id) == discovered.id)
+                      .values(node_id=owner.id))
+            s.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == discovered.id))
+            s.execute(delete(TransitionRow).where(col(TransitionRow.node_id) == discovered.id))
+            s.execute(delete(NodeRow).where(col(NodeRow.id) == discovered.id))
+            result = s.execute(
+                update(NodeRow)
+                .where(col(NodeRow.id) == owner.id, col(NodeRow.version) == owner.version)
+                .values(version=owner.version + 1, history_seq=owner.history_seq + 1,
+                        updated_at=utcnow())
+            )
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise NodeBusy(f"node {owner.id} changed concurrently; retry")
+            s.add(TransitionRow(node_id=owner.id, seq=owner.history_seq + 1, event="adopt",
+                                from_state=str(owner.state), to_state=str(owner.state),
+                                actor=actor, reason=reason))
+            s.commit()
+            return self._to_node(s, _get_row(s, owner.id))
 
         return await self._run(work)
 
@@ -328,6 +371,10 @@ def _commit_unique(s: Session, kind: str, *, flush_only: bool = False) -> None:
     except IntegrityError as exc:
         s.rollback()
         raise Conflict(f"{kind} conflicts with an existing one: {_which_unique(exc)}") from exc
+    except DataError as exc:  # PostgreSQL: a value longer than its column, say
+        s.rollback()
+        raise InvalidRequest(f"{kind} has a value the database refuses: "
+                             f"{str(exc.orig).splitlines()[0]}") from exc
 
 
 def _which_unique(exc: IntegrityError) -> str:

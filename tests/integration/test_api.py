@@ -295,6 +295,32 @@ async def test_public_endpoints_need_no_token(api: Api) -> None:
     assert (await api.get("/api/v1/openapi.json", role=None)).status == 200
 
 
+# -- errors ---------------------------------------------------------------------------------
+
+
+async def test_unknown_route_and_method_are_problems(api: Api) -> None:
+    assert (await api.get("/api/v1/nope")).status == 404
+    reply = await api.call("DELETE", NODES)
+    assert reply.status == 405
+    assert {m.strip() for m in reply.headers["Allow"].split(",")} == {"GET", "POST"}
+
+
+async def test_unexpected_failure_is_500_logged_once_without_internals(
+        api: Api, caplog: pytest.LogCaptureFixture) -> None:
+    node = await api.enroll(serial="SN-500")
+    api.store.pool.shutdown(wait=True)  # a real failure: the store can take no more work
+    with caplog.at_level(logging.ERROR, logger="provisioner.api"):
+        async with api.client.get(f"{NODES}/{node['id']}",
+                                  headers={"Authorization": "Bearer x"}) as resp:
+            assert resp.status == 500
+            assert resp.headers["Content-Type"].startswith("application/problem+json")
+            problem = await resp.json(content_type=None)
+    assert problem == {"type": "about:blank", "title": "Internal Server Error", "status": 500,
+                       "detail": "internal error; see the daemon log"}
+    errors = [r for r in caplog.records if r.name.startswith("provisioner.api")]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+
+
 # -- secrets --------------------------------------------------------------------------------
 
 

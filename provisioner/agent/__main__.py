@@ -1,0 +1,120 @@
+"""The agent's main loop: report facts, then poll for commands until told to stop.
+
+Configuration comes from the kernel command line the iPXE script wrote:
+``provisioner.url=http://10.0.0.1:8080 provisioner.token=pvt_... provisioner.mac=aa:bb:..``.
+The daemon may be down (restarting): every call is retried with back-off, forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from provisioner.agent.collect import collect
+
+log = logging.getLogger("provisioner.agent")
+
+
+def kernel_args(text: str) -> dict[str, str]:
+    args = {}
+    for word in text.split():
+        key, _, value = word.partition("=")
+        if key.startswith("provisioner."):
+            args[key.removeprefix("provisioner.")] = value
+    return args
+
+
+class AgentClient:
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url.rstrip("/")
+        self.token = token
+
+    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        """Retry until the daemon answers; a 4xx with a reason is final (raises)."""
+        delay = 1.0
+        while True:
+            try:
+                return self._call_once(method, path, body)
+            except urllib.error.HTTPError as exc:
+                detail = exc.read().decode(errors="replace")[:500]
+                if 400 <= exc.code < 500:
+                    raise RuntimeError(f"{method} {path}: {exc.code}: {detail}") from None
+                log.warning("%s %s: %s; retrying in %.0f s", method, path, exc.code, delay)
+            except (OSError, ValueError) as exc:
+                log.warning("%s %s: %s; retrying in %.0f s", method, path, exc, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    def _call_once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, method=method, headers={
+            "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return json.loads(response.read() or b"{}")
+
+
+def run(
+    args: dict[str, str],
+    *,
+    gather: Callable[[], dict[str, Any]] = lambda: collect(Path("/")),
+    power: Callable[[str], None] | None = None,
+) -> int:
+    """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``."""
+    client = AgentClient(args["url"], args["token"])
+    _report(client, args, gather)
+    while True:
+        command = client.call("GET", "/agent/v1/command")
+        name = command.get("command", "wait")
+        if name == "wait":
+            time.sleep(float(command.get("interval_s", 5)))
+        elif name == "report":  # the daemon restarted while its step waited for facts
+            _report(client, args, gather)
+        elif name in ("poweroff", "reboot"):
+            client.call("POST", "/agent/v1/result", {"command": name, "ok": True})
+            log.info("%s", name)
+            (power or _power)(name)
+            return 0
+        else:
+            log.warning("unknown command %r; waiting", name)
+            time.sleep(5)
+
+
+def _report(client: AgentClient, args: dict[str, str],
+            gather: Callable[[], dict[str, Any]]) -> None:
+    reply = client.call("POST", "/agent/v1/facts", {"mac": args.get("mac", ""),
+                                                    "facts": gather()})
+    client.token = reply.get("token", client.token)  # a token for the adopting node
+    log.info("facts accepted for node %s", reply.get("node_id"))
+
+
+def _power(action: str) -> None:
+    os.sync()
+    subprocess.run([action, "-f"], check=False)
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="provisioner-agent: %(message)s")
+    args = kernel_args(Path("/proc/cmdline").read_text())
+    args.update(kernel_args(" ".join(sys.argv[1:])))
+    if "url" not in args or "token" not in args:
+        log.error("no provisioner.url/provisioner.token on the kernel command line")
+        return 2
+    try:
+        return run(args)
+    except RuntimeError as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""The agent's side of inspection: tokens, fact reports, adoption by serial, commands.
+
+``FactsMailbox`` is the real ``Inspector``: the inspect step waits on it for the facts the
+node's agent posts. Reports are validated; a malformed or lying one is refused with a reason
+that also goes into the node's history.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from provisioner.agent.facts import FactsError, validate
+from provisioner.domain import Node, Role
+from provisioner.errors import InvalidRequest
+from provisioner.ids import normalize_mac
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.states import IN_FLIGHT, NodeState
+from provisioner.store.repo import NodeChange, NodeRepo
+from provisioner.store.tokens import TokenRepo
+
+log = logging.getLogger(__name__)
+_MAX_PENDING = 10_000
+
+
+class FactsMailbox:
+    """Facts posted by agents, handed to the inspect step waiting for them (an Inspector)."""
+
+    def __init__(self) -> None:
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+    async def inspect(self, node: Node) -> dict[str, Any]:
+        if (facts := self._pending.pop(node.id, None)) is not None:
+            return facts
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[node.id] = future
+        try:
+            return await future
+        finally:
+            if self._waiting.get(node.id) is future:
+                del self._waiting[node.id]
+
+    def deliver(self, node_id: str, facts: dict[str, Any]) -> None:
+        future = self._waiting.get(node_id)
+        if future is not None and not future.done():
+            future.set_result(facts)
+            return
+        self._pending[node_id] = facts
+        self._pending.move_to_end(node_id)
+        while len(self._pending) > _MAX_PENDING:
+            self._pending.popitem(last=False)
+
+    def wants_report(self, node_id: str) -> bool:
+        """A step waits and no facts are in hand: after a daemon restart, say."""
+        return node_id in self._waiting and node_id not in self._pending
+
+
+@dataclass(frozen=True, slots=True)
+class ReportResult:
+    node_id: str
+    token: str | None  # a new token when the report was adopted by another node
+
+
+class AgentService:
+    def __init__(self, conductor: Conductor, repo: NodeRepo, tokens: TokenRepo,
+                 mailbox: FactsMailbox, *, token_ttl_s: int) -> None:
+        self._conductor = conductor
+        self._repo = repo
+        self._tokens = tokens
+        self._mailbox = mailbox
+        self._ttl = timedelta(seconds=token_ttl_s)
+
+    async def issue_token(self, node_id: str) -> str:
+        """A fresh agent token for the node; earlier ones stop working."""
+        await self._tokens.revoke_for_node(node_id)
+        expires = datetime.now(UTC) + self._ttl
+        _, token = await self._tokens.create(f"agent:{node_id}:{secrets.token_hex(4)}",
+                                             Role.AGENT, node_id=node_id, expires_at=expires)
+        return token
+
+    async def report(self, node_id: str, mac: str, facts: object) -> ReportResult:
+        node = await self._repo.get(node_id)
+        try:
+            checked = self._check(node, mac, facts)
+        except InvalidRequest as exc:
+            await self._conductor.record(node.id, "report_rejected", actor="agent",
+                                         reason=str(exc))
+            raise
+        serial = checked["system"]["serial"] or None
+        target, token = node, None
+        if serial and node.serial is None:
+            owner = await self._repo.find_by_serial(serial)
+            if owner is not None and owner.id != node.id:
+                target = await self._conductor.adopt(node.id, owner.id, actor="agent")
+                token = await self.issue_token(target.id)
+            else:
+                await self._repo.update_meta(node.id, NodeChange(serial=serial))
+        await self._repo.merge_facts(target.id, {"last_report": checked})
+        self._mailbox.deliver(target.id, checked)
+        log.info("node %s: facts accepted (serial %s)", target.id, serial)
+        return ReportResult(node_id=target.id, token=token)
+
+    async def command(self, node_id: str) -> dict[str, Any]:
+        node = await self._repo.get(node_id)
+        if node.state is NodeState.INSPECTING and self._mailbox.wants_report(node.id):
+            return {"command": "report"}
+        if node.state in IN_FLIGHT:
+            return {"command": "wait", "interval_s": 3}
+        return {"command": "poweroff"}
+
+    def _check(self, node: Node, mac: str, facts: object) -> dict[str, Any]:
+        try:
+            booting = normalize_mac(mac) if mac else None
+        except InvalidRequest:
+            raise InvalidRequest(f"mac: {mac!r} is not a MAC address") from None
+        if booting is not None and node.macs and booting not in node.macs:
+            raise InvalidRequest(f"mac: {booting} is not a MAC of node {node.id}")
+        try:
+            checked = validate(facts, booting_mac=booting)
+        except FactsError as exc:
+            raise InvalidRequest(f"facts refused: {exc}") from None
+        reported = {nic["mac"] for nic in checked["nics"]}
+        if node.macs and not reported & set(node.macs):
+            raise InvalidRequest("facts refused: none of the node's MACs is among the NICs")
+        serial = checked["system"]["serial"]
+        if node.serial and serial and serial != node.serial:
+            raise InvalidRequest(f"facts refused: serial {serial!r} is not this node's "
+                                 f"({node.serial!r})")
+        return checked
+

@@ -1,0 +1,81 @@
+"""Zero-touch discovery: a MAC never seen that boots becomes a ``discovered`` node.
+
+Rate-limited (a token bucket), so a flood of fake MACs cannot fill the store. Implements the
+boot servers' ``BootInventory``."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from provisioner.boot.inventory import KnownNode
+from provisioner.domain import NewNode, Node
+from provisioner.errors import Conflict, NotFound
+from provisioner.ids import normalize_mac
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.states import NodeState
+from provisioner.store.repo import NodeRepo
+
+log = logging.getLogger(__name__)
+
+
+class TokenBucket:
+    def __init__(self, rate_per_s: float, burst: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._rate = rate_per_s
+        self._burst = float(burst)
+        self._tokens = float(burst)
+        self._clock = clock
+        self._last = clock()
+
+    def take(self) -> bool:
+        now = self._clock()
+        self._tokens = min(self._burst, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
+
+
+class Discovery:
+    def __init__(self, repo: NodeRepo, conductor: Conductor, bucket: TokenBucket) -> None:
+        self._repo = repo
+        self._conductor = conductor
+        self._bucket = bucket
+        self._refused = 0
+
+    async def lookup(self, mac: str) -> KnownNode | None:
+        node = await self._find(mac)
+        return None if node is None else KnownNode(node.id, node.hostname, str(node.state))
+
+    async def unknown_mac_booted(self, mac: str, client: str) -> None:
+        await self.ensure_node(mac, client)
+
+    async def ensure_node(self, mac: str, client: str = "") -> Node | None:
+        """The node owning ``mac``; enrolls a ``discovered`` one for a new MAC unless the
+        discovery rate is exceeded (then None: the caller tells the machine to retry)."""
+        mac = normalize_mac(mac)
+        node = await self._find(mac)
+        if node is not None:
+            return node
+        if not self._bucket.take():
+            self._refused += 1
+            if self._refused % 100 == 1:
+                log.warning("discovery rate exceeded: %d unknown MACs deferred so far",
+                            self._refused)
+            return None
+        try:
+            node = await self._conductor.enroll(
+                NewNode(state=NodeState.DISCOVERED, macs=(mac,)), actor="discovery",
+                reason=f"unknown MAC {mac} booted ({client or 'http'})")
+        except Conflict:  # the DHCP and HTTP servers raced for the same MAC
+            return await self._find(mac)
+        return node
+
+    async def _find(self, mac: str) -> Node | None:
+        try:
+            return await self._repo.find(mac)
+        except NotFound:
+            return None

@@ -1,0 +1,204 @@
+"""The boot HTTP server and the real agent code against a real store and conductor:
+discovery of unknown MACs, per-node scripts, agent tokens, lying reports, adoption by serial,
+artefacts with Range."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import urllib.request
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from provisioner.agent.__main__ import run as run_agent
+from provisioner.agent.collect import collect
+from provisioner.boot.http import BootHttp, BootHttpConfig
+from provisioner.boot.render import Renderer
+from provisioner.config import LifecycleSettings
+from provisioner.domain import NewNode
+from provisioner.lifecycle.agents import AgentService, FactsMailbox
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.discovery import Discovery, TokenBucket
+from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.states import NodeState
+from provisioner.simulation.world import SimWorld
+from provisioner.store.store import Store
+from tests.conftest import fake_ports, wait_for_state
+
+S = NodeState
+MAC = "52:54:00:77:00:10"
+
+
+class Boot:
+    def __init__(self, url: str, store: Store, conductor: Conductor, artefacts: Path) -> None:
+        self.url = url
+        self.store = store
+        self.conductor = conductor
+        self.artefacts = artefacts
+
+
+@pytest.fixture
+async def boot(store: Store, world: SimWorld, tmp_path: Path) -> AsyncIterator[Boot]:
+    mailbox = FactsMailbox()
+    base = fake_ports(world)
+    ports = Ports(bmc=base.bmc, inspector=mailbox, installer=base.installer, kube=base.kube,
+                  slurm=base.slurm)
+    conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_deploy=False))
+    agents = AgentService(conductor, store.nodes, store.tokens, mailbox, token_ttl_s=600)
+    discovery = Discovery(store.nodes, conductor, TokenBucket(rate_per_s=0.001, burst=5))
+    artefacts = tmp_path / "artefacts"
+    (artefacts / "inspect").mkdir(parents=True)
+    (artefacts / "inspect" / "vmlinuz").write_bytes(bytes(range(256)) * 4)
+    runner = web.AppRunner(web.Application())
+    http = BootHttp(BootHttpConfig(base_url="", artefacts_dir=artefacts, assets_dir=tmp_path,
+                                   kernel="inspect/vmlinuz", initrd="inspect/initrd.gz",
+                                   kernel_args="console=ttyS0"),
+                    discovery=discovery, agents=agents, tokens=store.tokens,
+                    renderer=Renderer())
+    runner = web.AppRunner(http.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    yield Boot(f"http://127.0.0.1:{port}", store, conductor, artefacts)
+    await conductor.stop()
+    await runner.cleanup()
+
+
+def agent_args(script: str) -> dict[str, str]:
+    kernel = next(line for line in script.splitlines() if line.startswith("kernel "))
+    return {k.removeprefix("provisioner."): v for k, _, v in
+            (w.partition("=") for w in kernel.split()) if k.startswith("provisioner.")}
+
+
+def host_facts(mac: str, serial: str) -> dict[str, Any]:
+    """This machine's real facts, as its agent collects them, with the booting NIC's MAC."""
+    facts = collect(Path("/"))
+    facts["nics"].append({"name": "pxe0", "mac": mac, "driver": "virtio_net"})
+    facts["system"]["serial"] = serial
+    return facts
+
+
+async def get_script(boot: Boot, mac: str) -> str:
+    async with aiohttp.ClientSession() as session, \
+            session.get(f"{boot.url}/boot/{mac}.ipxe") as response:
+        assert response.status == 200
+        return await response.text()
+
+
+async def agent_thread(args: dict[str, str], facts: dict[str, Any]) -> list[str]:
+    powered: list[str] = []
+    thread = threading.Thread(target=run_agent, args=(args,),
+                              kwargs={"gather": lambda: facts, "power": powered.append})
+    thread.start()
+    await asyncio.to_thread(thread.join, 30)
+    assert not thread.is_alive(), "agent did not finish"
+    return powered
+
+
+async def test_unknown_mac_is_discovered_inspected_and_powered_off(boot: Boot) -> None:
+    script = await get_script(boot, MAC.upper())
+    assert script.startswith("#!ipxe")
+    args = agent_args(script)
+    assert args["url"] == boot.url or args["url"] == ""
+    args["url"] = boot.url
+    assert args["mac"] == MAC and args["token"].startswith("pvt_")
+    assert "initrd=initrd.gz" in script and "/artefacts/inspect/vmlinuz" in script
+    node = await boot.store.nodes.find(MAC)
+    assert node.state in (S.DISCOVERED, S.INSPECTING)
+    powered = await agent_thread(args, host_facts(MAC, "QEMU-0001"))
+    done = await wait_for_state(boot.store, node.id, S.INSPECTED)
+    assert powered == ["poweroff"]
+    assert done.serial == "QEMU-0001" and done.facts["memory_mib"] > 0
+    events = [(h.event, h.to_state) for h in await boot.store.nodes.history(node.id)]
+    assert events == [("enroll", "discovered"), ("inspect", "inspecting"), ("done", "inspected")]
+    local = await get_script(boot, MAC)  # nothing to do now: boot from disk
+    assert "sanboot" in local and "token" not in local
+
+
+async def test_discovered_machine_is_adopted_by_its_imported_serial(boot: Boot) -> None:
+    imported = await boot.conductor.enroll(
+        NewNode(state=S.ENROLLED, hostname="gpu-017", serial="SER-17", rack="r1",
+                profile="h100"), actor="import")
+    await wait_for_state(boot.store, imported.id, S.INSPECTING)  # auto_inspect, no BMC
+    script = await get_script(boot, MAC)
+    discovered = await boot.store.nodes.find(MAC)
+    assert discovered.id != imported.id
+    args = agent_args(script) | {"url": boot.url}
+    powered = await agent_thread(args, host_facts(MAC, "SER-17"))
+    done = await wait_for_state(boot.store, imported.id, S.INSPECTED)
+    assert powered == ["poweroff"]
+    assert done.macs == (MAC,) and done.hostname == "gpu-017"
+    assert (await boot.store.nodes.find(MAC)).id == imported.id
+    assert [h.event for h in await boot.store.nodes.history(imported.id)] == [
+        "enroll", "inspect", "adopt", "done"]
+    assert (await boot.store.nodes.count_by_state()) == {"inspected": 1}
+
+
+async def post_facts(boot: Boot, token: str, body: object) -> tuple[int, dict[str, Any]]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{boot.url}/agent/v1/facts", json=body, headers=headers) as response:
+        return response.status, await response.json(content_type=None)
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda f: f["nics"].pop(), "booting MAC"),
+    (lambda f: f["disks"].append({"name": "sdz", "size_bytes": 1 << 60}), "disks[1].size_bytes"),
+    (lambda f: f.update(bogus=1), "unknown field 'bogus'"),
+    (lambda f: f["system"].pop("serial"), "system.serial: missing"),
+    (lambda f: f.update(memory_mib="lots"), "memory_mib"),
+], ids=["foreign-mac", "absurd-disk", "unknown-field", "no-serial", "bad-type"])
+async def test_lying_or_malformed_reports_are_refused_with_reason(
+    boot: Boot, change: Any, needle: str
+) -> None:
+    args = agent_args(await get_script(boot, MAC))
+    facts = host_facts(MAC, "S-1")
+    facts["disks"] = [{"name": "vda", "size_bytes": 1 << 30}]
+    change(facts)
+    status, body = await post_facts(boot, args["token"], {"mac": MAC, "facts": facts})
+    assert status == 422 and needle in body["detail"]
+    node = await boot.store.nodes.find(MAC)
+    last = (await boot.store.nodes.history(node.id))[-1]
+    assert last.event == "report_rejected" and needle in last.reason
+
+
+async def test_agent_calls_need_the_nodes_token(boot: Boot) -> None:
+    args = agent_args(await get_script(boot, MAC))
+    facts = {"mac": MAC, "facts": host_facts(MAC, "S-1")}
+    assert (await post_facts(boot, "", facts))[0] == 401
+    assert (await post_facts(boot, args["token"] + "x", facts))[0] == 401
+    fresh = agent_args(await get_script(boot, MAC))["token"]  # a new boot: old token revoked
+    assert (await post_facts(boot, args["token"], facts))[0] == 401
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{boot.url}/agent/v1/facts", data=b"{not json",
+            headers={"Authorization": f"Bearer {fresh}"}) as response:
+        assert response.status == 400
+
+
+async def test_discovery_is_rate_limited(boot: Boot) -> None:
+    scripts = [await get_script(boot, f"52:54:00:00:01:{i:02x}") for i in range(7)]
+    retries = [s for s in scripts if "retrying" in s]
+    assert len(retries) == 2  # burst of 5, then the machines are told to come back
+    assert "chain /boot/52:54:00:00:01:06.ipxe" in retries[-1].replace(boot.url, "")
+    assert sum((await boot.store.nodes.count_by_state()).values()) == 5
+
+
+async def test_artefacts_support_range_and_refuse_traversal(boot: Boot) -> None:
+    (boot.artefacts.parent / "secret.txt").write_text("no")
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{boot.url}/artefacts/inspect/vmlinuz",
+                               headers={"Range": "bytes=10-19"}) as response:
+            assert response.status == 206
+            assert await response.read() == bytes(range(10, 20))
+        for path in ("../secret.txt", "%2e%2e/secret.txt", "inspect/../../secret.txt"):
+            async with session.get(f"{boot.url}/artefacts/{path}") as response:
+                assert response.status == 404, path
+    body = await asyncio.to_thread(
+        lambda: urllib.request.urlopen(f"{boot.url}/artefacts/inspect/vmlinuz").read())
+    assert body == bytes(range(256)) * 4
