@@ -59,22 +59,20 @@ def show_config(settings: Settings, *, as_json: bool = False) -> str:
     return render_toml(data)
 
 
-def render_toml(data: Mapping[str, Any]) -> str:
-    """TOML for plain config data: scalars first, then one ``[table]`` per section.
-
-    TOML has no null, so unset values are written as comments.
-    """
+def render_toml(data: Mapping[str, Any], prefix: str = "") -> str:
+    """TOML for plain config data: scalars first, then one ``[table]`` per section (nested
+    sections as ``[a.b]``). TOML has no null, so unset values are written as comments."""
     lines: list[str] = []
     tables: list[tuple[str, Mapping[str, Any]]] = []
     for key, value in data.items():
         if isinstance(value, Mapping):
-            tables.append((key, value))
+            tables.append((f"{prefix}{key}", value))
         else:
             lines.append(_toml_pair(key, value))
     for name, table in tables:
         lines.extend(["", f"[{name}]"])
-        lines.extend(_toml_pair(key, value) for key, value in table.items())
-    return "\n".join(lines).lstrip("\n")
+        lines.append(render_toml(table, f"{name}."))
+    return "\n".join(line for line in lines if line).lstrip("\n").replace("\n[", "\n\n[")
 
 
 def _toml_pair(key: str, value: Any) -> str:

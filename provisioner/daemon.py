@@ -16,10 +16,19 @@ from aiohttp import web
 from provisioner.api.app import make_app
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.bmc.registry import BmcRegistry
+from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
 from provisioner.errors import ConfigError, SchemaError
+from provisioner.lifecycle.agents import FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.routing import (
+    RoutedInspector,
+    RoutedInstaller,
+    RoutedKube,
+    RoutedSlurm,
+    Unavailable,
+)
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
@@ -44,17 +53,23 @@ def run(settings: Settings) -> int:
         return 1
 
 
-def build_ports(settings: Settings, world: SimWorld) -> Ports:
-    """Pick the drivers. Until the real ones land, inspection, install, Kubernetes and Slurm
-    act on the simulated rack; BMCs are picked per node by driver name."""
+def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox) -> Ports:
+    """Pick the drivers. BMCs by each node's driver name; the rest per node: simulated nodes
+    (fake BMC) act on the simulated rack, real ones use the real drivers (inspection: the
+    agent's reports) or fail saying the driver is not in this build yet."""
     delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
     registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=delay_s)})
     return Ports(
         bmc=registry,
-        inspector=FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate),
-        installer=FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
-        kube=FakeKube(world, delay_s=delay_s, fail_rate=fail_rate),
-        slurm=FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
+        inspector=RoutedInspector(
+            FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), mailbox),
+        installer=RoutedInstaller(
+            FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
+            Unavailable("OS installation")),
+        kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate),
+                        Unavailable("Kubernetes join")),
+        slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
+                          Unavailable("Slurm registration")),
     )
 
 
@@ -74,11 +89,13 @@ class Daemon:
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
             stack.callback(world.close)
             metrics = Metrics()
-            conductor = Conductor(store.nodes, build_ports(self._settings, world),
+            mailbox = FactsMailbox()
+            conductor = Conductor(store.nodes, build_ports(self._settings, world, mailbox),
                                   self._settings.lifecycle, observer=metrics.observe_transition)
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             runner = await self._start_api(store, conductor, metrics)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
+            await self._start_boot(stack, store, conductor, mailbox)
             await self._seed_simulation(store, conductor)
             resumed = await conductor.recover()
             log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
@@ -106,6 +123,15 @@ class Daemon:
         host, port = self._settings.api.host_port
         await web.TCPSite(runner, host, port, reuse_address=True).start()
         return runner
+
+    async def _start_boot(self, stack: AsyncExitStack, store: Store, conductor: Conductor,
+                          mailbox: FactsMailbox) -> None:
+        """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
+        TFTP. Each binds before READY=1; a port in use stops the start."""
+        boot = build_boot(self._settings, store, conductor, mailbox)
+        for server in boot:
+            await server.start()
+            stack.push_async_callback(server.stop)
 
     async def _seed_simulation(self, store: Store, conductor: Conductor) -> None:
         """Enroll the simulated rack's nodes that are not in the store yet (idempotent, so a

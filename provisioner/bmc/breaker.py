@@ -40,17 +40,25 @@ class CircuitBreaker:
             return BreakerState.HALF_OPEN
         return BreakerState.OPEN
 
+    def check(self) -> None:
+        """Raise BmcCircuitOpen if a call now would be refused; changes nothing."""
+        if self._open_until is not None and (self._probing or self._clock() < self._open_until):
+            self._refuse()
+
     def before_call(self) -> None:
         """Raise BmcCircuitOpen while open; once the back-off ran out, let one probe pass."""
         if self._open_until is None:
             return
-        now = self._clock()
-        if self._probing or now < self._open_until:
-            wait_s = max(self._open_until - now, 0.0)
-            probe = "a probe is running" if self._probing else f"next probe in {wait_s:.1f} s"
-            raise BmcCircuitOpen(f"BMC {self._name}: circuit open after {self._failures} "
-                                 f"consecutive failures ({probe}); last: {self._last_error}")
+        if self._probing or self._clock() < self._open_until:
+            self._refuse()
         self._probing = True
+
+    def _refuse(self) -> None:
+        assert self._open_until is not None
+        wait_s = max(self._open_until - self._clock(), 0.0)
+        probe = "a probe is running" if self._probing else f"next probe in {wait_s:.1f} s"
+        raise BmcCircuitOpen(f"BMC {self._name}: circuit open after {self._failures} "
+                             f"consecutive failures ({probe}); last: {self._last_error}")
 
     def record_success(self) -> None:
         self._failures = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from provisioner.bmc.base import BmcFactory, BootDevice, PowerState
+from provisioner.bmc.base import BmcFactory, BootDevice, BootSetting, PowerState
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.simulation.world import SimWorld
 
@@ -21,14 +21,22 @@ class FakeBmc:
     async def power_state(self) -> PowerState:
         return PowerState(await self._world.get(self._key, "power"))
 
-    async def set_power(self, state: PowerState) -> None:
+    async def set_power(self, state: PowerState, *, soft: bool = False) -> None:
         await asyncio.sleep(self._delay_s)
         if await self._world.ensure(self._key, f"power_{state}", "power", str(state)):
             log.info("fake bmc %s: power %s", self._key, state)
 
-    async def set_boot_device(self, device: BootDevice, *, persistent: bool = False) -> None:
+    async def power_cycle(self) -> None:
+        await asyncio.sleep(self._delay_s)
+        await self._world.ensure(self._key, "power_cycle", "power", str(PowerState.ON))
+
+    async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
+                              uefi: bool = True) -> None:
         await asyncio.sleep(self._delay_s / 5)
         await self._world.ensure(self._key, "bootdev", "bootdev", str(device))
+
+    async def boot_device(self) -> BootSetting:
+        return BootSetting(BootDevice(await self._world.get(self._key, "bootdev")))
 
     async def aclose(self) -> None:
         return None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 
 from provisioner.bmc.base import Bmc, BmcFactory
 from provisioner.domain import BmcCredentials, BmcEndpoint
@@ -10,8 +10,11 @@ from provisioner.errors import FatalError
 
 
 class BmcRegistry:
-    def __init__(self, drivers: Mapping[str, BmcFactory]) -> None:
+    def __init__(self, drivers: Mapping[str, BmcFactory], *,
+                 closers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
+        """``closers``: the drivers' ``aclose`` (logout of kept sessions), run by ``aclose``."""
         self._drivers = dict(drivers)
+        self._closers = list(closers)
 
     @property
     def names(self) -> frozenset[str]:
@@ -24,3 +27,7 @@ class BmcRegistry:
             raise FatalError(f"BMC driver {endpoint.driver!r} is not available "
                              f"(available: {available})")
         return factory(node_id, endpoint, credentials)
+
+    async def aclose(self) -> None:
+        for close in self._closers:
+            await close()

@@ -1,0 +1,100 @@
+"""Builds the boot services the configuration asks for: HTTP (iPXE scripts, artefacts, agent
+API), DHCP and TFTP. Used by ``daemon.py`` only."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Protocol
+
+from aiohttp import web
+
+from provisioner.boot.http import BootHttp, BootHttpConfig
+from provisioner.boot.render import Renderer
+from provisioner.config import Settings, parse_host_port
+from provisioner.errors import ConfigError
+from provisioner.lifecycle.agents import AgentService, FactsMailbox
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.discovery import Discovery, TokenBucket
+from provisioner.store.store import Store
+
+log = logging.getLogger(__name__)
+DEBIAN_IPXE = Path("/usr/lib/ipxe")
+
+
+class Server(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class HttpServer:
+    def __init__(self, app: web.Application, listen: str) -> None:
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        self._host, self._port = parse_host_port(listen)
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self._host, self._port, reuse_address=True).start()
+        log.info("boot HTTP on %s:%d", self._host, self._port)
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+def base_url(settings: Settings) -> str:
+    """The URL nodes use to reach the boot HTTP server."""
+    if settings.http.public_url:
+        return settings.http.public_url.rstrip("/")
+    assert settings.http.listen is not None
+    host, port = parse_host_port(settings.http.listen)
+    if host in ("0.0.0.0", "::", ""):
+        if settings.dhcp.server_address is None:
+            raise ConfigError("http.public_url: needed when http.listen is a wildcard and "
+                              "dhcp.server_address is unset")
+        host = settings.dhcp.server_address
+    return f"http://{host}:{port}"
+
+
+def build_boot(settings: Settings, store: Store, conductor: Conductor,
+               mailbox: FactsMailbox) -> list[Server]:
+    servers: list[Server] = []
+    dhcp = settings.dhcp
+    discovery = Discovery(store.nodes, conductor,
+                          TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst))
+    assets = settings.boot.assets_dir or DEBIAN_IPXE
+    if settings.http.listen is not None:
+        agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
+                              token_ttl_s=settings.boot.agent_token_ttl_s)
+        config = BootHttpConfig(
+            base_url=base_url(settings),
+            artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",
+            assets_dir=assets, kernel=settings.boot.inspection_kernel,
+            initrd=settings.boot.inspection_initrd, kernel_args=settings.boot.kernel_args)
+        http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,
+                        renderer=Renderer())
+        servers.append(HttpServer(http.app(), settings.http.listen))
+    servers += _network_servers(settings, store, discovery, assets)
+    return servers
+
+
+def _network_servers(settings: Settings, store: Store, discovery: Discovery,
+                     assets: Path) -> list[Server]:
+    """DHCP and TFTP, when configured."""
+    servers: list[Server] = []
+    if settings.dhcp.mode != "off":
+        from provisioner.boot.dhcp import DhcpServer
+        from provisioner.store.leases import LeaseRepo
+
+        if settings.http.listen is None:
+            raise ConfigError("http.listen: needed when dhcp.mode is not off (iPXE scripts)")
+        leases = LeaseRepo(store.engine, store.pool) if settings.dhcp.mode == "authoritative" \
+            else None
+        servers.append(DhcpServer(settings.dhcp, settings.boot,
+                                  http_base_url=base_url(settings), inventory=discovery,
+                                  leases=leases))
+    if settings.tftp.listen is not None:
+        from provisioner.boot.tftp import TftpServer
+
+        servers.append(TftpServer(settings.tftp, assets))
+    return servers

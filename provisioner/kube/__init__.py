@@ -1,0 +1,1 @@
+"""Kubernetes join, labels, readiness, drain and sync; only client.py imports kubernetes."""

@@ -1,0 +1,379 @@
+"""The only module that imports ``kubernetes``.
+
+Every call runs on the bounded "kube" thread pool, after a token from the client-side rate
+limiter; 429, 5xx and connection errors are retried with back-off (honouring Retry-After);
+``ApiException`` is mapped to our errors here. Responses are read raw and parsed into the
+plain values of ``kube.model``: no ``kubernetes`` type leaves this module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Literal, TypeVar
+
+import urllib3
+import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.client.exceptions import ApiException
+
+from provisioner.config import KubeSettings
+from provisioner.errors import ConfigError
+from provisioner.kube.model import (
+    ClientStats,
+    ClusterInfo,
+    Condition,
+    EvictionBlocked,
+    KubeConflict,
+    KubeForbidden,
+    KubeNotFound,
+    KubeRejected,
+    KubeUnavailable,
+    NodeInfo,
+    PodInfo,
+    Taint,
+)
+from provisioner.kube.ratelimit import TokenBucket
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+PatchKind = Literal["strategic", "merge", "json"]
+_CONTENT_TYPES: dict[str, str] = {
+    "strategic": "application/strategic-merge-patch+json",
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+}
+_MAX_BACKOFF_S = 30.0
+_PAGE = 500
+_PDB_CAUSE = re.compile(r"disruption budget (\S+)")
+
+
+class KubeClient:
+    """Typed, rate-limited, retrying async facade over one cluster's API."""
+
+    def __init__(self, api: Any, settings: KubeSettings, *,
+                 executor: ThreadPoolExecutor | None = None,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self._api = api
+        self._core = k8s.CoreV1Api(api)
+        self._settings = settings
+        self._own_pool = executor is None
+        self._pool = executor or ThreadPoolExecutor(settings.max_concurrency, "kube")
+        self._bucket = TokenBucket(settings.qps, settings.burst)
+        self._sleep = sleep
+        self.stats = ClientStats()
+
+    @classmethod
+    async def connect(cls, settings: KubeSettings, *,
+                      executor: ThreadPoolExecutor | None = None) -> KubeClient:
+        """Build a client from ``settings.kubeconfig`` (read on the pool, not the loop)."""
+        if settings.kubeconfig is None:
+            raise ConfigError("kube.kubeconfig is not set")
+        pool = executor or ThreadPoolExecutor(settings.max_concurrency, "kube")
+        loop = asyncio.get_running_loop()
+        try:
+            api = await loop.run_in_executor(pool, _api_client_blocking, settings)
+        except BaseException:
+            if executor is None:
+                pool.shutdown(wait=False)
+            raise
+        self = cls(api, settings, executor=pool)
+        self._own_pool = executor is None
+        return self
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._pool, self._api.close)
+        if self._own_pool:
+            self._pool.shutdown(wait=False)
+
+    # Nodes ------------------------------------------------------------------------------
+
+    async def get_node(self, name: str) -> NodeInfo:
+        return _node(await self._json(lambda **kw: self._core.read_node(name, **kw),
+                                      what=f"node {name}"))
+
+    async def find_node(self, name: str) -> NodeInfo | None:
+        try:
+            return await self.get_node(name)
+        except KubeNotFound:
+            return None
+
+    async def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
+        items = await self._list(
+            lambda **kw: self._core.list_node(label_selector=label_selector, **kw), "nodes")
+        return [_node(item) for item in items]
+
+    async def patch_node(self, name: str, body: Any, *, kind: PatchKind = "strategic",
+                         status: bool = False) -> NodeInfo:
+        method = self._core.patch_node_status if status else self._core.patch_node
+        return _node(await self._json(
+            lambda **kw: method(name, body, _content_type=_CONTENT_TYPES[kind], **kw),
+            what=f"node {name}"))
+
+    async def delete_node(self, name: str) -> bool:
+        """Delete the Node; False if it was already gone."""
+        try:
+            await self._json(lambda **kw: self._core.delete_node(name, **kw),
+                             what=f"node {name}")
+        except KubeNotFound:
+            return False
+        return True
+
+    # Pods -------------------------------------------------------------------------------
+
+    async def list_pods(self, node_name: str) -> list[PodInfo]:
+        selector = f"spec.nodeName={node_name}"
+        items = await self._list(lambda **kw: self._core.list_pod_for_all_namespaces(
+            field_selector=selector, **kw), f"pods on {node_name}")
+        return [_pod(item) for item in items]
+
+    async def evict_pod(self, namespace: str, name: str) -> bool:
+        """Ask the Eviction API to evict a pod; False if it was already gone.
+
+        A 429 (a PodDisruptionBudget allows no disruption) raises EvictionBlocked at once,
+        without the client's retries: the drain loop owns that back-off and its deadline.
+        """
+        body = k8s.V1Eviction(metadata=k8s.V1ObjectMeta(name=name, namespace=namespace))
+        what = f"pod {namespace}/{name}"
+        try:
+            await self._json(lambda **kw: self._core.create_namespaced_pod_eviction(
+                name, namespace, body, **kw), what=what, retry_429=False)
+        except KubeNotFound:
+            return False
+        except _Throttled as exc:
+            raise EvictionBlocked(what, exc.pdb, exc.detail) from None
+        return True
+
+    # Secrets and config maps --------------------------------------------------------------
+
+    async def create_secret(self, namespace: str, name: str, *, type_: str,
+                            string_data: Mapping[str, str],
+                            labels: Mapping[str, str] | None = None) -> None:
+        body = k8s.V1Secret(
+            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(labels or {})),
+            type=type_, string_data=dict(string_data))
+        await self._json(lambda **kw: self._core.create_namespaced_secret(namespace, body, **kw),
+                         what=f"secret {namespace}/{name}")
+
+    async def delete_secret(self, namespace: str, name: str) -> bool:
+        """Delete a Secret; False if it was already gone."""
+        try:
+            await self._json(lambda **kw: self._core.delete_namespaced_secret(
+                name, namespace, **kw), what=f"secret {namespace}/{name}")
+        except KubeNotFound:
+            return False
+        return True
+
+    async def secret_exists(self, namespace: str, name: str) -> bool:
+        try:
+            await self._json(lambda **kw: self._core.read_namespaced_secret(
+                name, namespace, **kw), what=f"secret {namespace}/{name}")
+        except KubeNotFound:
+            return False
+        return True
+
+    async def cluster_info(self) -> ClusterInfo:
+        """The API endpoint and CA from ``kube-public/cluster-info`` (kubeadm publishes it)."""
+        data = await self._json(lambda **kw: self._core.read_namespaced_config_map(
+            "cluster-info", "kube-public", **kw), what="configmap kube-public/cluster-info")
+        return _cluster_info(data)
+
+    # Plumbing -----------------------------------------------------------------------------
+
+    async def _list(self, call: Callable[..., Any], what: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            page = await self._json(
+                lambda token=token, **kw: call(limit=_PAGE, _continue=token, **kw), what=what)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+
+    async def _json(self, call: Callable[..., Any], *, what: str,
+                    retry_429: bool = True) -> dict[str, Any]:
+        """Run ``call`` on the pool under the rate limit, retrying; return the parsed body."""
+        timeout = self._settings.request_timeout_s
+        loop = asyncio.get_running_loop()
+
+        def blocking() -> dict[str, Any]:
+            with _mapped(what):
+                raw = call(_preload_content=False, _request_timeout=timeout)
+                body = raw.data
+            parsed: dict[str, Any] = json.loads(body) if body else {}
+            return parsed
+
+        delay = self._settings.retry_backoff_s
+        for attempt in range(self._settings.retries + 1):
+            self.stats.throttled_s += await self._bucket.acquire()
+            self.stats.requests += 1
+            try:
+                return await loop.run_in_executor(self._pool, blocking)
+            except _Transient as exc:
+                if isinstance(exc, _Throttled) and not retry_429:
+                    raise
+                if attempt == self._settings.retries:
+                    self.stats.failures += 1
+                    raise KubeUnavailable(f"{what}: {exc.detail} (after {attempt + 1} tries)"
+                                          ) from None
+                wait_s = exc.retry_after_s if exc.retry_after_s is not None else delay
+                self.stats.retries += 1
+                log.warning("kube: %s: %s; retry %d in %.1f s", what, exc.detail, attempt + 1,
+                            wait_s)
+                await self._sleep(wait_s)
+                delay = min(delay * 2, _MAX_BACKOFF_S)
+            except (KubeNotFound, KubeConflict):
+                raise
+            except Exception:
+                self.stats.failures += 1
+                raise
+        raise AssertionError("unreachable")
+
+
+class _Transient(Exception):
+    def __init__(self, detail: str, retry_after_s: float | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.retry_after_s = retry_after_s
+
+
+class _Throttled(_Transient):
+    def __init__(self, detail: str, retry_after_s: float | None, pdb: str) -> None:
+        super().__init__(detail, retry_after_s)
+        self.pdb = pdb
+
+
+@contextmanager
+def _mapped(what: str) -> Iterator[None]:
+    """Boundary translation: kubernetes/urllib3 exceptions → ours (or internal transients)."""
+    try:
+        yield
+    except ApiException as exc:
+        raise _map_api_exception(exc, what) from exc
+    except urllib3.exceptions.HTTPError as exc:
+        raise _Transient(f"connection failed: {type(exc).__name__}") from exc
+    except OSError as exc:
+        raise _Transient(f"connection failed: {exc.strerror or exc}") from exc
+
+
+def _map_api_exception(exc: ApiException, what: str) -> Exception:
+    status = int(exc.status or 0)
+    message = _status_message(exc) or str(exc.reason or "")
+    if status == 0:
+        if "CERTIFICATE_VERIFY_FAILED" in message:
+            return KubeForbidden(f"{what}: TLS verification of the apiserver failed: {message}")
+        return _Transient(f"connection failed: {message}")
+    if status == 404:
+        return KubeNotFound("Kubernetes object", what)
+    if status == 409:
+        return KubeConflict(f"{what}: {message}")
+    if status == 429:
+        return _Throttled(f"429 {message}", _retry_after(exc), _blocking_pdb(exc))
+    if status >= 500:
+        return _Transient(f"{status} {message}", _retry_after(exc))
+    if status in (401, 403):
+        return KubeForbidden(f"{what}: {status} {exc.reason}: {message}")
+    return KubeRejected(f"{what}: {status} {message}")
+
+
+def _status_body(exc: ApiException) -> dict[str, Any]:
+    try:
+        body = json.loads(exc.body or "{}")
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def _status_message(exc: ApiException) -> str:
+    return str(_status_body(exc).get("message") or "")
+
+
+def _blocking_pdb(exc: ApiException) -> str:
+    causes = (_status_body(exc).get("details") or {}).get("causes") or []
+    for cause in causes:
+        match = _PDB_CAUSE.search(str(cause.get("message", "")))
+        if match:
+            return match.group(1)
+    return "(unknown)"
+
+
+def _retry_after(exc: ApiException) -> float | None:
+    value = (exc.headers or {}).get("Retry-After")
+    try:
+        return min(float(value), _MAX_BACKOFF_S) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _api_client_blocking(settings: KubeSettings) -> Any:
+    configuration = k8s.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=str(settings.kubeconfig),
+                                    context=settings.context,
+                                    client_configuration=configuration, persist_config=False)
+    except (k8s_config.ConfigException, OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"kube.kubeconfig {settings.kubeconfig}: {exc}") from None
+    configuration.connection_pool_maxsize = settings.max_concurrency
+    configuration.retries = False  # our loop retries, with back-off and the rate limit
+    return k8s.ApiClient(configuration)
+
+
+# Parsing raw JSON into plain values ---------------------------------------------------------
+
+def _time(text: str | None) -> datetime | None:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def _node(obj: Mapping[str, Any]) -> NodeInfo:
+    meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
+    return NodeInfo(
+        name=meta["name"],
+        resource_version=meta.get("resourceVersion", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        taints=tuple(Taint(key=t["key"], effect=t["effect"], value=t.get("value") or "")
+                     for t in spec.get("taints") or []),
+        unschedulable=bool(spec.get("unschedulable")),
+        provider_id=spec.get("providerID") or "",
+        conditions=tuple(Condition(type=c["type"], status=c["status"],
+                                   reason=c.get("reason") or "", message=c.get("message") or "",
+                                   last_transition=_time(c.get("lastTransitionTime")))
+                         for c in status.get("conditions") or []),
+        allocatable={k: str(v) for k, v in (status.get("allocatable") or {}).items()},
+    )
+
+
+def _pod(obj: Mapping[str, Any]) -> PodInfo:
+    meta, spec = obj.get("metadata", {}), obj.get("spec", {})
+    annotations = meta.get("annotations") or {}
+    return PodInfo(
+        namespace=meta.get("namespace", ""),
+        name=meta["name"],
+        node_name=spec.get("nodeName") or "",
+        owner_kinds=tuple(ref.get("kind", "") for ref in meta.get("ownerReferences") or []),
+        mirror="kubernetes.io/config.mirror" in annotations,
+        deleting=meta.get("deletionTimestamp") is not None,
+        phase=(obj.get("status") or {}).get("phase") or "",
+    )
+
+
+def _cluster_info(configmap: Mapping[str, Any]) -> ClusterInfo:
+    text = (configmap.get("data") or {}).get("kubeconfig")
+    if not text:
+        raise KubeRejected("kube-public/cluster-info has no kubeconfig")
+    try:
+        cluster = yaml.safe_load(text)["clusters"][0]["cluster"]
+        return ClusterInfo(server=str(cluster["server"]),
+                           ca_pem=base64.b64decode(cluster["certificate-authority-data"]))
+    except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError) as exc:
+        raise KubeRejected(f"kube-public/cluster-info: malformed kubeconfig ({exc})") from None

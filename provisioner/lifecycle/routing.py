@@ -1,0 +1,93 @@
+"""Per-node driver choice: simulated nodes (fake BMC) use the simulation's drivers; real
+nodes use the real ones, or ``Unavailable`` where a real driver does not exist yet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioner.domain import Node
+from provisioner.errors import FatalError
+from provisioner.lifecycle.ports import Inspector, Installer, KubeJoiner, SlurmRegistrar
+
+
+def is_simulated(node: Node) -> bool:
+    return node.bmc is not None and node.bmc.driver == "fake"
+
+
+class Unavailable:
+    """Stands in for a driver this build does not have; fails the step saying so."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def _fail(self) -> FatalError:
+        return FatalError(f"{self._what} is not available in this build of provisioner")
+
+    async def inspect(self, node: Node) -> dict[str, Any]:
+        raise self._fail()
+
+    async def deploy_image(self, node: Node, generation: str) -> None:
+        raise self._fail()
+
+    async def configure(self, node: Node, generation: str) -> None:
+        raise self._fail()
+
+    async def wipe(self, node: Node) -> None:
+        raise self._fail()
+
+    async def join(self, node: Node) -> None:
+        raise self._fail()
+
+    async def register(self, node: Node) -> None:
+        raise self._fail()
+
+    async def remove(self, node: Node) -> None:
+        return None  # nothing was ever added by a driver that does not exist
+
+
+class RoutedInspector:
+    def __init__(self, simulated: Inspector, real: Inspector) -> None:
+        self._simulated, self._real = simulated, real
+
+    async def inspect(self, node: Node) -> dict[str, Any]:
+        chosen = self._simulated if is_simulated(node) else self._real
+        return await chosen.inspect(node)
+
+
+class RoutedInstaller:
+    def __init__(self, simulated: Installer, real: Installer) -> None:
+        self._simulated, self._real = simulated, real
+
+    def _pick(self, node: Node) -> Installer:
+        return self._simulated if is_simulated(node) else self._real
+
+    async def deploy_image(self, node: Node, generation: str) -> None:
+        await self._pick(node).deploy_image(node, generation)
+
+    async def configure(self, node: Node, generation: str) -> None:
+        await self._pick(node).configure(node, generation)
+
+    async def wipe(self, node: Node) -> None:
+        await self._pick(node).wipe(node)
+
+
+class RoutedKube:
+    def __init__(self, simulated: KubeJoiner, real: KubeJoiner) -> None:
+        self._simulated, self._real = simulated, real
+
+    async def join(self, node: Node) -> None:
+        await (self._simulated if is_simulated(node) else self._real).join(node)
+
+    async def remove(self, node: Node) -> None:
+        await (self._simulated if is_simulated(node) else self._real).remove(node)
+
+
+class RoutedSlurm:
+    def __init__(self, simulated: SlurmRegistrar, real: SlurmRegistrar) -> None:
+        self._simulated, self._real = simulated, real
+
+    async def register(self, node: Node) -> None:
+        await (self._simulated if is_simulated(node) else self._real).register(node)
+
+    async def remove(self, node: Node) -> None:
+        await (self._simulated if is_simulated(node) else self._real).remove(node)

@@ -1,0 +1,307 @@
+"""LeaseRepo: DHCP leases of the authoritative mode, in the ``lease`` table.
+
+One row per MAC (the primary key) and per address (unique). A MAC keeps its row after it
+released or let its lease expire, so it gets the same address back ("sticky") until the
+pool runs out of never-used addresses and reclaims the oldest expired one. A row with a
+``node_id`` is a reservation: it belongs to a known node and is never reclaimed. A declined
+address is parked under the key ``declined:<hex ip>`` until ``expires_at``.
+
+Every method is one transaction in the bounded store pool. Two writers (threads or daemons
+on PostgreSQL) racing for one address meet the unique constraint; the loser retries with the
+next address, so an address is never handed to two MACs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from ipaddress import IPv4Address, IPv4Network
+from typing import TypeVar
+
+from sqlalchemy import Connection, Engine, Table, delete, insert, select, update
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+
+from provisioner.errors import ConfigError
+from provisioner.store.models import LeaseRow
+
+T = TypeVar("T")
+_LEASE: Table = LeaseRow.__table__  # type: ignore[attr-defined]
+_C = _LEASE.c
+_DECLINED_PREFIX = "declined:"
+_MAX_RACES = 8
+
+
+class LeaseState(StrEnum):
+    OFFERED = "offered"
+    BOUND = "bound"
+    RELEASED = "released"
+    EXPIRED = "expired"
+    DECLINED = "declined"
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    mac: str
+    ip: IPv4Address
+    state: LeaseState
+    expires_at: datetime
+    node_id: str | None = None
+    hostname: str | None = None
+    client_id: str | None = None
+
+    @property
+    def reserved(self) -> bool:
+        return self.node_id is not None
+
+
+@dataclass(frozen=True, slots=True)
+class AddressRange:
+    """The dynamic pool ``FIRST-LAST`` inside the subnet given by ``netmask``."""
+
+    first: IPv4Address
+    last: IPv4Address
+    network: IPv4Network
+
+    @classmethod
+    def parse(cls, pool: str, netmask: str) -> AddressRange:
+        first_text, sep, last_text = pool.partition("-")
+        try:
+            first, last = IPv4Address(first_text.strip()), IPv4Address(last_text.strip())
+            network = IPv4Network(f"{first}/{netmask}", strict=False)
+        except ValueError as exc:
+            raise ConfigError(f"dhcp.pool {pool!r} / netmask {netmask!r}: {exc}") from None
+        if not sep or last < first or last not in network:
+            raise ConfigError(f"dhcp.pool {pool!r}: expected FIRST-LAST in one subnet "
+                              f"of netmask {netmask}")
+        return cls(first, last, network)
+
+    def __contains__(self, ip: object) -> bool:
+        return isinstance(ip, IPv4Address) and self.first <= ip <= self.last
+
+    def __len__(self) -> int:
+        return int(self.last) - int(self.first) + 1
+
+    def __iter__(self) -> Iterator[IPv4Address]:
+        return (IPv4Address(n) for n in range(int(self.first), int(self.last) + 1))
+
+
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """Who asks for an address: known nodes' leases are reservations."""
+
+    mac: str
+    node_id: str | None = None
+    hostname: str | None = None
+    client_id: str | None = None
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class LeaseRepo:
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor, *,
+                 clock: Callable[[], datetime] = _utcnow) -> None:
+        self._engine = engine
+        self._pool = pool
+        self._clock = clock
+        self._cursor: dict[IPv4Address, int] = {}  # per pool: where the next scan starts
+
+    async def _run(self, fn: Callable[[Connection, datetime], T]) -> T:
+        def work() -> T:
+            with self._engine.begin() as conn:
+                return fn(conn, self._clock())
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, mac: str) -> Lease | None:
+        return await self._run(lambda c, _now: _lease(_by_mac(c, mac)))
+
+    async def all(self) -> list[Lease]:
+        def work(conn: Connection, _now: datetime) -> list[Lease]:
+            rows = conn.execute(select(_LEASE).order_by(_C.ip)).all()
+            return [lease for row in rows if (lease := _lease(row)) is not None]
+
+        return await self._run(work)
+
+    # -- the DHCP verbs -----------------------------------------------------------------------
+
+    async def offer(self, holder: Holder, addresses: AddressRange, *, hold_s: float,
+                    requested: IPv4Address | None = None) -> Lease | None:
+        """An address for DISCOVER: the MAC's own (sticky), else ``requested`` if free, else
+        the next free one. Held as ``offered`` for ``hold_s``; None when the pool is full."""
+        return await self._run(lambda c, now: self._allocate(
+            c, now, holder, addresses, requested, LeaseState.OFFERED, hold_s))
+
+    async def bind(self, holder: Holder, ip: IPv4Address, addresses: AddressRange, *,
+                   lease_time_s: float) -> Lease | None:
+        """REQUEST (selecting, init-reboot, renewing, rebinding) for ``ip``: bound, or None
+        when the address is not this MAC's to have (the server answers NAK)."""
+        def work(conn: Connection, now: datetime) -> Lease | None:
+            own = _by_mac(conn, holder.mac)
+            if own is not None and IPv4Address(own.ip) == ip:
+                return _write(conn, now, holder, ip, LeaseState.BOUND, lease_time_s,
+                              node_id=holder.node_id or own.node_id)
+            if ip not in addresses or (own is not None and own.node_id is not None):
+                return None  # not ours to give, or this node's reservation is elsewhere
+            return self._allocate(conn, now, holder, addresses, ip, LeaseState.BOUND,
+                                  lease_time_s, only_requested=True)
+
+        return await self._run(work)
+
+    async def renew(self, holder: Holder, ip: IPv4Address, addresses: AddressRange, *,
+                    lease_time_s: float) -> Lease | None:
+        """A bound client extends its lease (RENEWING/REBINDING); same rules as ``bind``."""
+        return await self.bind(holder, ip, addresses, lease_time_s=lease_time_s)
+
+    async def release(self, mac: str, ip: IPv4Address) -> bool:
+        """RELEASE: the address goes back to the pool but stays this MAC's first choice."""
+        def work(conn: Connection, now: datetime) -> bool:
+            result = conn.execute(update(_LEASE).where(_C.mac == mac, _C.ip == str(ip))
+                                  .values(state=LeaseState.RELEASED, expires_at=now,
+                                          updated_at=now))
+            return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def decline(self, mac: str, ip: IPv4Address, *, hold_s: float) -> bool:
+        """DECLINE (the client found the address in use): park it for ``hold_s``; the MAC
+        gets another address next time."""
+        def work(conn: Connection, now: datetime) -> bool:
+            result = conn.execute(
+                update(_LEASE).where(_C.mac == mac, _C.ip == str(ip))
+                .values(mac=_declined_key(ip), state=LeaseState.DECLINED, node_id=None,
+                        hostname=None, client_id=None,
+                        expires_at=now + timedelta(seconds=hold_s), updated_at=now))
+            return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def expire(self) -> int:
+        """Mark lapsed leases expired and free declined addresses whose hold is over;
+        return how many rows changed."""
+        def work(conn: Connection, now: datetime) -> int:
+            freed = conn.execute(delete(_LEASE).where(_C.state == LeaseState.DECLINED,
+                                                      _C.expires_at <= now)).rowcount
+            lapsed = conn.execute(
+                update(_LEASE).where(_C.state.in_([LeaseState.OFFERED, LeaseState.BOUND]),
+                                     _C.expires_at <= now)
+                .values(state=LeaseState.EXPIRED, updated_at=now)).rowcount
+            return int(freed) + int(lapsed)
+
+        return await self._run(work)
+
+    # -- allocation (runs in the pool) ---------------------------------------------------------
+
+    def _allocate(self, conn: Connection, now: datetime, holder: Holder,
+                  addresses: AddressRange, requested: IPv4Address | None, state: LeaseState,
+                  duration_s: float, *, only_requested: bool = False) -> Lease | None:
+        own = _by_mac(conn, holder.mac)
+        if own is not None and not only_requested:
+            ip = IPv4Address(own.ip)
+            if ip in addresses or own.node_id is not None:
+                keep = own.state == LeaseState.BOUND and _aware(own.expires_at) > now
+                return _write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
+                              duration_s, node_id=holder.node_id or own.node_id)
+            conn.execute(delete(_LEASE).where(_C.mac == holder.mac))  # pool moved away
+        candidates = self._candidates(conn, now, addresses, requested, only_requested)
+        for ip in candidates:
+            try:
+                with conn.begin_nested():
+                    _take(conn, now, holder, ip, own is not None and only_requested)
+                    return _write(conn, now, holder, ip, state, duration_s,
+                                  node_id=holder.node_id)
+            except IntegrityError:
+                continue  # another writer took it first
+        return None
+
+    def _candidates(self, conn: Connection, now: datetime, addresses: AddressRange,
+                    requested: IPv4Address | None, only_requested: bool) -> list[IPv4Address]:
+        if requested is not None and requested in addresses and _free(conn, now, requested):
+            return [requested]
+        if only_requested:
+            return []
+        found = self._scan(conn, addresses)
+        if len(found) < _MAX_RACES:
+            found += _reclaimable(conn, now, addresses, _MAX_RACES - len(found))
+        return found
+
+    def _scan(self, conn: Connection, addresses: AddressRange) -> list[IPv4Address]:
+        """Never-used addresses, from a cursor that keeps one pass over the pool cheap."""
+        start = self._cursor.get(addresses.first, int(addresses.first))
+        found: list[IPv4Address] = []
+        n = start
+        while n <= int(addresses.last) and len(found) < _MAX_RACES:
+            ip = IPv4Address(n)
+            if conn.execute(select(_C.mac).where(_C.ip == str(ip))).first() is None:
+                found.append(ip)
+            elif not found:
+                self._cursor[addresses.first] = n + 1
+            n += 1
+        if found or start == int(addresses.first):
+            return found
+        used = {row.ip for row in conn.execute(select(_C.ip))}  # holes behind the cursor
+        self._cursor[addresses.first] = int(addresses.first)
+        return [ip for ip in addresses if str(ip) not in used][:_MAX_RACES]
+
+
+def _take(conn: Connection, now: datetime, holder: Holder, ip: IPv4Address,
+          move: bool) -> None:
+    """Free ``ip`` from a reclaimable row of another MAC, and the MAC's old row if moving."""
+    if move:
+        conn.execute(delete(_LEASE).where(_C.mac == holder.mac))
+    conn.execute(delete(_LEASE).where(_C.ip == str(ip), _C.mac != holder.mac,
+                                      _C.node_id.is_(None), _C.expires_at <= now))
+
+
+def _write(conn: Connection, now: datetime, holder: Holder, ip: IPv4Address,
+           state: LeaseState, duration_s: float, *, node_id: str | None) -> Lease:
+    expires_at = now + timedelta(seconds=duration_s)
+    values = {"ip": str(ip), "state": state, "node_id": node_id, "expires_at": expires_at,
+              "updated_at": now, "hostname": holder.hostname, "client_id": holder.client_id}
+    changed = conn.execute(update(_LEASE).where(_C.mac == holder.mac).values(**values))
+    if not changed.rowcount:
+        conn.execute(insert(_LEASE).values(mac=holder.mac, **values))
+    return Lease(mac=holder.mac, ip=ip, state=state, expires_at=expires_at,
+                 node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
+
+
+def _free(conn: Connection, now: datetime, ip: IPv4Address) -> bool:
+    row = conn.execute(select(_C.node_id, _C.expires_at).where(_C.ip == str(ip))).first()
+    return row is None or (row.node_id is None and _aware(row.expires_at) <= now)
+
+
+def _reclaimable(conn: Connection, now: datetime, addresses: AddressRange,
+                 limit: int) -> list[IPv4Address]:
+    rows = conn.execute(select(_C.ip).where(_C.node_id.is_(None), _C.expires_at <= now)
+                        .order_by(_C.expires_at).limit(limit * 4)).all()
+    return [ip for row in rows if (ip := IPv4Address(row.ip)) in addresses][:limit]
+
+
+def _by_mac(conn: Connection, mac: str) -> Row[tuple[object, ...]] | None:
+    return conn.execute(select(_LEASE).where(_C.mac == mac)).first()
+
+
+def _lease(row: Row[tuple[object, ...]] | None) -> Lease | None:
+    if row is None:
+        return None
+    m = row._mapping
+    return Lease(mac=str(m["mac"]), ip=IPv4Address(str(m["ip"])), state=LeaseState(m["state"]),
+                 expires_at=_aware(m["expires_at"]), node_id=m["node_id"],
+                 hostname=m["hostname"], client_id=m["client_id"])
+
+
+def _aware(moment: object) -> datetime:
+    assert isinstance(moment, datetime)
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _declined_key(ip: IPv4Address) -> str:
+    return f"{_DECLINED_PREFIX}{int(ip):08x}"

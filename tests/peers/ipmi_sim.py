@@ -1,0 +1,147 @@
+"""OpenIPMI's ``ipmi_sim`` as a BMC on loopback (PEERS.md §4), with a ``chassis_control``
+script that keeps power and boot device in files and logs every call it gets.
+
+``with running_ipmi_sim(tmp_path) as bmc:`` then ``bmc.port``, ``bmc.power()``,
+``bmc.calls()``. Users: ``admin``/``secret`` (admin). Stopped by PID.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+USER: Final = "admin"
+PASSWORD: Final = "secret"
+READY_TIMEOUT_S: Final = 20.0
+
+_CHASSIS = """#!/bin/sh
+# chassis_control for ipmi_sim: state in files, every call logged
+D={d}
+echo "$*" >> "$D/chassis.log"
+shift   # the MC address
+op=$1; shift
+case "$op" in
+get)
+  for what in "$@"; do
+    case "$what" in
+      power) echo "power:$(cat "$D/power" 2>/dev/null || echo 0)" ;;
+      boot) echo "boot:$(cat "$D/boot" 2>/dev/null || echo default)" ;;
+    esac
+  done ;;
+set)
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      power) echo "$2" > "$D/power" ;;
+      shutdown) [ "$2" = 1 ] && echo 0 > "$D/power" ;;
+      reset|identify) ;;
+      boot) echo "$2" > "$D/boot" ;;
+      *) echo "Invalid parameter: $1"; exit 1 ;;
+    esac
+    shift 2
+  done ;;
+esac
+exit 0
+"""
+
+_LAN = """name "bmc1"
+set_working_mc 0x20
+  startlan 1
+    addr 127.0.0.1 {port}
+    priv_limit admin
+    allowed_auths_callback none md2 md5 straight
+    allowed_auths_user none md2 md5 straight
+    allowed_auths_operator none md2 md5 straight
+    allowed_auths_admin none md2 md5 straight
+    guid a123456789abcdefa123456789abcdef
+  endlan
+  chassis_control "{d}/chassisctl.sh 0x20"
+  user 1 true  ""      "test"   user  10 none md2 md5 straight
+  user 2 true  "{user}" "{password}" admin 10 none md2 md5 straight
+"""
+
+_EMU = """mc_setbmc 0x20
+mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr
+mc_enable 0x20
+"""
+
+
+@dataclass(frozen=True)
+class IpmiSimBmc:
+    port: int
+    workdir: Path
+    proc: subprocess.Popen[bytes]
+
+    def power(self) -> str:
+        path = self.workdir / "power"
+        return "on" if path.exists() and path.read_text().strip() == "1" else "off"
+
+    def boot(self) -> str:
+        path = self.workdir / "boot"
+        return path.read_text().strip() if path.exists() else "default"
+
+    def calls(self) -> list[str]:
+        path = self.workdir / "chassis.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+
+def ipmi_sim_unavailable_reason() -> str | None:
+    for tool in ("ipmi_sim", "ipmitool"):
+        if shutil.which(tool) is None:
+            return f"{tool} not found: apt-get install openipmi ipmitool (scripts/setup.sh)"
+    return None
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def running_ipmi_sim(workdir: Path) -> Iterator[IpmiSimBmc]:
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "state").mkdir(exist_ok=True)
+    script = workdir / "chassisctl.sh"
+    script.write_text(_CHASSIS.format(d=workdir))
+    script.chmod(0o755)
+    port = _free_udp_port()
+    (workdir / "lan.conf").write_text(_LAN.format(port=port, d=workdir, user=USER,
+                                                  password=PASSWORD))
+    (workdir / "bmc.emu").write_text(_EMU)
+    log = (workdir / "ipmi_sim.log").open("wb")
+    proc = subprocess.Popen(["ipmi_sim", "-c", str(workdir / "lan.conf"), "-f",
+                             str(workdir / "bmc.emu"), "-s", str(workdir / "state"), "-n"],
+                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(proc, port, workdir)
+        yield IpmiSimBmc(port, workdir, proc)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    probe = ["ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(port),
+             "-U", USER, "-P", PASSWORD, "-N", "1", "-R", "1", "mc", "info"]
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            log = (workdir / "ipmi_sim.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"ipmi_sim exited with {proc.returncode}: {log}")
+        if subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"ipmi_sim not ready after {READY_TIMEOUT_S} s")

@@ -1,0 +1,255 @@
+"""Simulated IPMI BMCs: pyghmi's server-side ``Bmc`` class, many in one process.
+
+Run as a subprocess (``python -m tests.sim.ipmi_bmc --count N ...``): one UDP port per BMC
+on one loopback address (ports picked by the OS), real RMCP+ on the wire. It prints one
+JSON line, ``{"ports": [...]}``, when every BMC listens, then answers commands on stdin,
+one per line: ``stats`` prints a JSON line with each BMC's power, boot device and session
+counts. PEERS.md §5's three fixes are applied (SHA-1 cipher, wake the IO thread, a listen
+loop that survives exceptions). Options inject a latency per IPMI command (answered later
+from the same loop, so 1,000 slow BMCs do not serialise), flapping BMCs (the first k
+commands answer "node busy") and silent ones (a bound UDP socket that never answers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import logging
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyghmi.ipmi.bmc as pyghmi_bmc
+import pyghmi.ipmi.private.serversession as serversession
+import pyghmi.ipmi.private.session as ipmisession
+
+log = logging.getLogger("ipmi-sim")
+_ROOT = Path(__file__).resolve().parents[2]
+
+_due: list[tuple[float, int, Callable[[], None]]] = []
+_seq = itertools.count()
+
+
+def later(delay_s: float, fn: Callable[[], None]) -> None:
+    heapq.heappush(_due, (time.monotonic() + delay_s, next(_seq), fn))
+
+
+class CountingSession(serversession.ServerSession):
+    """Fix 1 (answer SHA-256 proposals with "invalid auth algorithm", so the client falls
+    back to SHA-1) and session counting (established at RAKP4, closed by Close Session)."""
+
+    def create_open_session_response(self, request: Any) -> Any:
+        if request[12] != 1:
+            self.clientsessionid = request[4:8]
+            return bytearray([request[0], 0x11, 0, 0]) + request[4:8]
+        return super().create_open_session_response(request)
+
+    def _send_rakp4(self, tagvalue: int, statuscode: int) -> None:
+        super()._send_rakp4(tagvalue, statuscode)
+        if statuscode == 0:
+            self.bmc.opened += 1
+
+    def handle_client_request(self, request: Any) -> None:
+        if request["netfn"] == 6 and request["command"] == 0x3C:
+            self.bmc.closed += 1
+        super().handle_client_request(request)
+
+
+class SimBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
+    def __init__(self, authdata: dict[str, str], port: int, address: str, *,
+                 latency_s: float = 0.0, flap: int = 0) -> None:
+        super().__init__(authdata, port=port, address=address)
+        self.port = self.serversocket.getsockname()[1]
+        self.latency_s = latency_s
+        self.flap = flap  # answer this many commands with "node busy" first
+        self.power = "off"
+        self.boot_flags = 0
+        self.boot_device_byte = 0
+        self.opened = self.closed = self.commands = 0
+        self.log: list[str] = []
+
+    # -- chassis ---------------------------------------------------------------------------
+    def get_power_state(self) -> str:
+        return self.power
+
+    def power_on(self) -> None:
+        self._power("on")
+
+    def power_off(self) -> None:
+        self._power("off")
+
+    def power_shutdown(self) -> None:
+        self._power("off")
+
+    def power_reset(self) -> int | None:
+        if self.power == "off":
+            return 0xD5
+        self.log.append("reset")
+        return None
+
+    def power_cycle(self) -> int | None:
+        if self.power == "off":
+            return 0xD5
+        self.log.append("cycle")
+        return None
+
+    def _power(self, state: str) -> None:
+        self.log.append(f"power {state}")
+        self.power = state
+
+    def get_boot_device(self) -> int:
+        return self.boot_device_byte
+
+    # keep the EFI (0x20) and persistent (0x40) bits, which the base class drops
+    def set_system_boot_options(self, request: Any, session: Any) -> None:
+        data = request["data"]
+        if data[0] == 5:
+            self.boot_flags, self.boot_device_byte = data[1] & 0x7F, data[2]
+            self.log.append(f"bootdev {data[2]:#x} flags {data[1]:#x}")
+            session.send_ipmi_response()
+        else:
+            super().set_system_boot_options(request, session)
+
+    def get_system_boot_options(self, request: Any, session: Any) -> None:
+        if request["data"][0] != 5:
+            return super().get_system_boot_options(request, session)  # type: ignore[no-any-return]
+        valid = 0x80 if self.boot_device_byte else 0
+        data = [1, 5, valid | self.boot_flags, self.boot_device_byte, 0, 0, 0]
+        session.send_ipmi_response(data=data)
+
+    def handle_raw_request(self, request: Any, session: Any) -> None:
+        self.commands += 1
+        if self.flap > 0:
+            self.flap -= 1
+            answer: Callable[[], None] = lambda: session.send_ipmi_response(code=0xC0)
+        else:
+            def answer() -> None:
+                super(SimBmc, self).handle_raw_request(request, session)
+        if self.latency_s > 0:
+            later(self.latency_s, answer)
+        else:
+            answer()
+
+    def stats(self) -> dict[str, Any]:
+        return {"power": self.power, "bootdev": self.boot_device_byte,
+                "boot_flags": self.boot_flags, "opened": self.opened, "closed": self.closed,
+                "commands": self.commands, "log": self.log[-20:]}
+
+
+def serve(bmcs: list[SimBmc], commands: deque[str]) -> None:
+    """Fix 3: one exception must not end every BMC's listen loop."""
+    by_port = {bmc.port: bmc for bmc in bmcs}
+    while True:
+        timeout = 0.1
+        if _due:
+            timeout = max(0.0, min(timeout, _due[0][0] - time.monotonic()))
+        try:
+            ipmisession.Session.wait_for_rsp(timeout=timeout)
+        except Exception:
+            log.exception("listen loop")
+        now = time.monotonic()
+        while _due and _due[0][0] <= now:
+            _, _, fn = heapq.heappop(_due)
+            try:
+                fn()
+            except Exception:
+                log.exception("deferred answer")
+        while commands:
+            if commands.popleft() == "stats":
+                print(json.dumps({str(p): b.stats() for p, b in by_port.items()}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--address", default="127.0.0.1")
+    parser.add_argument("--count", type=int, default=1)
+    parser.add_argument("--user", default="admin")
+    parser.add_argument("--password", default="password")
+    parser.add_argument("--latency-ms", type=float, default=0.0)
+    parser.add_argument("--flap", type=int, default=0, help="BMCs (the first ones) that flap")
+    parser.add_argument("--flap-calls", type=int, default=2, help="failing commands each")
+    parser.add_argument("--silent", type=int, default=0, help="extra silent UDP ports")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    serversession.ServerSession = CountingSession  # type: ignore[misc]
+    bmcs = [SimBmc({args.user: args.password}, 0, args.address,
+                   latency_s=args.latency_ms / 1000.0,
+                   flap=args.flap_calls if i < args.flap else 0) for i in range(args.count)]
+    silent = [socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(args.silent)]
+    for sock in silent:
+        sock.bind((args.address, 0))
+    # Fix 2: the IO thread select()s on the sockets that existed when it started: wake it.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as wake:
+        wake.sendto(b"\x01", (args.address, bmcs[0].port))
+    commands: deque[str] = deque()
+
+    def read_stdin() -> None:
+        for line in sys.stdin:
+            commands.append(line.strip())
+
+    threading.Thread(target=read_stdin, daemon=True, name="stdin").start()
+    print(json.dumps({"ports": [b.port for b in bmcs],
+                      "silent": [s.getsockname()[1] for s in silent]}), flush=True)
+    serve(bmcs, commands)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+class SimBmcs:
+    """Start ``python -m tests.sim.ipmi_bmc`` as a child; ``ports`` once it listens.
+
+    ``with SimBmcs(count=3, flap=1) as sim: sim.ports, sim.stats()``; stopped by PID."""
+
+    def __init__(self, *, count: int, user: str = "admin", password: str = "password",
+                 latency_ms: float = 0.0, flap: int = 0, flap_calls: int = 2,
+                 silent: int = 0, address: str = "127.0.0.1") -> None:
+        self.address = address
+        self.user, self.password = user, password
+        self._argv = [sys.executable, "-m", "tests.sim.ipmi_bmc", "--count", str(count),
+                      "--user", user, "--password", password, "--latency-ms",
+                      str(latency_ms), "--flap", str(flap), "--flap-calls", str(flap_calls),
+                      "--silent", str(silent), "--address", address]
+        self.proc: subprocess.Popen[str] | None = None
+        self.ports: list[int] = []
+        self.silent: list[int] = []
+
+    def __enter__(self) -> SimBmcs:
+        self.proc = subprocess.Popen(self._argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=_ROOT)
+        ready = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"ipmi simulator exited with {self.proc.returncode}")
+        info = json.loads(ready)
+        self.ports, self.silent = info["ports"], info["silent"]
+        return self
+
+    def stats(self) -> dict[int, dict[str, Any]]:
+        assert self.proc is not None and self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        return {int(port): value for port, value in json.loads(self.proc.stdout.readline())
+                .items()}
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
