@@ -101,4 +101,11 @@ mkdir -p "$(dirname "$VENV")"
 exec 9>"$VENV.lock"
 flock 9    # two concurrent runs must not build the same venv
 create_venv "$VENV"
+# Kubernetes test peers (kube-apiserver, etcd, kwok; PEERS.md §10): built from Go modules once,
+# cached by their pinned versions. No Go: the Kubernetes tests skip. Output goes to stderr.
+if command -v go >/dev/null; then
+  bash "$ROOT/tests/peers/kube_build.sh" >&2 || die "tests/peers/kube_build.sh failed"
+else
+  log "go not found: Kubernetes peers not built, their tests will skip"
+fi
 printf '%s\n' "$VENV" >&3

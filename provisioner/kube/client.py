@@ -215,7 +215,8 @@ class KubeClient:
 
         delay = self._settings.retry_backoff_s
         for attempt in range(self._settings.retries + 1):
-            self.stats.throttled_s += await self._bucket.acquire()
+            if await self._bucket.acquire() > 0:
+                self.stats.throttled += 1
             self.stats.requests += 1
             try:
                 return await loop.run_in_executor(self._pool, blocking)

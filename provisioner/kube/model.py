@@ -107,7 +107,7 @@ class ClientStats:
     requests: int = 0
     retries: int = 0
     failures: int = 0
-    throttled_s: float = 0.0  # time spent waiting for the client-side rate limiter
+    throttled: int = 0  # requests that waited for the client-side rate limiter
 
 
 class KubeNotFound(NotFound):

@@ -28,7 +28,8 @@ class TokenBucket:
         self._lock = asyncio.Lock()  # FIFO: waiters are served in arrival order
 
     async def acquire(self) -> float:
-        """Take one token, waiting for it if needed; return the seconds waited."""
+        """Take one token, waiting for it if needed; return the seconds waited (queue included)."""
+        entered = self._now()
         async with self._lock:
             self._refill()
             wait_s = 0.0
@@ -37,7 +38,7 @@ class TokenBucket:
                 await self._sleep(wait_s)
                 self._refill()
             self._tokens = max(self._tokens - 1.0, 0.0)
-            return wait_s
+            return self._now() - entered
 
     def _refill(self) -> None:
         now = self._now()

@@ -67,6 +67,9 @@ class RunContext:
     async def merge_facts(self, facts: dict[str, Any]) -> None:
         self._node = await self._repo.merge_facts(self._node.id, facts)
 
+    async def note_power(self, state: str) -> None:
+        await self._repo.note_power(self._node.id, state)
+
     async def aclose(self) -> None:
         if self._bmc is not None:
             bmc, self._bmc = self._bmc, None

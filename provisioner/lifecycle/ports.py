@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from provisioner.bmc.base import BmcFactory
 from provisioner.domain import Node
+from provisioner.lifecycle.stagger import PowerOnStagger
 
 
 class Inspector(Protocol):
@@ -44,3 +45,5 @@ class Ports:
     installer: Installer
     kube: KubeJoiner
     slurm: SlurmRegistrar
+    stagger: PowerOnStagger = field(default_factory=PowerOnStagger.unlimited)
+    """Per-rack power-on stagger (inrush); the default waits for nothing."""

@@ -32,6 +32,10 @@ class StepContext(Protocol):
 
     async def merge_facts(self, facts: dict[str, Any]) -> None: ...
 
+    async def note_power(self, state: str) -> None:
+        """Remember the power state this step set (the power sync then sees no change)."""
+        ...
+
 
 Step = Callable[[StepContext], Awaitable[None]]
 
@@ -42,8 +46,13 @@ async def _boot_from(ctx: StepContext, device: BootDevice) -> None:
 
 
 async def _power(ctx: StepContext, state: PowerState) -> None:
+    """Idempotent and confirmed by read-back (the Bmc from ``Ports.bmc`` does both); a
+    power-on waits for the rack's stagger only when the node really is off."""
     bmc = await ctx.bmc()
+    if state is PowerState.ON and await bmc.power_state() is PowerState.OFF:
+        await ctx.ports.stagger.wait(ctx.node.rack)
     await bmc.set_power(state)
+    await ctx.note_power(str(state))
 
 
 async def _netboot(ctx: StepContext) -> None:

@@ -203,23 +203,26 @@ class LeaseRepo:
     def _allocate(self, conn: Connection, now: datetime, holder: Holder,
                   addresses: AddressRange, requested: IPv4Address | None, state: LeaseState,
                   duration_s: float, *, only_requested: bool = False) -> Lease | None:
-        own = _by_mac(conn, holder.mac)
-        if own is not None and not only_requested:
-            ip = IPv4Address(own.ip)
-            if ip in addresses or own.node_id is not None:
-                keep = own.state == LeaseState.BOUND and _aware(own.expires_at) > now
-                return _write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
-                              duration_s, node_id=holder.node_id or own.node_id)
-            conn.execute(delete(_LEASE).where(_C.mac == holder.mac))  # pool moved away
-        candidates = self._candidates(conn, now, addresses, requested, only_requested)
-        for ip in candidates:
-            try:
-                with conn.begin_nested():
-                    _take(conn, now, holder, ip, own is not None and only_requested)
-                    return _write(conn, now, holder, ip, state, duration_s,
-                                  node_id=holder.node_id)
-            except IntegrityError:
-                continue  # another writer took it first
+        for _attempt in range(2):  # again when a racing writer created this MAC's row
+            own = _by_mac(conn, holder.mac)
+            if own is not None and not only_requested:
+                ip = IPv4Address(own.ip)
+                if ip in addresses or own.node_id is not None:
+                    keep = own.state == LeaseState.BOUND and _aware(own.expires_at) > now
+                    return _write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
+                                  duration_s, node_id=holder.node_id or own.node_id)
+                conn.execute(delete(_LEASE).where(_C.mac == holder.mac))  # pool moved away
+            for ip in self._candidates(conn, now, addresses, requested, only_requested):
+                try:
+                    with conn.begin_nested():
+                        _take(conn, now, holder, ip, own is not None and only_requested)
+                        return _write(conn, now, holder, ip, state, duration_s,
+                                      node_id=holder.node_id)
+                except IntegrityError:  # another writer took the address, or the MAC
+                    if not only_requested and _by_mac(conn, holder.mac) is not None:
+                        break
+            else:
+                return None
         return None
 
     def _candidates(self, conn: Connection, now: datetime, addresses: AddressRange,

@@ -277,6 +277,50 @@ class NodeRepo:
 
         return await self._run(work)
 
+    async def with_bmc(self) -> builtins.list[Node]:
+        """Every node with a BMC endpoint (the power-state sync reads them all)."""
+
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(col(NodeRow.bmc_driver).is_not(None))
+                          .order_by(col(NodeRow.id))).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def note_power(self, node_id: str, power_state: str) -> None:
+        """Store a power state we set or read ourselves: no history row, no version bump."""
+
+        def work(s: Session) -> None:
+            s.execute(update(NodeRow).where(col(NodeRow.id) == node_id)
+                      .values(power_state=power_state, power_checked_at=utcnow()))
+            s.commit()
+
+        await self._run(work)
+
+    async def record_power(self, node: Node, power_state: str, *, event: str, actor: str,
+                           reason: str) -> Node:
+        """CAS the node's power state from ``node.version``, with one history row whose
+        from and to states are the node's (unchanged) lifecycle state."""
+
+        def work(s: Session) -> Node:
+            result = s.execute(
+                update(NodeRow)
+                .where(col(NodeRow.id) == node.id, col(NodeRow.version) == node.version)
+                .values(power_state=power_state, power_checked_at=utcnow(),
+                        version=node.version + 1, history_seq=node.history_seq + 1,
+                        updated_at=utcnow()))
+            if result.rowcount != 1:  # type: ignore[attr-defined]
+                s.rollback()
+                raise NodeBusy(f"node {node.id} changed concurrently; retry")
+            s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
+                                from_state=str(node.state), to_state=str(node.state),
+                                actor=actor, reason=reason))
+            s.commit()
+            return self._to_node(s, _get_row(s, node.id))
+
+        return await self._run(work)
+
     # -- mapping ----------------------------------------------------------------------------
 
     def _apply_bmc(self, row: NodeRow, bmc: BmcEndpoint | None, password: str | None) -> None:

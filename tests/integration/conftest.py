@@ -11,7 +11,7 @@ from tests.peers.kube import KubeCluster, kube_unavailable_reason, running_kube
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[KubeCluster]:
-    """etcd + kube-apiserver + kwok (PEERS.md §10); tests use unique names, the cluster is shared."""
+    """etcd + kube-apiserver + kwok (PEERS.md §10), shared: tests use unique names."""
     if (reason := kube_unavailable_reason()) is not None:
         pytest.skip(reason)
     with running_kube() as cluster:

@@ -103,6 +103,8 @@ def create_kubelet_csr(cluster: KubeCluster, token: str, node_name: str) -> str:
 async def poll(check: Any, *, timeout_s: float = 10.0, what: str = "condition") -> Any:
     """Await ``asyncio.to_thread(check)`` until it returns something other than None."""
     async with asyncio.timeout(timeout_s):
-        while (value := await asyncio.to_thread(check)) is None:
+        while True:
+            value = await asyncio.to_thread(check)
+            if value is not None:
+                return value
             await asyncio.sleep(0.1)
-    return value

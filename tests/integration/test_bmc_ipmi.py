@@ -186,13 +186,16 @@ async def test_silent_bmc_times_out_in_time_while_others_proceed(sims: SimBmcs,
     started = time.monotonic()
     dead_call = asyncio.create_task(dead.power_state())
     await asyncio.sleep(0.05)
+    slowest = 0.0
     for _ in range(20):
+        call_started = time.monotonic()
         await healthy.power_state()
+        slowest = max(slowest, time.monotonic() - call_started)
     healthy_s = time.monotonic() - started
     with pytest.raises(BmcTimeout, match=f"no answer to power status within {TIMEOUT_S:g} s"):
         await dead_call
     dead_s = time.monotonic() - started
-    assert healthy_s < 1.0, healthy_s
+    assert healthy_s < TIMEOUT_S and slowest < 0.5, (healthy_s, slowest)
     assert TIMEOUT_S - 0.1 <= dead_s <= TIMEOUT_S + 0.5, dead_s
 
 

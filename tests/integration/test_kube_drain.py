@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from functools import partial
 
 import pytest
 
@@ -32,8 +33,7 @@ def _workload(admin: KubeAdmin, namespace: str, node: str) -> None:
         admin.create_pod(namespace, name, node, labels={"app": "web"})
     admin.create_pod(namespace, "loose", node, labels={"app": "loose"})
     for name in ("agent-x", "web-1", "web-2", "loose"):
-        wait_until(lambda n=name: admin.pod_phase(namespace, n) == "Running",
-                   what=f"{name} Running")
+        wait_until(partial(_running, admin, namespace, name), what=f"{name} Running")
     admin.create_pdb(namespace, "web-pdb", "web", min_available=2, healthy=2)
 
 
@@ -93,6 +93,10 @@ async def test_drain_deadline_names_the_blocking_pdb(kube_cluster: KubeCluster) 
     assert "PodDisruptionBudget drain-b/web-pdb still refuses eviction of" in message
     assert "drain-b/web-1" in message and "drain-b/web-2" in message
     assert "agent-x" not in message
+
+
+def _running(admin: KubeAdmin, namespace: str, name: str) -> bool:
+    return admin.pod_phase(namespace, name) == "Running"
 
 
 async def _never(ticket: object, node: object) -> None:

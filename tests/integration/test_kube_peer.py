@@ -19,7 +19,8 @@ def test_kwok_node_becomes_ready_and_runs_a_pod(kube_cluster: KubeCluster) -> No
         admin.create_pod("default", "peer-pod-1", "peer-node-1")
         wait_until(lambda: admin.pod_phase("default", "peer-pod-1") == "Running",
                    what="Pod Running")
-        assert admin.pod("default", "peer-pod-1").status.pod_ip
+        pod = admin.pod("default", "peer-pod-1")
+        assert pod is not None and pod.status.pod_ip
         admin.core.delete_namespaced_pod("peer-pod-1", "default")
         wait_until(lambda: admin.pod("default", "peer-pod-1") is None, what="Pod deleted")
         admin.core.delete_node("peer-node-1")

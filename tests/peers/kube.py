@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from tests.peers.kube_pki import Pki, make_pki
 from tests.peers.kube_objects import install_kubeadm_objects
+from tests.peers.kube_pki import Pki, make_pki
 
 BUILD_SCRIPT: Final = Path(__file__).with_name("kube_build.sh")
 READY_TIMEOUT_S: Final = 90.0

@@ -1,39 +1,22 @@
-"""Network namespaces the test creates (PEERS.md §1), and entering one from this process.
-
-``Namespace`` wraps ``ip netns``; ``entered(ns)`` switches the calling thread into the
-namespace so sockets created meanwhile live there (they stay there afterwards), which lets a
-server under test run in the test's own event loop. Everything is torn down by the test:
-processes by PID first, then ``ip netns del``. No address exists outside the namespaces.
-"""
+"""A network namespace with a bridge and taps, made by the test and removed after it
+(PEERS.md §1). Addresses exist only inside the namespace; nothing routes out."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
-import signal
 import subprocess
-import time
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
-
-_CLONE_NEWNET = 0x40000000
-_libc = ctypes.CDLL(None, use_errno=True)
-_counter = iter(range(1_000_000))
+from dataclasses import dataclass, field
 
 
 def netns_unavailable_reason() -> str | None:
-    """Why namespaces cannot be used here (not root, no ``ip``), or None."""
     if os.geteuid() != 0:
-        return "needs root to create network namespaces"
+        return "network namespaces need root (CI runs as root)"
     if shutil.which("ip") is None:
-        return "iproute2 (ip) not installed"
-    probe = f"pvprobe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+        return "iproute2 is not installed"
     return None
 
 
@@ -41,75 +24,35 @@ def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
 
 
+@dataclass
 class Namespace:
-    def __init__(self, prefix: str = "pv") -> None:
-        self.name = f"{prefix}{os.getpid() % 100000}x{next(_counter)}"
-        _ip("netns", "add", self.name)
-        _ip("-n", self.name, "link", "set", "lo", "up")
-        self._procs: list[subprocess.Popen[bytes]] = []
+    name: str
+    bridge_address: str
+    taps: list[str] = field(default_factory=list)
 
-    def ip(self, *args: str) -> None:
-        _ip("-n", self.name, *args)
+    def exec_prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
 
-    def run(self, cmd: Sequence[str], *, timeout: float = 60.0,
-            check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["ip", "netns", "exec", self.name, *cmd], capture_output=True,
-                              text=True, timeout=timeout, check=check)
-
-    def popen(self, cmd: Sequence[str], *, log: Path | None = None) -> subprocess.Popen[bytes]:
-        out = log.open("wb") if log is not None else subprocess.DEVNULL
-        proc = subprocess.Popen(["ip", "netns", "exec", self.name, *cmd], stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._procs.append(proc)
-        return proc
-
-    def stop(self, proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
-        return proc.returncode
-
-    def close(self) -> None:
-        for proc in self._procs:
-            self.stop(proc)
-        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
-
-
-def veth(a: Namespace, a_if: str, b: Namespace, b_if: str) -> None:
-    """A veth pair between two namespaces, both ends up, no addresses."""
-    _ip("link", "add", a_if, "netns", a.name, "type", "veth", "peer", "name", b_if,
-        "netns", b.name)
-    a.ip("link", "set", a_if, "up")
-    b.ip("link", "set", b_if, "up")
+    def add_tap(self) -> str:
+        tap = f"tap{len(self.taps)}"
+        _ip("-n", self.name, "tuntap", "add", "dev", tap, "mode", "tap")
+        _ip("-n", self.name, "link", "set", tap, "master", "br0")
+        _ip("-n", self.name, "link", "set", tap, "up")
+        self.taps.append(tap)
+        return tap
 
 
 @contextmanager
-def entered(ns: Namespace) -> Iterator[None]:
-    """Run the block with this thread inside ``ns`` (sockets made here stay in ``ns``)."""
-    own = os.open(f"/proc/thread-self/ns/net", os.O_RDONLY)
-    target = os.open(f"/run/netns/{ns.name}", os.O_RDONLY)
+def bridged_namespace(address: str = "10.77.0.1/24") -> Iterator[Namespace]:
+    """``ip netns add`` + ``br0`` with ``address``; deleted (with its taps) afterwards."""
+    name = f"pv{uuid.uuid4().hex[:8]}"
+    _ip("netns", "add", name)
     try:
-        if _libc.setns(target, _CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), "setns into the test namespace failed")
-        try:
-            yield
-        finally:
-            if _libc.setns(own, _CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back failed")
+        _ip("-n", name, "link", "set", "lo", "up")
+        _ip("-n", name, "link", "add", "br0", "type", "bridge", "forward_delay", "0",
+            "stp_state", "0")
+        _ip("-n", name, "addr", "add", address, "dev", "br0")
+        _ip("-n", name, "link", "set", "br0", "up")
+        yield Namespace(name=name, bridge_address=address.partition("/")[0])
     finally:
-        os.close(own)
-        os.close(target)
-
-
-def wait_for(predicate: object, timeout_s: float, what: str, interval_s: float = 0.05) -> None:
-    """Poll a callable until it returns true (blocking; for threads and sync fixtures)."""
-    assert callable(predicate)
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(interval_s)
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)

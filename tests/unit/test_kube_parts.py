@@ -3,10 +3,12 @@ boundary mapping of ApiException."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
 import subprocess
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -32,6 +34,7 @@ from provisioner.kube.ratelimit import TokenBucket
 from provisioner.kube.sync import maintenance_reason
 from provisioner.kube.wait import NodeWaiter, gpu_stack_ready, ready
 from tests.peers.kube_pki import make_pki
+from tests.unit.test_kube_labels import node
 
 
 class Clock:
@@ -86,6 +89,7 @@ async def test_waiter_times_out_naming_the_condition() -> None:
 
 def test_maintenance_reason() -> None:
     now = datetime(2025, 1, 1, tzinfo=UTC)
+
     def info(**kw: object) -> NodeInfo:
         return NodeInfo("n", "1", **kw)  # type: ignore[arg-type]
     assert maintenance_reason(info(unschedulable=True), now, 300) == "cordoned in Kubernetes"
@@ -109,8 +113,6 @@ def test_token_format_and_secret_fields() -> None:
     assert re.fullmatch(r"[a-z0-9]{6}\.[a-z0-9]{16}", token)
     ticket = JoinTicket(server="https://10.0.0.1:6443", token=token, ca_cert_hashes=("sha256:x",))
     assert token not in repr(ticket) and ticket.endpoint == "10.0.0.1:6443"
-    from tests.unit.test_kube_labels import node
-
     data = token_secret(token, node(), datetime(2025, 1, 1, 0, 30, tzinfo=UTC))
     assert data["token-id"] + "." + data["token-secret"] == token
     assert data["expiration"] == "2025-01-01T00:30:00Z"
@@ -128,12 +130,10 @@ def test_ca_pin_matches_kubeadms_openssl_recipe(tmp_path: Path) -> None:
                          capture_output=True, check=True).stdout
     der = subprocess.run(["openssl", "pkey", "-pubin", "-outform", "der"], input=pub,
                          capture_output=True, check=True).stdout
-    import hashlib
-
     assert ca_cert_hashes(pki.ca_pem) == ("sha256:" + hashlib.sha256(der).hexdigest(),)
 
 
-def _exc(status: int, body: dict[str, object] | None = None,
+def _exc(status: int, body: Mapping[str, object] | None = None,
          headers: dict[str, str] | None = None) -> ApiException:
     exc = ApiException(status=status, reason="r")
     exc.body = json.dumps(body or {"message": f"m{status}"})

@@ -1,0 +1,363 @@
+"""The ``redfish`` driver: aiohttp, no threads.
+
+One Redfish session per BMC for the process lifetime: a SessionService login whose
+``X-Auth-Token`` every request reuses, one re-login on a 401 (the BMC expired it), and a
+DELETE of the session when the driver closes. A BMC without a SessionService gets HTTP
+basic auth. The System is discovered once (its URI and its Reset target); the System
+resource itself is read fresh each time, as power and boot settings change under us.
+
+Vendor quirks tolerated: power actions that show seconds later (read-back confirmation
+in ``base.ensure_power`` polls for them), a BMC without ``Once`` (``Continuous`` is used
+and logged), ``UefiHttp`` only where ``BootSourceOverrideTarget@Redfish.AllowableValues``
+lists it (network boot otherwise), ETags answered with ``If-Match``.
+
+The endpoint's address is a host (``https://host[:port]``) or a base URL
+(``http://127.0.0.1:8000`` for emulators). TLS is verified unless the site turns it off
+(``bmc.redfish_verify_tls``) or names a CA bundle (``bmc.redfish_ca_file``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+import ssl
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import aiohttp
+
+from provisioner.bmc.base import (
+    BmcAuthFailed,
+    BmcTimeout,
+    BmcUnreachable,
+    BmcUnsupported,
+    BootDevice,
+    BootSetting,
+    PowerState,
+)
+from provisioner.domain import BmcCredentials, BmcEndpoint
+from provisioner.errors import DriverError
+
+log = logging.getLogger(__name__)
+
+JsonObject = dict[str, object]
+_ROOT: Final = "/redfish/v1/"
+_TARGETS: Final = {BootDevice.PXE: "Pxe", BootDevice.HTTP: "UefiHttp",
+                   BootDevice.DISK: "Hdd", BootDevice.BIOS: "BiosSetup"}
+_DEVICES: Final = {"Pxe": BootDevice.PXE, "UefiHttp": BootDevice.HTTP,
+                   "Hdd": BootDevice.DISK, "BiosSetup": BootDevice.BIOS}
+# PoweringOn is not on yet, PoweringOff not off yet: read-back keeps polling
+_POWER: Final = {"On": PowerState.ON, "PoweringOff": PowerState.ON,
+                 "Off": PowerState.OFF, "PoweringOn": PowerState.OFF}
+
+
+def base_url(endpoint: BmcEndpoint) -> str:
+    address = endpoint.address.rstrip("/")
+    if address.startswith(("http://", "https://")):
+        return address
+    host = f"[{address}]" if ":" in address else address
+    return f"https://{host}:{endpoint.port}" if endpoint.port else f"https://{host}"
+
+
+class RedfishDriver:
+    """The ``redfish`` BmcFactory: one HTTP client for all BMCs, one session per BMC."""
+
+    def __init__(self, *, timeout_s: float, verify_tls: bool = True,
+                 ca_file: Path | None = None) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._timeout_s = timeout_s
+        self._ssl: ssl.SSLContext | bool = True
+        if not verify_tls:
+            self._ssl = False
+        elif ca_file is not None:
+            self._ssl = ssl.create_default_context(cafile=str(ca_file))
+        self._http: aiohttp.ClientSession | None = None
+        self._clients: dict[str, RedfishClient] = {}
+
+    def __call__(self, node_id: str, endpoint: BmcEndpoint,
+                 credentials: BmcCredentials) -> RedfishBmc:
+        url = base_url(endpoint)
+        client = self._clients.get(url)
+        if client is None or client.credentials != credentials:
+            client = self._clients[url] = RedfishClient(self, url, credentials)
+        return RedfishBmc(client)
+
+    @property
+    def clients(self) -> Mapping[str, RedfishClient]:
+        return self._clients
+
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:  # created on first use, inside the running loop
+            connector = aiohttp.TCPConnector(limit=0, ssl=self._ssl)
+            self._http = aiohttp.ClientSession(connector=connector, timeout=self._timeout)
+        return self._http
+
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
+    async def aclose(self) -> None:
+        """Log every session out (DELETE), then close the connections."""
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(client.logout() for client in clients), return_exceptions=True)
+        if self._http is not None:
+            await self._http.close()
+            self._http = None
+
+
+@dataclass(slots=True)
+class _System:
+    uri: str
+    reset_uri: str
+    reset_types: tuple[str, ...]
+
+
+class RedfishClient:
+    """One BMC: its session token and discovered System; requests with error mapping."""
+
+    def __init__(self, driver: RedfishDriver, url: str, credentials: BmcCredentials) -> None:
+        self._driver = driver
+        self.url = url
+        self.credentials = credentials
+        self._token: str | None = None
+        self._session_uri: str | None = None
+        self._basic = False
+        self._login_lock = asyncio.Lock()
+        self._system: _System | None = None
+        self.logins = 0
+
+    async def request(self, method: str, path: str, body: JsonObject | None = None, *,
+                      etag: str | None = None) -> tuple[JsonObject, str | None]:
+        """(JSON body or {}, ETag). Logs in first if needed; re-logs in once on a 401."""
+        with map_http_errors(self.url, f"{method} {path}", self._driver.timeout_s):
+            await self._ensure_login()
+            token = self._token
+            status, data, tag = await self._send(method, path, body, etag)
+            if status == 401 and not self._basic:
+                log.info("redfish %s: session expired; logging in again", self.url)
+                await self._login(stale=token)
+                status, data, tag = await self._send(method, path, body, etag)
+            _check(status, data, self.url, f"{method} {path}")
+            return data, tag
+
+    async def system(self) -> _System:
+        if self._system is None:
+            members, _ = await self.request("GET", "/redfish/v1/Systems")
+            first = _first_member(members, self.url)
+            resource, _ = await self.request("GET", first)
+            reset = _dig(resource, "Actions", "#ComputerSystem.Reset")
+            if not isinstance(reset, dict) or not isinstance(reset.get("target"), str):
+                raise BmcUnsupported(f"BMC {self.url}: System {first} has no Reset action")
+            allowed = reset.get("ResetType@Redfish.AllowableValues")
+            types = tuple(str(t) for t in allowed) if isinstance(allowed, list) else ()
+            self._system = _System(first, str(reset["target"]), types)
+        return self._system
+
+    async def logout(self) -> None:
+        if self._session_uri is None:
+            return
+        uri, self._session_uri = self._session_uri, None
+        with map_http_errors(self.url, "logout", self._driver.timeout_s):
+            await self._send("DELETE", uri, None, None)
+        self._token = None
+
+    async def _ensure_login(self) -> None:
+        if self._token is None and not self._basic:
+            await self._login(stale=None)
+
+    async def _login(self, *, stale: str | None) -> None:
+        """Log in unless a token other than ``stale`` exists (another request did it)."""
+        async with self._login_lock:
+            if self._basic or (self._token is not None and self._token != stale):
+                return
+            user, password = self.credentials.username, self.credentials.password
+            if user is None or password is None:
+                raise BmcAuthFailed(f"BMC {self.url}: no Redfish credentials (set them on "
+                                    "the node, an inventory import, or bmc.default_*)")
+            sessions = await self._sessions_uri()
+            if sessions is None:
+                self._basic = True
+                log.info("redfish %s: no SessionService; using basic auth", self.url)
+                return
+            status, data, headers = await self._raw("POST", sessions,
+                                                    {"UserName": user, "Password": password})
+            if status in (401, 403):
+                raise BmcAuthFailed(f"BMC {self.url}: login refused (HTTP {status}): wrong "
+                                    "user or password")
+            _check(status, data, self.url, "login")
+            self._token = headers.get("X-Auth-Token")
+            self._session_uri = _path(headers.get("Location") or str(data.get("@odata.id", "")))
+            if not self._token:
+                raise BmcUnsupported(f"BMC {self.url}: login answered without X-Auth-Token")
+            self.logins += 1
+            log.debug("redfish %s: session %s", self.url, self._session_uri)
+
+    async def _sessions_uri(self) -> str | None:
+        status, root, _ = await self._raw("GET", _ROOT, None, auth=False)
+        _check(status, root, self.url, "GET /redfish/v1/")
+        sessions = _dig(root, "Links", "Sessions", "@odata.id")
+        return str(sessions) if isinstance(sessions, str) else None
+
+    async def _send(self, method: str, path: str, body: JsonObject | None,
+                    etag: str | None) -> tuple[int, JsonObject, str | None]:
+        extra = {"If-Match": etag} if etag else {}
+        status, data, headers = await self._raw(method, path, body, headers=extra)
+        return status, data, headers.get("ETag")
+
+    async def _raw(self, method: str, path: str, body: JsonObject | None, *,
+                   auth: bool = True, headers: Mapping[str, str] | None = None,
+                   ) -> tuple[int, JsonObject, Mapping[str, str]]:
+        sent = {"Accept": "application/json", "OData-Version": "4.0", **(headers or {})}
+        if auth and self._token:
+            sent["X-Auth-Token"] = self._token
+        elif auth and self._basic:
+            pair = f"{self.credentials.username or ''}:{self.credentials.password or ''}"
+            sent["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+        async with self._driver.http().request(method, self.url + path, json=body,
+                                               headers=sent) as response:
+            data: JsonObject = {}
+            if response.status != 204 and response.content_type.endswith("json"):
+                parsed = await response.json()
+                data = parsed if isinstance(parsed, dict) else {}
+            else:
+                await response.read()
+            return response.status, data, response.headers
+
+
+class RedfishBmc:
+    def __init__(self, client: RedfishClient) -> None:
+        self._client = client
+
+    async def power_state(self) -> PowerState:
+        resource = await self._resource()
+        state = resource.get("PowerState")
+        if not isinstance(state, str) or state not in _POWER:
+            raise BmcUnsupported(f"BMC {self._client.url}: unknown PowerState {state!r}")
+        return _POWER[state]
+
+    async def set_power(self, state: PowerState, *, soft: bool = False) -> None:
+        if state is PowerState.ON:
+            await self._reset("On", fallback="ForceOn")
+        else:
+            await self._reset("GracefulShutdown" if soft else "ForceOff")
+
+    async def power_cycle(self) -> None:
+        await self._reset("ForceRestart", fallback="PowerCycle")
+
+    async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
+                              uefi: bool = True) -> None:
+        system = await self._client.system()
+        resource, etag = await self._client.request("GET", system.uri)
+        boot = resource.get("Boot")
+        boot = boot if isinstance(boot, dict) else {}
+        patch: JsonObject = {"BootSourceOverrideTarget": self._target(boot, device),
+                             "BootSourceOverrideEnabled": self._enabled(boot, persistent)}
+        if "BootSourceOverrideMode" in boot:
+            patch["BootSourceOverrideMode"] = "UEFI" if uefi else "Legacy"
+        await self._client.request("PATCH", system.uri, {"Boot": patch}, etag=etag)
+
+    async def boot_device(self) -> BootSetting:
+        boot = (await self._resource()).get("Boot")
+        boot = boot if isinstance(boot, dict) else {}
+        target = boot.get("BootSourceOverrideTarget")
+        enabled = boot.get("BootSourceOverrideEnabled")
+        mode = boot.get("BootSourceOverrideMode")
+        device = _DEVICES.get(str(target)) if enabled != "Disabled" else None
+        return BootSetting(device, None if enabled is None else enabled == "Continuous",
+                           None if mode is None else mode == "UEFI")
+
+    async def aclose(self) -> None:
+        """Nothing: the BMC's session is kept for the process (``RedfishDriver.aclose``)."""
+
+    async def _resource(self) -> JsonObject:
+        system = await self._client.system()
+        resource, _ = await self._client.request("GET", system.uri)
+        return resource
+
+    async def _reset(self, kind: str, *, fallback: str | None = None) -> None:
+        system = await self._client.system()
+        if system.reset_types and kind not in system.reset_types:
+            if fallback is None or fallback not in system.reset_types:
+                raise BmcUnsupported(f"BMC {self._client.url}: ResetType {kind} not offered "
+                                     f"(offered: {', '.join(system.reset_types)})")
+            kind = fallback
+        await self._client.request("POST", system.reset_uri, {"ResetType": kind})
+
+    def _target(self, boot: JsonObject, device: BootDevice) -> str:
+        target = _TARGETS[device]
+        allowed = boot.get("BootSourceOverrideTarget@Redfish.AllowableValues")
+        if isinstance(allowed, list) and allowed and target not in allowed:
+            if device is not BootDevice.HTTP or "Pxe" not in allowed:
+                raise BmcUnsupported(f"BMC {self._client.url}: boot target {target} not "
+                                     f"offered (offered: {', '.join(map(str, allowed))})")
+            log.info("redfish %s: no UefiHttp boot target; using network boot (Pxe)",
+                     self._client.url)
+            target = "Pxe"
+        return target
+
+    def _enabled(self, boot: JsonObject, persistent: bool) -> str:
+        allowed = boot.get("BootSourceOverrideEnabled@Redfish.AllowableValues")
+        if not persistent and isinstance(allowed, list) and "Once" not in allowed:
+            log.info("redfish %s: BMC offers no one-time boot override; using Continuous",
+                     self._client.url)
+            return "Continuous"
+        return "Continuous" if persistent else "Once"
+
+
+def _dig(data: object, *keys: str) -> object:
+    for key in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(key)
+    return data
+
+
+def _path(uri: str) -> str | None:
+    if not uri:
+        return None
+    return "/" + uri.split("://", 1)[-1].split("/", 1)[-1] if "://" in uri else uri
+
+
+def _first_member(collection: JsonObject, url: str) -> str:
+    members = collection.get("Members")
+    if isinstance(members, list) and members and isinstance(members[0], dict):
+        uri = members[0].get("@odata.id")
+        if isinstance(uri, str):
+            return uri
+    raise BmcUnsupported(f"BMC {url}: no ComputerSystem in /redfish/v1/Systems")
+
+
+def _check(status: int, data: JsonObject, url: str, what: str) -> None:
+    if status < 400:
+        return
+    message = _dig(data, "error", "message") or _dig(data, "error", "@Message.ExtendedInfo")
+    detail = f"{what}: HTTP {status}" + (f": {message}" if message else "")
+    if status in (401, 403):
+        raise BmcAuthFailed(f"BMC {url}: {detail} (wrong user or password?)")
+    if status in (408, 429) or status >= 500:
+        raise BmcUnreachable(f"BMC {url}: {detail}")
+    raise BmcUnsupported(f"BMC {url}: {detail}")
+
+
+@contextmanager
+def map_http_errors(url: str, what: str, timeout_s: float) -> Iterator[None]:
+    """aiohttp's exceptions to ours, at the module boundary."""
+    try:
+        yield
+    except DriverError:
+        raise
+    except TimeoutError:
+        raise BmcTimeout(f"BMC {url}: no answer to {what} within {timeout_s:g} s") from None
+    except aiohttp.ClientConnectorCertificateError as exc:
+        raise BmcAuthFailed(f"BMC {url}: TLS certificate not trusted ({exc.certificate_error});"
+                            " set bmc.redfish_ca_file, or bmc.redfish_verify_tls = false "
+                            "in a lab") from exc
+    except aiohttp.ContentTypeError as exc:
+        raise BmcUnsupported(f"BMC {url}: {what}: not a Redfish answer ({exc.message})") \
+            from exc
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        raise BmcUnreachable(f"BMC {url}: {what}: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,188 @@
+"""LeaseRepo against real SQLite and a real PostgreSQL server started by the test: sticky
+addresses, reservations, NAK cases, release, decline, expiry, reclaim, and concurrent
+requests that never share an address."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from ipaddress import IPv4Address
+from pathlib import Path
+
+import pytest
+
+from provisioner.config import Settings
+from provisioner.domain import NewNode
+from provisioner.errors import ConfigError
+from provisioner.lifecycle.states import NodeState
+from provisioner.store.leases import AddressRange, Holder, LeaseRepo, LeaseState
+from provisioner.store.store import Store, open_store
+from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
+
+POOL = AddressRange.parse("10.77.0.100-10.77.0.109", "255.255.255.0")
+_names = itertools.count()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture(scope="module")
+def postgres() -> Iterator[PostgresServer]:
+    reason = postgres_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def lease_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    if request.param == "sqlite":
+        settings = Settings(state_dir=tmp_path / "state")
+    else:
+        server: PostgresServer = request.getfixturevalue("postgres")
+        url = server.create_database(f"pv_lease_{next(_names)}")
+        settings = Settings(state_dir=tmp_path / "state", database_url=url)
+    opened = open_store(settings)
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def repo(lease_store: Store, clock: Clock) -> LeaseRepo:
+    return LeaseRepo(lease_store.engine, lease_store.pool, clock=clock)
+
+
+def mac(n: int) -> str:
+    return f"52:54:00:00:01:{n:02x}"
+
+
+def test_address_range_parsing() -> None:
+    assert len(POOL) == 10 and IPv4Address("10.77.0.105") in POOL
+    assert IPv4Address("10.77.0.110") not in POOL
+    for bad in ("10.77.0.9", "10.77.0.20-10.77.0.10", "10.77.0.1-10.77.1.5", "x-y"):
+        with pytest.raises(ConfigError):
+            AddressRange.parse(bad, "255.255.255.0")
+
+
+async def test_offer_bind_renew_release_is_sticky(repo: LeaseRepo, clock: Clock) -> None:
+    holder = Holder(mac(1), client_id="01aabb")
+    offered = await repo.offer(holder, POOL, hold_s=60)
+    assert offered is not None and offered.state == LeaseState.OFFERED
+    assert offered.ip == IPv4Address("10.77.0.100")
+    bound = await repo.bind(holder, offered.ip, POOL, lease_time_s=600)
+    assert bound is not None and bound.state == LeaseState.BOUND
+    clock.advance(300)
+    renewed = await repo.renew(holder, offered.ip, POOL, lease_time_s=600)
+    assert renewed is not None and renewed.expires_at == clock.now + timedelta(seconds=600)
+    assert await repo.release(holder.mac, offered.ip)
+    assert (await repo.get(holder.mac)).state == LeaseState.RELEASED  # type: ignore[union-attr]
+    assert (await repo.offer(Holder(mac(2)), POOL, hold_s=60)).ip != offered.ip  # type: ignore[union-attr]
+    again = await repo.offer(holder, POOL, hold_s=60)
+    assert again is not None and again.ip == offered.ip
+
+
+async def test_requested_address_and_naks(repo: LeaseRepo) -> None:
+    wanted = IPv4Address("10.77.0.105")
+    offered = await repo.offer(Holder(mac(1)), POOL, hold_s=60, requested=wanted)
+    assert offered is not None and offered.ip == wanted
+    # Another MAC cannot bind an address that is held; nor one outside the pool.
+    assert await repo.bind(Holder(mac(2)), wanted, POOL, lease_time_s=60) is None
+    assert await repo.bind(Holder(mac(2)), IPv4Address("10.77.0.200"), POOL,
+                           lease_time_s=60) is None
+    # INIT-REBOOT after the server lost the lease: a free address in the pool is granted.
+    rebooted = await repo.bind(Holder(mac(3)), IPv4Address("10.77.0.107"), POOL,
+                               lease_time_s=60)
+    assert rebooted is not None and rebooted.state == LeaseState.BOUND
+    # A MAC moving to another free address leaves its old one.
+    moved = await repo.bind(Holder(mac(3)), IPv4Address("10.77.0.108"), POOL, lease_time_s=60)
+    assert moved is not None
+    assert {str(lease.ip) for lease in await repo.all()} == {"10.77.0.105", "10.77.0.108"}
+
+
+async def test_reservations_are_never_reclaimed(repo: LeaseRepo, lease_store: Store,
+                                                clock: Clock) -> None:
+    node = await lease_store.nodes.create(NewNode(state=NodeState.ACTIVE, hostname="gpu-1",
+                                                  macs=(mac(1),)), actor="test")
+    reserved = await repo.offer(Holder(mac(1), node.id, "gpu-1"), POOL, hold_s=60)
+    assert reserved is not None and reserved.reserved
+    await repo.bind(Holder(mac(1), node.id), reserved.ip, POOL, lease_time_s=60)
+    clock.advance(3600)
+    await repo.expire()
+    # Fill the pool with others whose leases then lapse: they reclaim each other, never it.
+    for n in range(2, 30):
+        lease = await repo.offer(Holder(mac(n)), POOL, hold_s=10)
+        assert lease is not None and lease.ip != reserved.ip
+        clock.advance(11)
+    back = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
+    assert back is not None and back.ip == reserved.ip and back.node_id == node.id
+    # The reserved node asking for a different address is refused (its address is fixed).
+    assert await repo.bind(Holder(mac(1), node.id), IPv4Address("10.77.0.109"), POOL,
+                           lease_time_s=60) is None
+
+
+async def test_pool_exhaustion_then_reclaim_oldest_expired(repo: LeaseRepo,
+                                                           clock: Clock) -> None:
+    for n in range(10):
+        lease = await repo.offer(Holder(mac(n)), POOL, hold_s=60)
+        assert lease is not None
+        await repo.bind(Holder(mac(n)), lease.ip, POOL, lease_time_s=100 + n)
+    assert await repo.offer(Holder(mac(50)), POOL, hold_s=60) is None
+    clock.advance(101)  # only mac(0)'s lease (100 s) has lapsed
+    taken = await repo.offer(Holder(mac(50)), POOL, hold_s=60)
+    assert taken is not None and taken.ip == IPv4Address("10.77.0.100")
+    assert await repo.get(mac(0)) is None
+
+
+async def test_decline_parks_the_address(repo: LeaseRepo, clock: Clock) -> None:
+    first = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
+    assert first is not None
+    assert await repo.decline(mac(1), first.ip, hold_s=600)
+    second = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
+    assert second is not None and second.ip != first.ip
+    parked = [lease for lease in await repo.all() if lease.ip == first.ip]
+    assert parked[0].state == LeaseState.DECLINED and parked[0].mac.startswith("declined:")
+    clock.advance(601)
+    assert await repo.expire() >= 1
+    assert all(lease.ip != first.ip for lease in await repo.all())
+
+
+async def test_expire_marks_lapsed_leases(repo: LeaseRepo, clock: Clock) -> None:
+    lease = await repo.offer(Holder(mac(1)), POOL, hold_s=30)
+    assert lease is not None
+    clock.advance(31)
+    assert await repo.expire() == 1
+    assert (await repo.get(mac(1))).state == LeaseState.EXPIRED  # type: ignore[union-attr]
+
+
+async def test_concurrent_requests_never_share_an_address(lease_store: Store,
+                                                          clock: Clock) -> None:
+    """Many writers at once (threads on PostgreSQL; SQLite serialises on its one writer)."""
+    workers = 1 if lease_store.engine.dialect.name == "sqlite" else 8
+    big = AddressRange.parse("10.77.1.0-10.77.1.255", "255.255.0.0")
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lease-test") as pool:
+        repos = [LeaseRepo(lease_store.engine, pool, clock=clock) for _ in range(4)]
+        results = await asyncio.gather(*(
+            repos[n % 4].offer(Holder(mac(n % 200)), big, hold_s=60) for n in range(400)))
+    leases = [lease for lease in results if lease is not None]
+    by_mac = {lease.mac: lease.ip for lease in leases}
+    assert len(by_mac) == 200  # every MAC got an address ...
+    assert len(set(by_mac.values())) == 200  # ... its own
+    stored = await LeaseRepo(lease_store.engine, lease_store.pool).all()
+    assert len({lease.ip for lease in stored}) == len(stored) == 200

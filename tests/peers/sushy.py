@@ -1,0 +1,105 @@
+"""sushy-tools' Redfish emulator with its fake driver (PEERS.md §6), on a free loopback
+port, with HTTP basic auth (an htpasswd-style bcrypt file). Stopped by PID.
+
+``with running_sushy(tmp_path, systems=2) as emu:`` then ``emu.url`` and ``emu.uuids``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+USER: Final = "admin"
+PASSWORD: Final = "password"
+READY_TIMEOUT_S: Final = 30.0
+
+
+@dataclass(frozen=True)
+class Sushy:
+    url: str
+    uuids: tuple[str, ...]
+    log: Path
+
+
+def sushy_unavailable_reason() -> str | None:
+    if shutil.which("sushy-emulator", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("sushy-emulator") is None:
+        return "sushy-emulator not found: pip install sushy-tools (the test extra)"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _emulator() -> str:
+    local = Path(sys.executable).parent / "sushy-emulator"
+    return str(local) if local.exists() else "sushy-emulator"
+
+
+@contextmanager
+def running_sushy(workdir: Path, *, systems: int = 1) -> Iterator[Sushy]:
+    import bcrypt  # a sushy-tools dependency
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    uuids = tuple(f"00000000-0000-0000-0000-{1001 + i:012d}" for i in range(systems))
+    fake = [{"uuid": uuid, "name": f"gpu-node-{i + 1:02d}", "power_state": "Off",
+             "external_notifier": False, "nics": [{"mac": f"52:54:00:00:00:{i + 1:02x}",
+                                                   "ip": f"127.0.2.{i + 1}"}]}
+            for i, uuid in enumerate(uuids)]
+    digest = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4)).decode()
+    (workdir / "htpasswd").write_text(f"{USER}:{digest}\n")
+    (workdir / "state").mkdir(exist_ok=True)
+    (workdir / "emulator.conf").write_text(
+        f"SUSHY_EMULATOR_LISTEN_IP = '127.0.0.1'\nSUSHY_EMULATOR_LISTEN_PORT = {port}\n"
+        f"SUSHY_EMULATOR_FAKE_DRIVER = True\n"
+        f"SUSHY_EMULATOR_STATE_DIR = '{workdir / 'state'}'\n"
+        f"SUSHY_EMULATOR_AUTH_FILE = '{workdir / 'htpasswd'}'\n"
+        f"SUSHY_EMULATOR_FAKE_SYSTEMS = {fake!r}\n")
+    log_path = workdir / "sushy.log"
+    log = log_path.open("wb")
+    proc = subprocess.Popen([_emulator(), "--config", str(workdir / "emulator.conf"),
+                             "--fake"], stdin=subprocess.DEVNULL, stdout=log,
+                            stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(proc, url, log_path)
+        yield Sushy(url, uuids, log_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sushy-emulator exited with {proc.returncode}: "
+                               f"{log.read_text(errors='replace')[-2000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/redfish/v1/", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"sushy-emulator not ready after {READY_TIMEOUT_S} s")
