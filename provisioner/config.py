@@ -103,6 +103,9 @@ class DhcpSettings(_Section):
     discovery_rate_per_s: float = Field(
         5.0, gt=0, description="Unknown MACs turned into discovered nodes per second")
     discovery_burst: int = Field(50, ge=1, description="Burst of new MACs accepted at once")
+    router_advertisements: bool = Field(
+        True, description="Answer IPv6 router solicitations on `interface` (ends iPXE's "
+        "13 s IPv6 wait; announces no router)")
     decline_hold_s: int = Field(
         600, ge=0, description="An address a client declined (in use) is not offered again "
         "for this long")

@@ -9,12 +9,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 
 from aiohttp import web
 
 from provisioner.api.app import make_app
 from provisioner.bmc.fake import fake_bmc_factory
+from provisioner.bmc.ipmi import IpmiDriver
+from provisioner.bmc.managed import BmcManager
+from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
@@ -29,6 +33,7 @@ from provisioner.lifecycle.routing import (
     RoutedSlurm,
     Unavailable,
 )
+from provisioner.lifecycle.stagger import PowerOnStagger
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
@@ -58,9 +63,18 @@ def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox) -> P
     (fake BMC) act on the simulated rack, real ones use the real drivers (inspection: the
     agent's reports) or fail saying the driver is not in this build yet."""
     delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
-    registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=delay_s)})
+    bmc = settings.bmc
+    # the "bmc" pool: pyghmi blocks; its size bounds IPMI calls in flight. To close at
+    # shutdown: `await ports.bmc.aclose()` (BMC session logout), then the pool.
+    pool = ThreadPoolExecutor(bmc.max_concurrency, thread_name_prefix="bmc")
+    ipmi = IpmiDriver(pool, timeout_s=bmc.timeout_s)
+    redfish = RedfishDriver(timeout_s=bmc.timeout_s, verify_tls=bmc.redfish_verify_tls,
+                            ca_file=bmc.redfish_ca_file)
+    registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=delay_s), "ipmi": ipmi,
+                            "redfish": redfish}, closers=[ipmi.aclose, redfish.aclose])
     return Ports(
-        bmc=registry,
+        bmc=BmcManager(registry, bmc),
+        stagger=PowerOnStagger(bmc.power_on_per_rack_per_s, exempt={"fake"}),  # no PDUs
         inspector=RoutedInspector(
             FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), mailbox),
         installer=RoutedInstaller(

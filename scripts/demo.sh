@@ -28,16 +28,22 @@ for _ in $(seq 100); do
   sleep 0.2
 done
 echo "provisioner is serving on http://127.0.0.1:$PORT (log: $DEMO/daemon.log)"
-for _ in $(seq 120); do
-  clear 2>/dev/null || true
+count_active() {
+  "$PV" "${CFG[@]}" node list --state active --json --all \
+    | "$VENV/bin/python" -c 'import json, sys; print(len(json.load(sys.stdin)))'
+}
+active=0
+for _ in $(seq 180); do
+  [ -t 1 ] && clear
   date +%T
-  "$PV" "${CFG[@]}" node list
-  active=$("$PV" "${CFG[@]}" node list --state active --json | "$VENV/bin/python" -c 'import json,sys; print(len(json.load(sys.stdin)))')
+  "$PV" "${CFG[@]}" node list --all
+  active=$(count_active)
   [ "$active" -ge "$NODES" ] && break
   sleep 1
 done
 echo
-echo "All $active nodes are active. One node's history:"
+echo "$active of $NODES nodes are active. The history of sim-r01-n001:"
 "$PV" "${CFG[@]}" node history sim-r01-n001
 echo
-echo "Try it yourself while it runs: PROVISIONER_TOKEN=$PROVISIONER_TOKEN $PV ${CFG[*]} node list"
+echo "Stopping the daemon. Its state stays in $DEMO/state; to run it again:"
+echo "  $PV ${CFG[*]} serve"

@@ -15,6 +15,15 @@ APT_PACKAGES=(
   ca-certificates
   python3          # a fresh Debian 12 has no python3; harmless when pyenv provides one
   python3-venv     # Debian's python3 cannot `-m venv` without it (no ensurepip)
+  isc-dhcp-client  # dhclient: a real DHCP client against our server (tests/integration)
+  busybox-static   # udhcpc (and the ramdisk's busybox); conflicts with package busybox
+  kea-admin        # perfdhcp (DHCP load generator / relay)
+  kea-dhcp4-server # bench/dhcp_bench.py peer
+  dnsmasq-base     # the site's DHCP server beside our proxy mode; bench peer
+  tftp-hpa         # tftp client
+  atftp            # atftp client (blksize/tsize/windowsize)
+  tftpd-hpa        # bench/tftp_bench.py peer (its service is never started)
+  ipxe             # /usr/lib/ipxe: undionly.kpxe, snponly.efi, ipxe.efi (boot.assets_dir default)
 )
 MIN_PYTHON=(3 11)
 

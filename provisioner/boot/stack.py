@@ -93,6 +93,10 @@ def _network_servers(settings: Settings, store: Store, discovery: Discovery,
         servers.append(DhcpServer(settings.dhcp, settings.boot,
                                   http_base_url=base_url(settings), inventory=discovery,
                                   leases=leases))
+        if settings.dhcp.router_advertisements and settings.dhcp.interface:
+            from provisioner.boot.ra import RouterAdvertiser
+
+            servers.append(RouterAdvertiser(settings.dhcp.interface))
     if settings.tftp.listen is not None:
         from provisioner.boot.tftp import TftpServer
 

@@ -215,7 +215,7 @@ class KubeClient:
 
         delay = self._settings.retry_backoff_s
         for attempt in range(self._settings.retries + 1):
-            if await self._bucket.acquire() > 0:
+            if await self._bucket.acquire() > 0.001:
                 self.stats.throttled += 1
             self.stats.requests += 1
             try:
@@ -233,7 +233,10 @@ class KubeClient:
                             wait_s)
                 await self._sleep(wait_s)
                 delay = min(delay * 2, _MAX_BACKOFF_S)
-            except (KubeNotFound, KubeConflict):
+            except KubeConflict:
+                self.stats.conflicts += 1
+                raise
+            except KubeNotFound:
                 raise
             except Exception:
                 self.stats.failures += 1

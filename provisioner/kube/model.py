@@ -102,11 +102,13 @@ class ClusterInfo:
 
 @dataclass(slots=True)
 class ClientStats:
-    """Counters of one client: requests sent, retried (429/5xx/connection) and failed."""
+    """Counters of one client: requests sent, retried (429/5xx/connection), failed, and
+    answered 409 (a write raced another writer; the caller reads again)."""
 
     requests: int = 0
     retries: int = 0
     failures: int = 0
+    conflicts: int = 0
     throttled: int = 0  # requests that waited for the client-side rate limiter
 
 

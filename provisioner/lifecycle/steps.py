@@ -50,7 +50,7 @@ async def _power(ctx: StepContext, state: PowerState) -> None:
     power-on waits for the rack's stagger only when the node really is off."""
     bmc = await ctx.bmc()
     if state is PowerState.ON and await bmc.power_state() is PowerState.OFF:
-        await ctx.ports.stagger.wait(ctx.node.rack)
+        await ctx.ports.stagger.wait(ctx.node)
     await bmc.set_power(state)
     await ctx.note_power(str(state))
 

@@ -203,7 +203,7 @@ class LeaseRepo:
     def _allocate(self, conn: Connection, now: datetime, holder: Holder,
                   addresses: AddressRange, requested: IPv4Address | None, state: LeaseState,
                   duration_s: float, *, only_requested: bool = False) -> Lease | None:
-        for _attempt in range(2):  # again when a racing writer created this MAC's row
+        for _round in range(_MAX_RACES):  # racing writers took every candidate: rescan
             own = _by_mac(conn, holder.mac)
             if own is not None and not only_requested:
                 ip = IPv4Address(own.ip)
@@ -212,7 +212,10 @@ class LeaseRepo:
                     return _write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
                                   duration_s, node_id=holder.node_id or own.node_id)
                 conn.execute(delete(_LEASE).where(_C.mac == holder.mac))  # pool moved away
-            for ip in self._candidates(conn, now, addresses, requested, only_requested):
+            candidates = self._candidates(conn, now, addresses, requested, only_requested)
+            if not candidates:
+                return None
+            for ip in candidates:
                 try:
                     with conn.begin_nested():
                         _take(conn, now, holder, ip, own is not None and only_requested)
@@ -221,8 +224,6 @@ class LeaseRepo:
                 except IntegrityError:  # another writer took the address, or the MAC
                     if not only_requested and _by_mac(conn, holder.mac) is not None:
                         break
-            else:
-                return None
         return None
 
     def _candidates(self, conn: Connection, now: datetime, addresses: AddressRange,

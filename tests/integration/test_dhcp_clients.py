@@ -11,11 +11,9 @@ site's DHCP server on a bridge. Nothing has an address outside these namespaces.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import shutil
 import signal
-import subprocess
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address
@@ -38,7 +36,7 @@ from tests.peers.dhcp_client import (
     by_server,
     request_packet,
 )
-from tests.peers.netns import Namespace, entered, netns_unavailable_reason, veth
+from tests.peers.dhcp_netns import Namespace, entered, netns_unavailable_reason, veth
 
 pytestmark = pytest.mark.root
 SERVER = "10.77.0.1"
@@ -85,7 +83,7 @@ def _settings(**overrides: object) -> DhcpSettings:
     values: dict[str, object] = {"mode": "authoritative", "interface": "vs0",
                                  "server_address": SERVER, "pool": POOL, "lease_time_s": 120}
     values.update(overrides)
-    return DhcpSettings(**values)  # type: ignore[arg-type]
+    return DhcpSettings.model_validate(values)
 
 
 async def _serve(ns: Namespace, settings: DhcpSettings, inventory: MemoryInventory,
@@ -106,10 +104,14 @@ async def served(segment: Segment, store: Store) -> AsyncIterator[Served]:
     await server.stop()
 
 
+def _text(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
 async def _wait_file(path: Path, pattern: str, timeout_s: float = 20.0) -> re.Match[str]:
     async with asyncio.timeout(timeout_s):
         while True:
-            if path.exists() and (found := re.search(pattern, path.read_text(), re.M)):
+            if found := re.search(pattern, _text(path), re.M):
                 return found
             await asyncio.sleep(0.05)
 
@@ -152,7 +154,8 @@ echo "$reason ip=$new_ip_address mask=$new_subnet_mask host=$new_host_name \
 lease=$new_dhcp_lease_time server=$new_dhcp_server_identifier" >> {log}
 case "$reason" in
   BOUND|RENEW|REBIND|REBOOT) ip addr replace "$new_ip_address/24" dev "$interface" ;;
-  RELEASE|EXPIRE|STOP) [ -n "$old_ip_address" ] && ip addr del "$old_ip_address/24" dev "$interface" ;;
+  RELEASE|EXPIRE|STOP) [ -n "$old_ip_address" ] && ip addr del "$old_ip_address/24" \
+    dev "$interface" ;;
 esac
 exit 0
 """
@@ -164,8 +167,8 @@ def _script(path: Path, text: str) -> Path:
     return path
 
 
-async def test_dhclient_gets_lease_reboots_to_same_address_and_releases(
-        segment: Segment, served: Served, make_node) -> None:  # type: ignore[no-untyped-def]
+async def test_dhclient_gets_lease_reboots_to_same_address_and_releases(  # type: ignore[no-untyped-def]
+        segment: Segment, served: Served, make_node) -> None:
     assert shutil.which("dhclient"), "isc-dhcp-client missing: run scripts/setup.sh"
     node = await make_node(NodeState.ACTIVE, macs=(CLIENT_MAC,), hostname="gpu-042")
     served.inventory.known[CLIENT_MAC] = KnownNode(node.id, "gpu-042", "active")

@@ -11,7 +11,7 @@ import re
 import shutil
 import socket
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -157,9 +157,9 @@ class RawClient:
 
 
 @pytest.fixture
-def raw() -> AsyncIterator[RawClient]:
+def raw() -> Iterator[RawClient]:
     client = RawClient()
-    yield client  # type: ignore[misc]
+    yield client
     client.close()
 
 

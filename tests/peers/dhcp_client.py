@@ -25,12 +25,12 @@ from provisioner.boot.dhcp_codec import (
 )
 from provisioner.boot.inventory import KnownNode
 
-PXE_UEFI_X64 = {Opt.VENDOR_CLASS: b"PXEClient:Arch:00007:UNDI:003000",
+PXE_UEFI_X64: dict[int, bytes] = {Opt.VENDOR_CLASS: b"PXEClient:Arch:00007:UNDI:003000",
                 Opt.CLIENT_ARCH: u16(7), Opt.CLIENT_NDI: b"\x01\x03\x00",
                 Opt.CLIENT_UUID: b"\x00" + bytes(range(16))}
-PXE_BIOS = {Opt.VENDOR_CLASS: b"PXEClient:Arch:00000:UNDI:002001",
+PXE_BIOS: dict[int, bytes] = {Opt.VENDOR_CLASS: b"PXEClient:Arch:00000:UNDI:002001",
             Opt.CLIENT_ARCH: u16(0), Opt.CLIENT_NDI: b"\x01\x02\x01"}
-IPXE_BIOS = {**PXE_BIOS, Opt.USER_CLASS: b"iPXE",
+IPXE_BIOS: dict[int, bytes] = {**PXE_BIOS, Opt.USER_CLASS: b"iPXE",
              Opt.IPXE_ENCAP: b"\xb1\x05\x01\x1a\xf4\x10\x00\xeb\x03\x01\x00\x00"}
 
 

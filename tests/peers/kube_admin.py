@@ -50,6 +50,11 @@ class KubeAdmin:
     def delete_nodes(self, label_selector: str) -> None:
         self.core.delete_collection_node(label_selector=label_selector)
 
+    def ready_count(self, label_selector: str) -> int:
+        nodes = self.core.list_node(label_selector=label_selector).items
+        return sum(any(c.type == "Ready" and c.status == "True"
+                       for c in n.status.conditions or []) for n in nodes)
+
     def node_ready(self, name: str) -> bool:
         conds = self.node(name).status.conditions or []
         return any(c.type == "Ready" and c.status == "True" for c in conds)

@@ -13,7 +13,7 @@ set -euo pipefail
 KUBERNETES_VERSION=v1.34.4   # kube-apiserver; staging modules at v0.34.4
 ETCD_VERSION=v3.6.16         # >= 3.5.13: has RequestWatchProgress (WatchList works)
 KWOK_VERSION=v0.7.0
-RECIPE=1                     # bump when the build steps below change
+RECIPE=2                     # bump when the build steps below change
 
 exec 3>&1 1>&2    # fd 3 = the real stdout, reserved for the final line
 log() { printf 'kube_build.sh: %s\n' "$*"; }
@@ -70,8 +70,13 @@ mapfile -t mods < <(sed -n 's|^\t\(k8s.io/[^ ]*\) => ./staging/src/.*$|\1|p' "$k
   printf ')\n'
 } >"$WORK/kas/go.mod"
 printf 'package tools\n\nimport _ "k8s.io/kubernetes/cmd/kube-apiserver"\n' >"$WORK/kas/tools.go"
+# What hack/lib/version.sh stamps; without it /version says v0.0.0-master+$Format:%H$.
+minor=${KUBERNETES_VERSION#v1.}
+vpkg=k8s.io/component-base/version
+kldflags="$LDFLAGS -X $vpkg.gitVersion=$KUBERNETES_VERSION -X $vpkg.gitMajor=1"
+kldflags+=" -X $vpkg.gitMinor=${minor%%.*} -X $vpkg.gitTreeState=clean"
 (cd "$WORK/kas" && gorun mod tidy \
-  && gorun build -ldflags="$LDFLAGS" -o "$BIN.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
+  && gorun build -ldflags="$kldflags" -o "$BIN.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
 log "kube-apiserver built after ${SECONDS}s"
 
 log "etcd $ETCD_VERSION"

@@ -56,3 +56,15 @@ def bridged_namespace(address: str = "10.77.0.1/24") -> Iterator[Namespace]:
         yield Namespace(name=name, bridge_address=address.partition("/")[0])
     finally:
         subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+
+
+@contextmanager
+def plain_namespace() -> Iterator[Namespace]:
+    """``ip netns add`` with only ``lo`` up; deleted afterwards."""
+    name = f"pv{uuid.uuid4().hex[:8]}"
+    _ip("netns", "add", name)
+    try:
+        _ip("-n", name, "link", "set", "lo", "up")
+        yield Namespace(name=name, bridge_address="")
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)

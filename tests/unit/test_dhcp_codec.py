@@ -3,6 +3,7 @@ and on fuzzed input: random and mutated bytes never raise anything but DhcpParse
 
 from __future__ import annotations
 
+import contextlib
 from ipaddress import IPv4Address
 from pathlib import Path
 
@@ -159,10 +160,8 @@ def _touch_everything(packet: DhcpPacket) -> None:
                  "bootfile_name", "vendor_specific", "relay_agent_info", "ipxe_options",
                  "parameter_request_list", "client_id", "user_classes", "client_arches",
                  "client_ndi", "client_uuid"):
-        try:
+        with contextlib.suppress(DhcpParseError):
             getattr(packet, name)
-        except DhcpParseError:
-            pass
     try:
         request = boot_request(packet)
     except DhcpParseError:

@@ -1,0 +1,232 @@
+"""DHCP leases/s with Kea's perfdhcp: the daemon vs dnsmasq vs Kea, in the same run.
+
+Two network namespaces joined by a veth pair (server 10.77.0.1/16, perfdhcp 10.77.0.2/16, a
+relay as far as the servers can tell); each server in turn gets a rate sweep (DORA exchanges
+per second, each step ``--seconds`` long) and the best rate whose DISCOVER-OFFER and
+REQUEST-ACK drops both stay at or below 2.5 % is its score; then a burst of ``--burst``
+clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
+discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``.
+
+Run as root from the repository root:  .venv/bin/python bench/dhcp_bench.py
+Needs: kea-admin (perfdhcp), kea-dhcp4-server, dnsmasq-base. Stops every process it starts
+and deletes its namespaces. Traffic stays inside the namespaces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVER, CLIENT = "10.77.0.1", "10.77.0.2"
+POOL_FIRST, POOL_LAST = "10.77.1.0", "10.77.255.254"
+MAX_DROPS_PCT = 2.5
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check)
+
+
+@contextmanager
+def namespaces() -> Iterator[tuple[str, str]]:
+    srv, cli = f"pvbs{os.getpid()}", f"pvbc{os.getpid()}"
+    try:
+        for ns in (srv, cli):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", "vs0", "netns", srv, "type", "veth", "peer", "name", "vc0",
+           "netns", cli)
+        sh("ip", "-n", srv, "addr", "add", f"{SERVER}/16", "dev", "vs0")
+        sh("ip", "-n", cli, "addr", "add", f"{CLIENT}/16", "dev", "vc0")
+        sh("ip", "-n", srv, "link", "set", "vs0", "up")
+        sh("ip", "-n", cli, "link", "set", "vc0", "up")
+        yield srv, cli
+    finally:
+        sh("ip", "netns", "del", cli, check=False)
+        sh("ip", "netns", "del", srv, check=False)
+
+
+@dataclass
+class Result:
+    rate: int
+    discover_drops: float
+    request_drops: float
+    acks: int
+    seconds: float
+    avg_delay_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return max(self.discover_drops, self.request_drops) <= MAX_DROPS_PCT
+
+    @property
+    def leases_per_s(self) -> float:
+        return self.acks / self.seconds
+
+
+def perfdhcp(cli: str, rate: int, seconds: float, clients: int, count: int | None = None) -> Result:
+    args = ["ip", "netns", "exec", cli, "perfdhcp", "-4", "-l", CLIENT, "-r", str(rate), "-R",
+            str(clients), "-W", "1000000"]
+    args += ["-n", str(count)] if count is not None else ["-p", str(int(seconds))]
+    out = subprocess.run([*args, SERVER], capture_output=True, text=True,
+                         timeout=seconds + 60).stdout
+    sections = out.split("***Statistics for: ")
+    stats = [dict(re.findall(r"^([a-z ]+): ([\d.]+)", s, re.M)) for s in sections[1:3]]
+    if len(stats) < 2:
+        raise RuntimeError(f"perfdhcp printed no statistics:\n{out}")
+    return Result(rate, float(stats[0]["drops ratio"]), float(stats[1]["drops ratio"]),
+                  int(stats[1]["received packets"]), seconds,
+                  float(stats[1].get("avg delay", "0")))
+
+
+def wait_port(ns: str, port: int = 67, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not sh("ip", "netns", "exec", ns, "ss", "-Hlun", f"sport = :{port}").stdout.strip():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"nothing listens on UDP {port} in {ns}")
+        time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def start_ours(ns: str, d: Path) -> subprocess.Popen[bytes]:
+    config = d / "provisioner.toml"
+    config.write_text(f"""state_dir = "{d / 'state'}"
+[api]
+listen = "127.0.0.1:18700"
+[dhcp]
+mode = "authoritative"
+interface = "vs0"
+server_address = "{SERVER}"
+pool = "{POOL_FIRST}-{POOL_LAST}"
+netmask = "255.255.0.0"
+[http]
+listen = "{SERVER}:18080"
+[log]
+level = "WARNING"
+""")
+    exe = ROOT / ".venv" / "bin" / "provisioner"
+    log = (d / "provisioner.log").open("wb")
+    return subprocess.Popen(["ip", "netns", "exec", ns, str(exe), "--config", str(config),
+                             "serve"], stdout=log, stderr=subprocess.STDOUT)
+
+
+def start_dnsmasq(ns: str, d: Path, leasefile: bool) -> subprocess.Popen[bytes]:
+    lease = f"--dhcp-leasefile={d / 'dnsmasq.leases'}" if leasefile else "--leasefile-ro"
+    return subprocess.Popen([
+        "ip", "netns", "exec", ns, "dnsmasq", "-k", "--port=0", "--interface=vs0",
+        "--bind-interfaces", "--dhcp-authoritative", "--user=root", "--no-ping",
+        f"--dhcp-range={POOL_FIRST},{POOL_LAST},255.255.0.0,1h", "--dhcp-lease-max=100000",
+        lease, "--quiet-dhcp", f"--log-facility={d / 'dnsmasq.log'}"])
+
+
+def start_kea(ns: str, d: Path) -> subprocess.Popen[bytes]:
+    config = {"Dhcp4": {
+        "interfaces-config": {"interfaces": ["vs0"], "dhcp-socket-type": "udp"},
+        "lease-database": {"type": "memfile", "persist": True, "name": str(d / "leases4.csv"),
+                           "lfc-interval": 0},
+        "multi-threading": {"enable-multi-threading": False}, "valid-lifetime": 3600,
+        "subnet4": [{"id": 1, "subnet": "10.77.0.0/16",
+                     "pools": [{"pool": f"{POOL_FIRST} - {POOL_LAST}"}]}],
+        "loggers": [{"name": "kea-dhcp4", "output_options": [{"output": "stdout"}],
+                     "severity": "WARN"}]}}
+    (d / "kea4.json").write_text(json.dumps(config))
+    return subprocess.Popen(["ip", "netns", "exec", ns, "env", f"KEA_PIDFILE_DIR={d}",
+                             f"KEA_LOCKFILE_DIR={d}", "kea-dhcp4", "-c", str(d / "kea4.json")],
+                            stdout=subprocess.DEVNULL)
+
+
+@dataclass
+class Score:
+    name: str
+    best: Result | None
+    burst: Result
+    sweep: list[Result]
+
+
+def measure(name: str, start: Callable[[Path], subprocess.Popen[bytes]], srv: str, cli: str,
+            args: argparse.Namespace) -> Score:
+    with tempfile.TemporaryDirectory(prefix="dhcpbench") as tmp:
+        proc = start(Path(tmp))
+        try:
+            wait_port(srv)
+            time.sleep(1.0)
+            perfdhcp(cli, 100, 2, 100)  # warm-up (first leases, caches)
+            sweep: list[Result] = []
+            for rate in args.rates:
+                result = perfdhcp(cli, rate, args.seconds, args.clients)
+                sweep.append(result)
+                print(f"{name:18} rate {rate:5}/s: drops {result.discover_drops:5.2f} % / "
+                      f"{result.request_drops:5.2f} %, {result.leases_per_s:7.0f} leases/s, "
+                      f"avg {result.avg_delay_ms:.1f} ms", file=sys.stderr)
+                if len([r for r in sweep if not r.ok]) >= 2:
+                    break
+            burst = perfdhcp(cli, 5 * args.burst, 1, args.burst, count=args.burst)
+            print(f"{name:18} burst {args.burst}: drops {burst.discover_drops:.2f} % / "
+                  f"{burst.request_drops:.2f} %", file=sys.stderr)
+        finally:
+            stop(proc)
+    passing = [r for r in sweep if r.ok]
+    best = max(passing, key=lambda r: r.leases_per_s) if passing else None
+    return Score(name, best, burst, sweep)
+
+
+def report(scores: list[Score]) -> str:
+    ref = {s.name: s.best.leases_per_s if s.best else 0.0 for s in scores}
+    lines = ["| server | best rate at ≤ 2.5 % drops | leases/s | avg delay | vs dnsmasq "
+             "(leasefile-ro) | vs Kea | 1,000-client burst drops |",
+             "|---|---|---|---|---|---|---|"]
+    for s in scores:
+        b = s.best
+        got = b.leases_per_s if b else 0.0
+        ratio = [f"{got / ref[k]:.2f}×" if ref.get(k) else "n/a"
+                 for k in ("dnsmasq (leasefile-ro)", "Kea (memfile, 1 thread)")]
+        lines.append(f"| {s.name} | {b.rate if b else '—'}/s | {got:.0f} | "
+                     f"{b.avg_delay_ms if b else 0:.1f} ms | {ratio[0]} | {ratio[1]} | "
+                     f"{s.burst.discover_drops:.1f} % / {s.burst.request_drops:.1f} % |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rates", type=lambda t: [int(x) for x in t.split(",")],
+                        default=[250, 500, 1000, 1500, 2000, 3000, 4000, 6000])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--clients", type=int, default=20000)
+    parser.add_argument("--burst", type=int, default=1000)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 2
+    servers: list[tuple[str, Callable[[str, Path], subprocess.Popen[bytes]]]] = [
+        ("provisioner", start_ours),
+        ("dnsmasq (leasefile-ro)", lambda ns, d: start_dnsmasq(ns, d, leasefile=False)),
+        ("dnsmasq (lease file)", lambda ns, d: start_dnsmasq(ns, d, leasefile=True)),
+        ("Kea (memfile, 1 thread)", start_kea),
+    ]
+    with namespaces() as (srv, cli):
+        scores = [measure(name, lambda d, f=fn: f(srv, d), srv, cli, args)
+                  for name, fn in servers]
+    print(report(scores))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""100 simulated IPMI BMCs (pyghmi's Bmc class, one process) behind the real ipmi driver,
+driven through the real conductor's inspect step: 10 are dead (5 silent UDP sockets, 5
+ports with nothing listening), 5 flap (the first 2 commands answer "node busy"). The 85
+healthy nodes finish about as fast as 85 nodes with no faults at all; the dead ones end
+``inspect_failed`` with the reason; the flapping ones succeed after retries."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from provisioner.bmc.ipmi import IpmiDriver
+from provisioner.bmc.managed import BmcManager
+from provisioner.bmc.registry import BmcRegistry
+from provisioner.config import BmcSettings, LifecycleSettings
+from provisioner.domain import BmcEndpoint, NewNode, Node
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.states import Event, NodeState
+from provisioner.simulation.drivers import FakeInspector, FakeInstaller, FakeKube, FakeSlurm
+from provisioner.simulation.world import SimWorld
+from provisioner.store.store import Store
+from tests.sim.ipmi_bmc import SimBmcs
+
+SETTINGS = BmcSettings(timeout_s=1.0, max_concurrency=32, retries=2, retry_backoff_s=0.1,
+                       confirm_timeout_s=5, confirm_poll_s=0.05, breaker_threshold=3,
+                       breaker_reset_s=30)
+LIFECYCLE = LifecycleSettings(auto_inspect=False, auto_deploy=False, max_inspecting=100)
+DONE = (NodeState.INSPECTED, NodeState.INSPECT_FAILED)
+
+
+def closed_ports(count: int) -> list[int]:
+    """Loopback UDP ports with nothing listening (bound, then closed)."""
+    ports = []
+    for _ in range(count):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.bind(("127.0.0.1", 0))
+            ports.append(sock.getsockname()[1])
+    return ports
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    executor = ThreadPoolExecutor(SETTINGS.max_concurrency, thread_name_prefix="bmc")
+    yield executor
+    executor.shutdown(wait=False, cancel_futures=True)
+
+
+async def inspect_all(store: Store, world: SimWorld, pool: ThreadPoolExecutor, tag: str,
+                      ports: list[int], sim: SimBmcs) -> tuple[dict[int, Node], dict[int, float]]:
+    """Enroll one node per port, fire inspect on all, wait; (port -> node, port -> seconds)."""
+    ipmi = IpmiDriver(pool, timeout_s=SETTINGS.timeout_s)
+    bmcs = BmcManager(BmcRegistry({"ipmi": ipmi}, closers=[ipmi.aclose]), SETTINGS)
+    kw = {"delay_s": 0.0, "fail_rate": 0.0}
+    ports_ = Ports(bmc=bmcs, inspector=FakeInspector(world, **kw),
+                   installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
+                   slurm=FakeSlurm(world, **kw))
+    conductor = Conductor(store.nodes, ports_, LIFECYCLE)
+    nodes = {}
+    for i, port in enumerate(ports):
+        nodes[port] = await store.nodes.create(NewNode(
+            state=NodeState.ENROLLED, hostname=f"{tag}-{i:03d}", serial=f"{tag}{i:05d}",
+            bmc=BmcEndpoint(driver="ipmi", address="127.0.0.1", port=port,
+                            username=sim.user),
+            bmc_password=sim.password), actor="test")
+    started = time.monotonic()
+    for node in nodes.values():
+        await conductor.fire(node.id, Event.INSPECT, actor="test")
+    finished: dict[int, float] = {}
+    async with asyncio.timeout(45):
+        while len(finished) < len(nodes):
+            for port, node in nodes.items():
+                if port not in finished:
+                    current = await store.nodes.get(node.id)
+                    if current.state in DONE:
+                        nodes[port], finished[port] = current, time.monotonic() - started
+            await asyncio.sleep(0.05)
+    await conductor.stop()
+    await bmcs.aclose()
+    return nodes, finished
+
+
+async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
+        store: Store, world: SimWorld, pool: ThreadPoolExecutor) -> None:
+    with SimBmcs(count=85) as clean:
+        _, baseline = await inspect_all(store, world, pool, "base", clean.ports, clean)
+    baseline_s = max(baseline.values())
+
+    with SimBmcs(count=90, flap=5, flap_calls=2, silent=5) as sim:
+        flapping, healthy = sim.ports[:5], sim.ports[5:]
+        dead = sim.silent + closed_ports(5)
+        nodes, took = await inspect_all(store, world, pool, "flt", sim.ports + dead, sim)
+        stats = sim.stats()
+
+    assert {nodes[p].state for p in healthy + flapping} == {NodeState.INSPECTED}
+    for port in dead:
+        node = nodes[port]
+        assert node.state is NodeState.INSPECT_FAILED
+        assert f"BMC 127.0.0.1:{port}: no answer" in node.last_error, node.last_error
+    assert all(stats[p]["power"] == "off" and stats[p]["opened"] == 1 for p in healthy)
+    healthy_s = max(took[p] for p in healthy)
+    assert healthy_s <= 1.5 * baseline_s + 2.0, (healthy_s, baseline_s)
+    # the dead ones fail within their retries' deadlines, not pyghmi's own timeouts
+    assert max(took[p] for p in dead) < 3 * (SETTINGS.timeout_s + 0.5) + 2.0
