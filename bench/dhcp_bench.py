@@ -82,10 +82,13 @@ def perfdhcp(cli: str, rate: int, seconds: float, clients: int, count: int | Non
                          timeout=seconds + 60).stdout
     sections = out.split("***Statistics for: ")
     stats = [dict(re.findall(r"^([a-z ]+): ([\d.]+)", s, re.M)) for s in sections[1:3]]
-    if len(stats) < 2:
+    if not stats:
         raise RuntimeError(f"perfdhcp printed no statistics:\n{out}")
-    return Result(rate, float(stats[0]["drops ratio"]), float(stats[1]["drops ratio"]),
-                  int(stats[1]["received packets"]), seconds,
+    while len(stats) < 2:  # no OFFER came back: perfdhcp sent no REQUEST at all
+        stats.append({})
+    return Result(rate, float(stats[0].get("drops ratio", "100")),
+                  float(stats[1].get("drops ratio", "100")),
+                  int(stats[1].get("received packets", "0")), seconds,
                   float(stats[1].get("avg delay", "0")))
 
 
@@ -126,6 +129,47 @@ level = "WARNING"
     log = (d / "provisioner.log").open("wb")
     return subprocess.Popen(["ip", "netns", "exec", ns, str(exe), "--config", str(config),
                              "serve"], stdout=log, stderr=subprocess.STDOUT)
+
+
+class _NoNodes:
+    """Inventory for --serve-dhcp-only: every MAC unknown, nothing recorded."""
+
+    async def lookup(self, mac: str) -> None:
+        return None
+
+    async def unknown_mac_booted(self, mac: str, client: str) -> None:
+        return None
+
+
+def serve_dhcp_only(d: Path) -> None:
+    """The DHCP server alone (real LeaseRepo on SQLite in ``d``), until SIGTERM."""
+    import asyncio
+    import signal
+
+    from provisioner.boot.dhcp import DhcpServer
+    from provisioner.config import BootSettings, DhcpSettings, Settings
+    from provisioner.store.leases import LeaseRepo
+    from provisioner.store.store import open_store
+
+    async def run() -> None:
+        store = open_store(Settings(state_dir=d / "state"))
+        settings = DhcpSettings(mode="authoritative", interface="vs0", server_address=SERVER,
+                                pool=f"{POOL_FIRST}-{POOL_LAST}", netmask="255.255.0.0")
+        server = DhcpServer(settings, BootSettings(), http_base_url=f"http://{SERVER}:8080",
+                            inventory=_NoNodes(), leases=LeaseRepo(store.engine, store.pool))
+        await server.start()
+        stopping = asyncio.Event()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
+        await stopping.wait()
+        await server.stop()
+        store.close()
+
+    asyncio.run(run())
+
+
+def start_dhcp_only(ns: str, d: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, __file__,
+                             "--serve-dhcp-only", str(d)])
 
 
 def start_dnsmasq(ns: str, d: Path, leasefile: bool) -> subprocess.Popen[bytes]:
@@ -211,16 +255,23 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=20000)
     parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--only", default="", help="run only servers whose name contains this")
+    parser.add_argument("--serve-dhcp-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve_dhcp_only is not None:
+        serve_dhcp_only(args.serve_dhcp_only)
+        return 0
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
     servers: list[tuple[str, Callable[[str, Path], subprocess.Popen[bytes]]]] = [
-        ("provisioner", start_ours),
+        ("provisioner serve", start_ours),
+        ("DhcpServer alone", start_dhcp_only),
         ("dnsmasq (leasefile-ro)", lambda ns, d: start_dnsmasq(ns, d, leasefile=False)),
         ("dnsmasq (lease file)", lambda ns, d: start_dnsmasq(ns, d, leasefile=True)),
         ("Kea (memfile, 1 thread)", start_kea),
     ]
+    servers = [(name, fn) for name, fn in servers if args.only in name]
     with namespaces() as (srv, cli):
         scores = [measure(name, lambda d, f=fn: f(srv, d), srv, cli, args)
                   for name, fn in servers]

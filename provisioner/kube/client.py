@@ -78,16 +78,16 @@ class KubeClient:
         if settings.kubeconfig is None:
             raise ConfigError("kube.kubeconfig is not set")
         pool = executor or ThreadPoolExecutor(settings.max_concurrency, "kube")
-        loop = asyncio.get_running_loop()
         try:
-            api = await loop.run_in_executor(pool, _api_client_blocking, settings)
+            api = await asyncio.get_running_loop().run_in_executor(
+                pool, _api_client_blocking, settings)
         except BaseException:
             if executor is None:
                 pool.shutdown(wait=False)
             raise
-        self = cls(api, settings, executor=pool)
-        self._own_pool = executor is None
-        return self
+        client = cls(api, settings, executor=pool)
+        client._own_pool = executor is None
+        return client
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
@@ -173,13 +173,14 @@ class KubeClient:
             return False
         return True
 
-    async def secret_exists(self, namespace: str, name: str) -> bool:
-        try:
-            await self._json(lambda **kw: self._core.read_namespaced_secret(
-                name, namespace, **kw), what=f"secret {namespace}/{name}")
-        except KubeNotFound:
-            return False
-        return True
+    async def delete_secrets(self, namespace: str, label_selector: str) -> list[str]:
+        """Delete the Secrets matching ``label_selector``; return their names."""
+        items = await self._list(lambda **kw: self._core.list_namespaced_secret(
+            namespace, label_selector=label_selector, **kw), f"secrets in {namespace}")
+        names = [item["metadata"]["name"] for item in items]
+        for name in names:
+            await self.delete_secret(namespace, name)
+        return names
 
     async def cluster_info(self) -> ClusterInfo:
         """The API endpoint and CA from ``kube-public/cluster-info`` (kubeadm publishes it)."""
@@ -221,8 +222,8 @@ class KubeClient:
             try:
                 return await loop.run_in_executor(self._pool, blocking)
             except _Transient as exc:
-                if isinstance(exc, _Throttled) and not retry_429:
-                    raise
+                if isinstance(exc, _Throttled) and exc.pdb and not retry_429:
+                    raise  # a PodDisruptionBudget said no: the caller's back-off decides
                 if attempt == self._settings.retries:
                     self.stats.failures += 1
                     raise KubeUnavailable(f"{what}: {exc.detail} (after {attempt + 1} tries)"
@@ -308,7 +309,7 @@ def _blocking_pdb(exc: ApiException) -> str:
         match = _PDB_CAUSE.search(str(cause.get("message", "")))
         if match:
             return match.group(1)
-    return "(unknown)"
+    return ""  # not a PodDisruptionBudget: API priority and fairness, say
 
 
 def _retry_after(exc: ApiException) -> float | None:

@@ -66,6 +66,8 @@ class SecretStore(Protocol):
 
     async def delete_secret(self, namespace: str, name: str) -> bool: ...
 
+    async def delete_secrets(self, namespace: str, label_selector: str) -> list[str]: ...
+
     async def cluster_info(self) -> ClusterInfo: ...
 
 
@@ -109,6 +111,11 @@ class BootstrapTokens:
         self._make_token = make_token
 
     async def create(self, node: Node) -> JoinTicket:
+        """A new token for ``node``; one a crashed earlier run left behind is deleted first."""
+        selector = f"{LABEL_NODE_ID}={label_value(str(node.id))}"
+        for name in await self._client.delete_secrets(NAMESPACE, selector):
+            log.info("node %s: stale bootstrap token %s deleted", node.id,
+                     name.removeprefix("bootstrap-token-"))
         info = await self._client.cluster_info()
         hashes = ca_cert_hashes(info.ca_pem)
         for _ in range(_CREATE_TRIES):

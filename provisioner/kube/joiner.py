@@ -63,9 +63,11 @@ class KubeNodeJoiner:
         info = await self._client.find_node(name)
         if info is None:
             async with self._tokens.ticket(node) as ticket:
+                # kubeadm join returns once the kubelet's TLS bootstrap is done: the token
+                # is deleted right after, not when the Node shows up.
                 await self._run_join(ticket, node)
-                info = await self._waiter.until(name, exists(node), what="registered",
-                                                timeout_s=self._settings.join_timeout_s)
+            info = await self._waiter.until(name, exists(node), what="registered",
+                                            timeout_s=self._settings.join_timeout_s)
         else:
             exists(node)(info)  # same hostname, other machine → FatalError
             log.info("node %s: Node %s already registered", node.id, name)
@@ -108,6 +110,8 @@ class KubeNodeJoiner:
 
     async def remove(self, node: Node) -> None:
         """Retire: drain, then delete the Node object (gone already = success)."""
+        if not node.hostname:
+            return  # never joined
         name = node_name(node)
         if await self._client.find_node(name) is None:
             return

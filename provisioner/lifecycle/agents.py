@@ -11,6 +11,7 @@ import asyncio
 import logging
 import secrets
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -69,20 +70,33 @@ class ReportResult:
 
 class AgentService:
     def __init__(self, conductor: Conductor, repo: NodeRepo, tokens: TokenRepo,
-                 mailbox: FactsMailbox, *, token_ttl_s: int) -> None:
+                 mailbox: FactsMailbox, *, token_ttl_s: int,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self._conductor = conductor
         self._repo = repo
         self._tokens = tokens
         self._mailbox = mailbox
         self._ttl = timedelta(seconds=token_ttl_s)
+        self._issued: dict[str, tuple[str, datetime]] = {}
+        self._clock = clock
 
     async def issue_token(self, node_id: str) -> str:
-        """A fresh agent token for the node; earlier ones stop working."""
+        """The node's agent token: the one issued earlier while it has more than half its
+        lifetime left (a node re-fetching its script costs no writes), else a fresh one,
+        and the earlier ones stop working."""
+        now = self._clock()
+        cached = self._issued.get(node_id)
+        if cached is not None and cached[1] - now > self._ttl / 2:
+            return cached[0]
         await self._tokens.revoke_for_node(node_id)
-        expires = datetime.now(UTC) + self._ttl
+        expires = now + self._ttl
         _, token = await self._tokens.create(f"agent:{node_id}:{secrets.token_hex(4)}",
                                              Role.AGENT, node_id=node_id, expires_at=expires)
+        self._issued[node_id] = (token, expires)
         return token
+
+    def forget_token(self, node_id: str) -> None:
+        self._issued.pop(node_id, None)
 
     async def report(self, node_id: str, mac: str, facts: object) -> ReportResult:
         node = await self._repo.get(node_id)
@@ -98,6 +112,7 @@ class AgentService:
             owner = await self._repo.find_by_serial(serial)
             if owner is not None and owner.id != node.id:
                 target = await self._conductor.adopt(node.id, owner.id, actor="agent")
+                self.forget_token(node.id)
                 token = await self.issue_token(target.id)
             else:
                 await self._repo.update_meta(node.id, NodeChange(serial=serial))

@@ -62,7 +62,7 @@ class Conductor:
         self._ports = ports
         self._settings = settings
         self._steps = steps
-        self._observer = observer
+        self._observers: list[Observer] = [observer] if observer is not None else []
         self._budgets = Budgets(settings)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._tasks = TaskSet()
@@ -102,6 +102,7 @@ class Conductor:
                 maintenance=(on, reason if on else ""),
             )
         log.info("node %s: maintenance %s by %s %s", node_id, "on" if on else "off", actor, reason)
+        self._notify(node, "maintenance_on" if on else "maintenance_off", node.state)
         self._hold(node_id, on)
         if not on:
             await self._apply_policy(node)
@@ -115,6 +116,7 @@ class Conductor:
                                                actor=actor, reason=reason,
                                                reset_checkpoint=False)
         log.warning("node %s: %s by %s: %s", node_id, event, actor, reason)
+        self._notify(node, event, node.state)
         return node
 
     async def adopt(self, discovered_id: str, owner_id: str, *, actor: str) -> Node:
@@ -371,6 +373,10 @@ class Conductor:
             released.set()
             del self._released[node_id]
 
+    def add_observer(self, observer: Observer) -> None:
+        """Also call ``observer`` after every committed transition (caches, metrics)."""
+        self._observers.append(observer)
+
     def _notify(self, node: Node, event: str, before: NodeState) -> None:
-        if self._observer is not None:
-            self._observer(node, event, before)
+        for observer in self._observers:
+            observer(node, event, before)

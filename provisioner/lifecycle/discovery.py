@@ -40,11 +40,18 @@ class TokenBucket:
 
 
 class Discovery:
-    def __init__(self, repo: NodeRepo, conductor: Conductor, bucket: TokenBucket) -> None:
+    """Also a MAC -> node cache for the boot servers' hot path. The conductor, the only
+    writer of node state, drops a node's entries after each of its transitions."""
+
+    def __init__(self, repo: NodeRepo, conductor: Conductor, bucket: TokenBucket,
+                 *, cache_size: int = 100_000) -> None:
         self._repo = repo
         self._conductor = conductor
         self._bucket = bucket
         self._refused = 0
+        self._cache: dict[str, Node] = {}
+        self._cache_size = cache_size
+        conductor.add_observer(self._invalidate)
 
     async def lookup(self, mac: str) -> KnownNode | None:
         node = await self._find(mac)
@@ -75,7 +82,18 @@ class Discovery:
         return node
 
     async def _find(self, mac: str) -> Node | None:
+        if (node := self._cache.get(mac)) is not None:
+            return node
         try:
-            return await self._repo.find(mac)
+            node = await self._repo.find(mac)
         except NotFound:
             return None
+        if len(self._cache) >= self._cache_size:
+            self._cache.clear()
+        for known in node.macs:
+            self._cache[known] = node
+        return node
+
+    def _invalidate(self, node: Node, _event: str, _before: NodeState) -> None:
+        for mac in node.macs:
+            self._cache.pop(mac, None)

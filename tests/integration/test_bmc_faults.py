@@ -27,7 +27,7 @@ from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.sim.ipmi_bmc import SimBmcs
 
-SETTINGS = BmcSettings(timeout_s=1.0, max_concurrency=32, retries=2, retry_backoff_s=0.1,
+SETTINGS = BmcSettings(timeout_s=2.0, max_concurrency=32, retries=2, retry_backoff_s=0.1,
                        confirm_timeout_s=5, confirm_poll_s=0.05, breaker_threshold=3,
                        breaker_reset_s=30)
 LIFECYCLE = LifecycleSettings(auto_inspect=False, auto_deploy=False, max_inspecting=100)

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from provisioner.errors import FatalError
-from provisioner.kube.join import NODE_GROUP, JoinTicket, ca_cert_hashes
+from provisioner.kube.join import NODE_GROUP, BootstrapTokens, JoinTicket, ca_cert_hashes
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.model import ANNOTATION_MANAGED, LABEL_OPERANDS, KubeTimeout
 from tests.integration.kube_support import (
@@ -75,11 +75,12 @@ async def test_join_token_labels_and_gpu_readiness(kube_cluster: KubeCluster,
         assert user == f"system:bootstrap:{ticket.token_id}"
         assert set(groups) == {"system:bootstrappers", NODE_GROUP, "system:authenticated"}
         assert kubeadm.csr_user == f"system:bootstrap:{ticket.token_id}"
-        # ...and is gone: Secret deleted, the apiserver no longer accepts it.
+        # ...and is gone: Secret deleted, and the apiserver stops accepting it once its
+        # token-authentication cache (10 s success TTL) forgets it.
         names = await asyncio.to_thread(admin.secret_names, "kube-system")
         assert f"bootstrap-token-{ticket.token_id}" not in names
         await poll(lambda: True if self_review(kube_cluster, ticket.token) is None else None,
-                   what="token rejected")
+                   timeout_s=20, what="token rejected")
 
         # Exactly the profile's labels, annotations and taints; operands held.
         k8s_node = await asyncio.to_thread(admin.node, "gpu-join-1")
@@ -129,12 +130,17 @@ async def test_token_is_deleted_when_the_join_fails(kube_cluster: KubeCluster,
                                                     admin: KubeAdmin) -> None:
     settings = kube_settings(kube_cluster)
     kubeadm = FakeKubeadm(kube_cluster, admin, fail=True)
+    node = domain_node("gpu-join-fail")
     async with connected(settings) as kube:
+        # A token an earlier, crashed run left behind goes before a new one is made.
+        stale = await BootstrapTokens(kube, ttl_s=600).create(node)
         with pytest.raises(RuntimeError, match="kubeadm join failed"):
-            await KubeNodeJoiner(kube, settings, kubeadm).join(domain_node("gpu-join-fail"))
+            await KubeNodeJoiner(kube, settings, kubeadm).join(node)
     (ticket,) = kubeadm.tickets
     names = await asyncio.to_thread(admin.secret_names, "kube-system")
     assert f"bootstrap-token-{ticket.token_id}" not in names
+    assert f"bootstrap-token-{stale.token_id}" not in names
+    assert not any(name.startswith("bootstrap-token-") for name in names)
 
 
 async def test_timeout_names_the_missing_gpu_condition(kube_cluster: KubeCluster,

@@ -57,6 +57,32 @@ class CountingSession(serversession.ServerSession):
         if statuscode == 0:
             self.bmc.opened += 1
 
+    # Fix 4 (found here, not in PEERS.md): the pyghmi client shares one UDP socket among
+    # up to 64 BMCs. A new login from that socket to a BMC it had a session with (e.g. the
+    # retry after fix 1) made pyghmi's server drop the client's sessions with *every* BMC
+    # of the process, and its leftovers then died with "no attribute sessionless_data".
+    def _handle_ipmi_packet(self, data: Any, sockaddr: Any = None, qent: Any = None) -> Any:
+        if data[4] in (0, 2) and bytes(data[5:13]) == bytes(8):  # sessionless IPMI 1.5
+            handlers = ipmisession.Session.bmc_handlers.get(sockaddr, {})
+            handlers.pop(self.bmc.port, None)
+            if not handlers:
+                ipmisession.Session.bmc_handlers.pop(sockaddr, None)
+            self.bmc.sessionless_data(data, sockaddr)
+            return None
+        return super()._handle_ipmi_packet(data, sockaddr=sockaddr, qent=qent)
+
+    def process_pktqueue(self) -> None:
+        handlers = ipmisession.Session.bmc_handlers
+        while self.pktqueue:
+            pkt = self.pktqueue.popleft()
+            data = bytearray(pkt[0])
+            if not (data[0] == 6 and data[2:4] == b"\xff\x07"):
+                continue
+            if self.bmc.port in handlers.get(pkt[1], {}):
+                self._handle_ipmi_packet(data, sockaddr=pkt[1], qent=pkt)
+            else:  # no longer a session of ours: it is the server's
+                self.bmc.sessionless_data(data, pkt[1])
+
     def handle_client_request(self, request: Any) -> None:
         if request["netfn"] == 6 and request["command"] == 0x3C:
             self.bmc.closed += 1

@@ -158,3 +158,5 @@ def test_429_names_the_pdb_and_honours_retry_after() -> None:
     mapped = _map_api_exception(_exc(429, body, {"Retry-After": "3"}), "pod a/b")
     assert isinstance(mapped, _Throttled)
     assert mapped.pdb == "web-pdb" and mapped.retry_after_s == 3.0
+    flow_control = _map_api_exception(_exc(429, {"message": "Too many requests"}), "pod a/b")
+    assert isinstance(flow_control, _Throttled) and flow_control.pdb == ""  # retried as usual
