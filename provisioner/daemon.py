@@ -22,10 +22,15 @@ from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
-from provisioner.errors import ConfigError, SchemaError
+from provisioner.domain import Node
+from provisioner.errors import ConfigError, FatalError, NotFound, SchemaError
+from provisioner.kube.client import KubeClient
+from provisioner.kube.join import JoinTicket
+from provisioner.kube.joiner import KubeNodeJoiner
+from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.ports import KubeJoiner, Ports
 from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
@@ -58,7 +63,8 @@ def run(settings: Settings) -> int:
         return 1
 
 
-def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox) -> Ports:
+def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox,
+                kube: KubeJoiner) -> Ports:
     """Pick the drivers. BMCs by each node's driver name; the rest per node: simulated nodes
     (fake BMC) act on the simulated rack, real ones use the real drivers (inspection: the
     agent's reports) or fail saying the driver is not in this build yet."""
@@ -80,11 +86,32 @@ def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox) -> P
         installer=RoutedInstaller(
             FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
             Unavailable("OS installation")),
-        kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate),
-                        Unavailable("Kubernetes join")),
+        kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate), kube),
         slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
                           Unavailable("Slurm registration")),
     )
+
+
+async def _join_unavailable(ticket: JoinTicket, node: Node) -> None:
+    """``kubeadm join`` runs through the Ansible installer, which this build lacks; a node
+    whose Node object exists already (joined by other means) is labelled and waited for."""
+    raise FatalError(f"node {node.id}: kubeadm join needs the Ansible installer, which is "
+                     "not in this build; join the node by hand, then retry")
+
+
+def _kube_to_conductor(store: Store, conductor: Conductor) -> OnChange:
+    """Kubernetes -> daemon: a cordon or a long NotReady becomes the maintenance flag (and a
+    history row), without draining again."""
+
+    async def on_change(hostname: str, maintenance: bool, reason: str) -> None:
+        try:
+            node = await store.nodes.find(hostname)
+        except NotFound:
+            return  # a Kubernetes node that is not ours
+        await conductor.set_maintenance(node.id, maintenance, actor="kubernetes",
+                                        reason=reason, propagate=False)
+
+    return on_change
 
 
 class Daemon:
@@ -104,8 +131,13 @@ class Daemon:
             stack.callback(world.close)
             metrics = Metrics()
             mailbox = FactsMailbox()
-            conductor = Conductor(store.nodes, build_ports(self._settings, world, mailbox),
-                                  self._settings.lifecycle, observer=metrics.observe_transition)
+            kube_client = await self._connect_kube(stack)
+            kube: KubeJoiner = Unavailable("Kubernetes join")
+            if kube_client is not None:
+                kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=_join_unavailable)
+            ports = build_ports(self._settings, world, mailbox, kube)
+            conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
+                                  observer=metrics.observe_transition)
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             runner = await self._start_api(store, conductor, metrics)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
@@ -116,13 +148,29 @@ class Daemon:
                      resumed)
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
-                watchdog = group.create_task(self._watchdog(), name="watchdog")
+                children = [group.create_task(self._watchdog(), name="watchdog")]
+                if kube_client is not None:
+                    sync = KubeSync(kube_client, _kube_to_conductor(store, conductor),
+                                    grace_s=self._settings.kube.not_ready_grace_s,
+                                    interval_s=self._settings.kube.sync_interval_s)
+                    children.append(group.create_task(sync.run(), name="kube-sync"))
                 await self._stop.wait()
-                watchdog.cancel()
+                for child in children:
+                    child.cancel()
             self._notifier.stopping()
             log.info("stopping: letting running sub-steps checkpoint")
         log.info("stopped")
         return 0
+
+    async def _connect_kube(self, stack: AsyncExitStack) -> KubeClient | None:
+        settings = self._settings.kube
+        if settings.kubeconfig is None:
+            return None
+        pool = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="kube")
+        stack.callback(pool.shutdown, wait=False)
+        client = await KubeClient.connect(settings, executor=pool)
+        stack.push_async_callback(client.aclose)
+        return client
 
     def _request_stop(self, sig: signal.Signals) -> None:
         log.info("received %s", sig.name)

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 OFFER_HOLD_S = 60.0  # an offered address is kept for the client's REQUEST this long
 EXPIRY_INTERVAL_S = 60.0
-MAX_IN_FLIGHT = 4096  # requests being answered at once; more are dropped (clients retry)
+MAX_IN_FLIGHT = 1024  # requests being answered at once; more are dropped (clients retry)
 LOOKUP_TTL_S = 10.0  # a node's inventory entry is reused this long (DISCOVER, then REQUEST)
 _LOOKUP_CACHE_MAX = 65536
 _SUMMARY_INTERVAL_S = 60.0

@@ -378,11 +378,6 @@ def encode_option(code: int, value: bytes) -> bytes:
                     for i in range(0, len(value), 255))
 
 
-def encode_suboptions(items: Iterable[tuple[int, bytes]]) -> bytes:
-    """Encapsulated options; the caller adds an end marker where the format wants one."""
-    return b"".join(bytes((code, len(value))) + value for code, value in items)
-
-
 def u8(value: int) -> bytes:
     return value.to_bytes(1, "big")
 

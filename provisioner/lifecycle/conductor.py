@@ -91,7 +91,10 @@ class Conductor:
         await self._follow_up(node)
         return node
 
-    async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str) -> Node:
+    async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str,
+                              propagate: bool = True) -> Node:
+        """Set or clear the maintenance flag (a history row). ``propagate``: also cordon and
+        drain (or uncordon) the node in Kubernetes; False when Kubernetes told us."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             if node.maintenance == on:
@@ -104,6 +107,9 @@ class Conductor:
         log.info("node %s: maintenance %s by %s %s", node_id, "on" if on else "off", actor, reason)
         self._notify(node, "maintenance_on" if on else "maintenance_off", node.state)
         self._hold(node_id, on)
+        if propagate and node.state is NodeState.ACTIVE:
+            self._tasks.spawn(self._kube_maintenance(node, on, reason),
+                              name=f"kube-maintenance:{node_id}")
         if not on:
             await self._apply_policy(node)
         return node
@@ -206,6 +212,13 @@ class Conductor:
             return await fn(bmc)
         finally:
             await bmc.aclose()
+
+    async def _kube_maintenance(self, node: Node, on: bool, reason: str) -> None:
+        try:
+            await self._ports.kube.maintenance(node, on, reason or "maintenance")
+        except ProvisionerError as exc:
+            await self.record(node.id, "kube_maintenance_failed", actor=SYSTEM_ACTOR,
+                              reason=f"{'drain' if on else 'uncordon'} failed: {exc}")
 
     @staticmethod
     def allowed_events(node: Node) -> frozenset[Event]:

@@ -29,6 +29,10 @@ class Installer(Protocol):
 class KubeJoiner(Protocol):
     async def join(self, node: Node) -> None: ...
 
+    async def maintenance(self, node: Node, on: bool, reason: str) -> None:
+        """On: cordon and drain the node's workloads. Off: uncordon."""
+        ...
+
     async def remove(self, node: Node) -> None: ...
 
 

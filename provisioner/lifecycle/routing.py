@@ -44,6 +44,9 @@ class Unavailable:
     async def remove(self, node: Node) -> None:
         return None  # nothing was ever added by a driver that does not exist
 
+    async def maintenance(self, node: Node, on: bool, reason: str) -> None:
+        return None  # nothing runs there to drain
+
 
 class RoutedInspector:
     def __init__(self, simulated: Inspector, real: Inspector) -> None:
@@ -80,6 +83,10 @@ class RoutedKube:
 
     async def remove(self, node: Node) -> None:
         await (self._simulated if is_simulated(node) else self._real).remove(node)
+
+    async def maintenance(self, node: Node, on: bool, reason: str) -> None:
+        await (self._simulated if is_simulated(node) else self._real).maintenance(
+            node, on, reason)
 
 
 class RoutedSlurm:

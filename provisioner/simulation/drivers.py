@@ -69,6 +69,10 @@ class FakeKube(_Sim):
     async def remove(self, node: Node) -> None:
         await self._world.ensure(machine_key(node), "kube_remove", "kube", "")
 
+    async def maintenance(self, node: Node, on: bool, reason: str) -> None:
+        await self._world.ensure(machine_key(node), "kube_cordon", "cordoned",
+                                 reason if on else "")
+
 
 class FakeSlurm(_Sim):
     async def register(self, node: Node) -> None:

@@ -6,14 +6,14 @@ pool runs out of never-used addresses and reclaims the oldest expired one. A row
 ``node_id`` is a reservation: it belongs to a known node and is never reclaimed. A declined
 address is parked under the key ``declined:<hex ip>`` until ``expires_at``.
 
-Every method is one transaction in the bounded store pool. Two writers (threads or daemons
+Every method runs in the bounded store pool, in one transaction with the others waiting at
+that moment (group commit, ``store/batch.py``). Two writers (threads or daemons
 on PostgreSQL) racing for one address meet the unique constraint; the loser retries with the
 next address, so an address is never handed to two MACs.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +27,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 
 from provisioner.errors import ConfigError
+from provisioner.store.batch import TxnBatcher
 from provisioner.store.models import LeaseRow
 
 T = TypeVar("T")
@@ -112,13 +113,10 @@ class LeaseRepo:
         self._clock = clock
         self._cursor: dict[IPv4Address, int] = {}  # per pool: where the next scan starts
         self._sql = _Sql(engine.dialect.name)
+        self._batch = TxnBatcher(engine, pool, clock)
 
     async def _run(self, fn: Callable[[Connection, datetime], T]) -> T:
-        def work() -> T:
-            with self._engine.begin() as conn:
-                return fn(conn, self._clock())
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+        return await self._batch.run(fn)
 
     # -- reads ------------------------------------------------------------------------------
 
