@@ -103,6 +103,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--kinds", default="tftp-hpa,atftp", help="clients to run")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -116,7 +117,7 @@ def main() -> int:
         (root / "file1m").write_bytes(data)
         digest = hashlib.sha256(data).hexdigest()
         rows = []
-        for kind in ("tftp-hpa", "atftp"):
+        for kind in args.kinds.split(","):
             times: dict[str, list[float]] = {"provisioner": [], "tftpd-hpa": []}
             failures = dict.fromkeys(times, 0)
             for _ in range(args.rounds):

@@ -23,9 +23,10 @@ from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
 from provisioner.domain import Node
-from provisioner.errors import ConfigError, FatalError, NotFound, SchemaError
+from provisioner.errors import ConfigError, NotFound, SchemaError
+from provisioner.install.base import ComposedInstaller, Configurer, InstallEvent, OnEvent
+from provisioner.install.installer import AnsibleInstaller
 from provisioner.kube.client import KubeClient
-from provisioner.kube.join import JoinTicket
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import FactsMailbox
@@ -64,7 +65,7 @@ def run(settings: Settings) -> int:
 
 
 def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox,
-                kube: KubeJoiner) -> Ports:
+                kube: KubeJoiner, configurer: Configurer | None = None) -> Ports:
     """Pick the drivers. BMCs by each node's driver name; the rest per node: simulated nodes
     (fake BMC) act on the simulated rack, real ones use the real drivers (inspection: the
     agent's reports) or fail saying the driver is not in this build yet."""
@@ -85,18 +86,21 @@ def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox,
             FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), mailbox),
         installer=RoutedInstaller(
             FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
-            Unavailable("OS installation")),
+            Unavailable("OS installation") if configurer is None else
+            ComposedInstaller(Unavailable("OS image deploy"), configurer)),
         kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate), kube),
         slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
                           Unavailable("Slurm registration")),
     )
 
 
-async def _join_unavailable(ticket: JoinTicket, node: Node) -> None:
-    """``kubeadm join`` runs through the Ansible installer, which this build lacks; a node
-    whose Node object exists already (joined by other means) is labelled and waited for."""
-    raise FatalError(f"node {node.id}: kubeadm join needs the Ansible installer, which is "
-                     "not in this build; join the node by hand, then retry")
+def _ansible_to_history(conductor: Conductor) -> OnEvent:
+    """Ansible task events (changes, failures, recaps) -> history rows, no state change."""
+
+    async def on_event(node_id: str, event: InstallEvent) -> None:
+        await conductor.record(node_id, "ansible", actor="ansible", reason=event.summary())
+
+    return on_event
 
 
 def _kube_to_conductor(store: Store, conductor: Conductor) -> OnChange:
@@ -132,12 +136,14 @@ class Daemon:
             metrics = Metrics()
             mailbox = FactsMailbox()
             kube_client = await self._connect_kube(stack)
+            ansible = self._ansible(stack)  # ConfigError (exit 2) without ansible-playbook
             kube: KubeJoiner = Unavailable("Kubernetes join")
             if kube_client is not None:
-                kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=_join_unavailable)
-            ports = build_ports(self._settings, world, mailbox, kube)
+                kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=ansible.run_join)
+            ports = build_ports(self._settings, world, mailbox, kube, ansible)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
                                   observer=metrics.observe_transition)
+            ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             runner = await self._start_api(store, conductor, metrics)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
@@ -171,6 +177,13 @@ class Daemon:
         client = await KubeClient.connect(settings, executor=pool)
         stack.push_async_callback(client.aclose)
         return client
+
+    def _ansible(self, stack: AsyncExitStack) -> AnsibleInstaller:
+        """The "install" pool (runs take tens of minutes) and the Ansible installer."""
+        settings = self._settings.install
+        pool = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="install")
+        stack.callback(pool.shutdown, wait=False)
+        return AnsibleInstaller.create(settings, state_dir=self._settings.state_dir, pool=pool)
 
     def _request_stop(self, sig: signal.Signals) -> None:
         log.info("received %s", sig.name)

@@ -24,6 +24,19 @@ APT_PACKAGES=(
   atftp            # atftp client (blksize/tsize/windowsize)
   tftpd-hpa        # bench/tftp_bench.py peer (its service is never started)
   ipxe             # /usr/lib/ipxe: undionly.kpxe, snponly.efi, ipxe.efi (boot.assets_dir default)
+  munge            # Slurm's auth daemon (tests start their own munged, PEERS.md §7)
+  slurm-wlm        # Slurm 22.05; slurmctld accepts our topology.conf (tests/integration)
+  slurmctld
+  slurmd
+  slurm-client     # scontrol
+  ibsim-utils      # ibsim + umad2sim: a simulated InfiniBand fabric (PEERS.md §8)
+  infiniband-diags # ibnetdiscover, iblinkinfo, sminfo
+  rdma-core
+  opensm           # subnet manager on the simulated fabric
+  openssh-server   # sshd of the Ansible target (tests/peers/sshd.py, PEERS.md §9)
+  openssh-client   # ssh, ssh-keygen: Ansible's connection
+  debootstrap      # the Debian root the playbooks run against (cached, tests/peers/debootstrap.py)
+  socat            # ssh ProxyCommand into the target's network namespace
 )
 MIN_PYTHON=(3 11)
 

@@ -1,12 +1,11 @@
 """Read-only TFTP server on asyncio (RFC 1350; options RFC 2347 blksize 2348, timeout and
 tsize 2349, windowsize 7440), jailed to its root.
 
-Why not tftpy (the issue's first choice): its server is one blocking ``select()`` loop
+Not tftpy (the issue's first choice): its server is one blocking ``select()`` loop
 (FD_SETSIZE caps it below 1,000 transfers), accepts uploads, follows symlinks out of its
-root (``abspath``, not ``realpath``), has no windowsize, and only notices a shutdown
-request between ``select()`` timeouts. This server runs in the daemon's loop: one
-callback-driven state machine and one UDP socket (the transfer's TID) per transfer, file
-contents read in a small named pool and shared between transfers of the same file.
+root (``abspath``), has no windowsize, and sees a shutdown only between ``select()``
+timeouts. Here: one callback-driven state machine and one UDP socket (the transfer ID) per
+transfer in the daemon's loop; files read in a small named pool, shared between transfers.
 
 Refused with an ERROR packet: writes, absolute paths, ``..`` components (``\\`` counts as
 ``/``), anything that resolves outside the root (symlinks included), and what is not a
@@ -16,6 +15,7 @@ regular file (devices, FIFOs, directories).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import resource
@@ -23,7 +23,6 @@ import socket
 import stat
 import struct
 import threading
-import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -212,9 +211,7 @@ class TftpServer:
                 data = data.replace(b"\r", b"\r\0").replace(b"\n", b"\r\n")
             transfer = _Transfer(self, peer, req, data, self._settings)
             self._active[peer] = transfer
-            sock = _udp(self._host, 0)
-            await asyncio.get_running_loop().create_datagram_endpoint(lambda: transfer,
-                                                                      sock=sock)
+            transfer.start(_udp(self._host, 0))
         except TftpError as exc:
             log.info("TFTP: refused %r to %s: %s", req.filename, peer[0], exc.message)
             self._reply_error(peer, exc.code, exc.message)
@@ -240,8 +237,10 @@ class _Listener(asyncio.DatagramProtocol):
         self._server.request(data, addr)
 
 
-class _Transfer(asyncio.DatagramProtocol):
-    """One read transfer: OACK (if options), then windows of DATA until the last ACK."""
+class _Transfer:
+    """One read transfer: OACK (if options), then windows of DATA until the last ACK. Its
+    socket is read with ``add_reader`` (drained per wake-up) and written directly; one
+    retransmit timer, re-armed from the last progress rather than per ACK."""
 
     def __init__(self, server: TftpServer, peer: tuple[str, int], req: ReadRequest,
                  data: bytes, settings: TftpSettings) -> None:
@@ -258,39 +257,60 @@ class _Transfer(asyncio.DatagramProtocol):
         self._acked = 0
         self._sent = 0
         self._retries = 0
-        self._started = time.monotonic()
-        self._transport: asyncio.DatagramTransport | None = None
+        self._loop = asyncio.get_running_loop()
+        self._started = self._progress = self._loop.time()
+        self._sock: socket.socket | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._done = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+    def start(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self._loop.add_reader(sock.fileno(), self._readable)
         self._send_next()
+        self._timer = self._loop.call_at(self._progress + self._timeout_s, self._check)
+
+    def _send(self, packet: bytes | bytearray) -> None:
+        assert self._sock is not None
+        try:
+            self._sock.sendto(packet, self._peer)
+        except (BlockingIOError, InterruptedError):
+            pass  # the socket buffer is full: the retransmit timer sends it again
+        except OSError as exc:
+            log.debug("TFTP: send to %s failed: %s", self._peer[0], exc)
 
     def _send_next(self) -> None:
-        assert self._transport is not None
         if self._oack_pending:
             body = b"".join(k.encode() + b"\0" + v.encode() + b"\0"
                             for k, v in self._oack.items())
-            self._transport.sendto(OACK.to_bytes(2, "big") + body, self._peer)
-        else:
-            last = min(self._acked + self._window, self._total)
-            for block in range(self._acked + 1, last + 1):
-                start = (block - 1) * self._blksize
-                payload = self._data[start : start + self._blksize]
-                self._transport.sendto(_HEAD.pack(DATA, block & 0xFFFF) + payload, self._peer)
-            self._sent = last
-        self._arm()
+            self._send(OACK.to_bytes(2, "big") + body)
+            return
+        last = min(self._acked + self._window, self._total)
+        size = self._blksize
+        for block in range(self._acked + 1, last + 1):
+            packet = bytearray(_HEAD.pack(DATA, block & 0xFFFF))
+            packet += self._data[(block - 1) * size : block * size]
+            self._send(packet)
+        self._sent = last
 
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(self._timeout_s, self._expired)
+    def _readable(self) -> None:
+        assert self._sock is not None
+        for _ in range(64):  # drain what is queued, bounded so others get their turn
+            try:
+                data, addr = self._sock.recvfrom(1024)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. ICMP port unreachable: the client is gone
+                self.finish(f"socket error: {exc}")
+                return
+            self._datagram(data, addr)
+            if self._done:
+                return
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+    def _datagram(self, data: bytes, addr: tuple[str, int]) -> None:
         if addr != self._peer:
-            if self._transport is not None:
-                self._transport.sendto(error_packet(E_UNKNOWN_TID, "unknown transfer ID"), addr)
+            assert self._sock is not None
+            with contextlib.suppress(OSError):
+                self._sock.sendto(error_packet(E_UNKNOWN_TID, "unknown transfer ID"), addr)
             return
         if len(data) < 4:
             return
@@ -313,17 +333,24 @@ class _Transfer(asyncio.DatagramProtocol):
         else:
             self._acked += ahead
         self._retries = 0
+        self._progress = self._loop.time()
         if self._acked == self._total:
             self.finish(None)
         else:
             self._send_next()
 
-    def _expired(self) -> None:
+    def _check(self) -> None:
+        deadline = self._progress + self._timeout_s
+        if self._loop.time() < deadline:  # progress since: wait for the new deadline
+            self._timer = self._loop.call_at(deadline, self._check)
+            return
         self._retries += 1
         if self._retries > self._max_retries:
             self.finish(f"no ACK after {self._max_retries} retransmits")
             return
+        self._progress = self._loop.time()
         self._send_next()
+        self._timer = self._loop.call_at(self._progress + self._timeout_s, self._check)
 
     def finish(self, problem: str | None) -> None:
         if self._done:
@@ -331,18 +358,16 @@ class _Transfer(asyncio.DatagramProtocol):
         self._done = True
         if self._timer is not None:
             self._timer.cancel()
-        if self._transport is not None:
-            self._transport.close()
+        if self._sock is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
         self._server.transfer_done(self._peer)
-        elapsed = time.monotonic() - self._started
+        elapsed = self._loop.time() - self._started
         if problem is None:
             log.info("TFTP: sent %s (%d bytes) to %s in %.2f s", self._name, len(self._data),
                      self._peer[0], elapsed)
         else:
             log.info("TFTP: transfer of %s to %s ended: %s", self._name, self._peer[0], problem)
-
-    def error_received(self, exc: Exception) -> None:
-        log.debug("TFTP: socket error towards %s: %s", self._peer[0], exc)
 
 
 def negotiate(options: dict[str, str], size: int) -> dict[str, str]:

@@ -44,13 +44,20 @@ class Discovery:
     writer of node state, drops a node's entries after each of its transitions."""
 
     def __init__(self, repo: NodeRepo, conductor: Conductor, bucket: TokenBucket,
-                 *, cache_size: int = 100_000) -> None:
+                 *, cache_size: int = 100_000, unknown_ttl_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._repo = repo
         self._conductor = conductor
         self._bucket = bucket
         self._refused = 0
         self._cache: dict[str, Node] = {}
         self._cache_size = cache_size
+        # MACs the store does not know, until when. Every MAC reaches the store through the
+        # conductor (enroll, adopt), which clears them; the TTL covers other daemons sharing
+        # a PostgreSQL store.
+        self._unknown: dict[str, float] = {}
+        self._unknown_ttl_s = unknown_ttl_s
+        self._clock = clock
         conductor.add_observer(self._invalidate)
 
     async def lookup(self, mac: str) -> KnownNode | None:
@@ -84,9 +91,14 @@ class Discovery:
     async def _find(self, mac: str) -> Node | None:
         if (node := self._cache.get(mac)) is not None:
             return node
+        if self._unknown.get(mac, 0.0) > self._clock():
+            return None
         try:
             node = await self._repo.find(mac)
         except NotFound:
+            if len(self._unknown) >= self._cache_size:
+                self._unknown.clear()
+            self._unknown[mac] = self._clock() + self._unknown_ttl_s
             return None
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
@@ -97,3 +109,4 @@ class Discovery:
     def _invalidate(self, node: Node, _event: str, _before: NodeState) -> None:
         for mac in node.macs:
             self._cache.pop(mac, None)
+            self._unknown.pop(mac, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -190,11 +191,12 @@ class NodeRepo:
         """CAS the node from ``node.version`` to ``to_state`` and append one history row."""
 
         def work(s: Session) -> Node:
+            now = utcnow()
             values: dict[str, Any] = {
                 "state": str(to_state),
                 "version": node.version + 1,
                 "history_seq": node.history_seq + 1,
-                "updated_at": utcnow(),
+                "updated_at": now,
             }
             if last_error is not None:
                 values["last_error"] = last_error
@@ -212,9 +214,18 @@ class NodeRepo:
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
             s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
                                 from_state=str(node.state), to_state=str(to_state),
-                                actor=actor, reason=reason))
+                                actor=actor, reason=reason, created_at=now))
             s.commit()
-            return self._to_node(s, _get_row(s, node.id))
+            # The CAS proved nobody else wrote: the new node is the old one plus our values.
+            changed: dict[str, Any] = {"state": to_state, "version": node.version + 1,
+                                       "history_seq": node.history_seq + 1, "updated_at": now}
+            if last_error is not None:
+                changed["last_error"] = last_error
+            if reset_checkpoint:
+                changed["checkpoint"] = ()
+            if maintenance is not None:
+                changed["maintenance"], changed["maintenance_reason"] = maintenance
+            return dataclasses.replace(node, **changed)
 
         return await self._run(work)
 
@@ -261,7 +272,7 @@ class NodeRepo:
                 s.rollback()
                 raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
             s.commit()
-            return self._to_node(s, _get_row(s, node.id))
+            return dataclasses.replace(node, checkpoint=tuple(checkpoint))
 
         return await self._run(work)
 

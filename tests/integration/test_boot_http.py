@@ -25,7 +25,7 @@ from provisioner.lifecycle.agents import AgentService, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
 from provisioner.lifecycle.ports import Ports
-from provisioner.lifecycle.states import NodeState
+from provisioner.lifecycle.states import Event, NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
@@ -220,4 +220,16 @@ async def test_agent_tokens_rotate_after_half_their_lifetime(store: Store, world
     assert second != first
     assert await store.tokens.lookup(first) is None  # revoked
     assert (await store.tokens.lookup(second)) is not None
+    await conductor.stop()
+
+
+async def test_discovery_cache_sees_enrolment_at_once(store: Store, world: SimWorld) -> None:
+    conductor = Conductor(store.nodes, fake_ports(world), LifecycleSettings(auto_inspect=False))
+    discovery = Discovery(store.nodes, conductor, TokenBucket(1, 1), unknown_ttl_s=3600)
+    assert await discovery.lookup(MAC) is None  # now cached as unknown for an hour
+    node = await conductor.enroll(NewNode(state=S.ENROLLED, macs=(MAC,)), actor="op")
+    known = await discovery.lookup(MAC)
+    assert known is not None and known.node_id == node.id and known.state == "enrolled"
+    await conductor.fire(node.id, Event.INSPECT, actor="op")
+    assert (await discovery.lookup(MAC)).state == "inspecting"  # type: ignore[union-attr]
     await conductor.stop()

@@ -1,0 +1,211 @@
+#!/usr/bin/python
+"""Ansible module: a node's hardware facts in the shape of provisioner's agent reports.
+
+Runs on the node with its own Python (standard library only). Reads DMI, /proc, /sys and
+``nvidia-smi -q -x`` (when the driver is up); never changes anything.
+"""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+module: provisioner_node_facts
+short_description: Hardware facts (GPUs from nvidia-smi -q -x, InfiniBand, NICs, disks) as provisioner's agent report
+options:
+  nvidia_smi:
+    description: nvidia-smi to run; missing or failing means GPUs come from PCI only.
+    type: str
+    default: nvidia-smi
+  extra_interfaces:
+    description: Interfaces reported although virtual (bonds, test dummies).
+    type: list
+    elements: str
+    default: []
+"""
+
+import glob
+import os
+import platform
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+
+from ansible.module_utils.basic import AnsibleModule
+
+MAX_ITEMS = 512
+NVIDIA = "0x10de"
+MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
+
+
+def read(path, default=""):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return default
+
+
+def system():
+    dmi = "/sys/class/dmi/id/"
+    values = {"vendor": read(dmi + "sys_vendor")[:256], "model": read(dmi + "product_name")[:256],
+              "serial": read(dmi + "product_serial")[:128], "uuid": read(dmi + "product_uuid")[:64]}
+    if values["serial"].lower() in ("", "na", "n/a", "none", "not specified",
+                                    "to be filled by o.e.m.", "0123456789"):
+        values["serial"] = ""
+    return values
+
+
+def cpu():
+    model, sockets, cores = "", set(), set()
+    physical = "0"
+    for line in read("/proc/cpuinfo").splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "model name" and not model:
+            model = value
+        elif key == "physical id":
+            physical = value
+            sockets.add(value)
+        elif key == "core id":
+            cores.add((physical, value))
+    threads = os.cpu_count() or 1
+    return {"model": model[:256], "sockets": max(1, min(len(sockets), 64)),
+            "cores": max(1, min(len(cores) or threads, 4096)), "threads": min(threads, 4096),
+            "arch": platform.machine()[:32]}
+
+
+def memory_mib():
+    match = re.search(r"^MemTotal:\s+(\d+) kB", read("/proc/meminfo"), re.M)
+    return max(1, int(match.group(1)) // 1024) if match else 1
+
+
+def nics(extra):
+    found = []
+    for path in sorted(glob.glob("/sys/class/net/*"))[:MAX_ITEMS]:
+        name = os.path.basename(path)
+        physical = os.path.exists(os.path.join(path, "device"))
+        mac = read(os.path.join(path, "address")).lower()
+        if name == "lo" or not (physical or name in extra) or not MAC_RE.match(mac):
+            continue
+        nic = {"name": name, "mac": mac, "link": read(os.path.join(path, "operstate")) == "up"}
+        driver = os.path.join(path, "device", "driver")
+        if os.path.islink(driver):
+            nic["driver"] = os.path.basename(os.readlink(driver))[:64]
+        speed = read(os.path.join(path, "speed"), "-1")
+        if speed.lstrip("-").isdigit() and 0 <= int(speed) <= 10_000_000:
+            nic["speed_mbps"] = int(speed)
+        found.append(nic)
+    return found
+
+
+def disks():
+    found = []
+    for path in sorted(glob.glob("/sys/block/*"))[:MAX_ITEMS]:
+        name = os.path.basename(path)
+        if re.match(r"^(loop|ram|dm-|zram|sr|md|nbd)", name):
+            continue
+        size = read(os.path.join(path, "size"), "0")
+        disk = {"name": name[:64], "size_bytes": int(size) * 512 if size.isdigit() else 0,
+                "rotational": read(os.path.join(path, "queue", "rotational")) == "1"}
+        for key, source in (("model", "device/model"), ("serial", "device/serial"),
+                            ("wwn", "device/wwid")):
+            value = read(os.path.join(path, source))
+            if value:
+                disk[key] = value[:128]
+        found.append(disk)
+    return found
+
+
+def gpus_from_nvidia_smi(binary):
+    """(gpus, nvidia info) from ``nvidia-smi -q -x``; (None, {}) when it cannot run."""
+    path = shutil.which(binary)
+    if path is None:
+        return None, {}
+    try:
+        out = subprocess.run([path, "-q", "-x"], capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+        root = ET.fromstring(out)
+    except (OSError, subprocess.SubprocessError, ET.ParseError):
+        return None, {}
+    gpus = []
+    for gpu in root.findall("gpu")[:MAX_ITEMS]:
+        device_id = (gpu.findtext("pci/pci_device_id") or "").lower()
+        device = "0x" + device_id[2:6] if re.match(r"^0x[0-9a-f]{8}$", device_id) else None
+        entry = {"pci_address": pci_address(gpu.get("id", "")), "vendor": NVIDIA,
+                 "name": (gpu.findtext("product_name") or "").strip()[:256]}
+        entry["device"] = device or "0x0000"
+        gpus.append(entry)
+    info = {"driver_version": (root.findtext("driver_version") or "").strip(),
+            "cuda_version": (root.findtext("cuda_version") or "").strip(),
+            "count": len(gpus)}
+    return gpus, info
+
+
+def pci_address(text):
+    """``00000000:17:00.0`` -> ``0000:17:00.0`` (sysfs form)."""
+    text = text.strip().lower()
+    match = re.match(r"^([0-9a-f]+):([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$", text)
+    return f"{int(match.group(1), 16):04x}:{match.group(2)}" if match else text[:32]
+
+
+def gpus_from_pci():
+    gpus = []
+    for path in sorted(glob.glob("/sys/bus/pci/devices/*"))[:4096]:
+        if read(os.path.join(path, "vendor")) != NVIDIA:
+            continue
+        if not read(os.path.join(path, "class")).startswith(("0x0300", "0x0302")):
+            continue
+        gpus.append({"pci_address": os.path.basename(path), "vendor": NVIDIA,
+                     "device": read(os.path.join(path, "device"))[:6]})
+    return gpus[:MAX_ITEMS]
+
+
+def infiniband():
+    hcas = []
+    for path in sorted(glob.glob("/sys/class/infiniband/*"))[:MAX_ITEMS]:
+        guid = read(os.path.join(path, "node_guid")).replace(":", "").lower()
+        hca = {"device": os.path.basename(path)[:64], "ports": []}
+        if re.match(r"^[0-9a-f]{16}$", guid):
+            hca["node_guid"] = "0x" + guid
+        for port_path in sorted(glob.glob(os.path.join(path, "ports", "*")))[:255]:
+            hca["ports"].append(ib_port(port_path))
+        if hca["ports"]:
+            first = hca["ports"][0]
+            hca["state"] = first.get("state", "")
+            rate = re.match(r"^(\d+)", first.get("rate", ""))
+            if rate:
+                hca["rate_gbps"] = min(int(rate.group(1)), 10_000)
+        hcas.append(hca)
+    return hcas
+
+
+def ib_port(path):
+    name = os.path.basename(path)
+    port = {"port": int(name) if name.isdigit() and 1 <= int(name) <= 255 else 1}
+    for key in ("state", "phys_state"):
+        value = read(os.path.join(path, key))
+        if value:
+            port[key] = value.partition(":")[2].strip()[:32] or value[:32]
+    rate = read(os.path.join(path, "rate"))
+    if rate:
+        port["rate"] = rate[:64]
+    lid = read(os.path.join(path, "lid"))
+    if re.match(r"^0x[0-9a-f]+$", lid) and int(lid, 16) <= 65535:
+        port["lid"] = int(lid, 16)
+    return port
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={"nvidia_smi": {"type": "str", "default": "nvidia-smi"},
+                       "extra_interfaces": {"type": "list", "elements": "str", "default": []}},
+        supports_check_mode=True)
+    gpus, nvidia = gpus_from_nvidia_smi(module.params["nvidia_smi"])
+    report = {"system": system(), "cpu": cpu(), "memory_mib": memory_mib(),
+              "nics": nics(set(module.params["extra_interfaces"])), "disks": disks(),
+              "gpus": gpus if gpus is not None else gpus_from_pci(),
+              "infiniband": infiniband()}
+    module.exit_json(changed=False, report=report, nvidia=nvidia, driver_up=gpus is not None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,3 @@
+"""OS configuration with Ansible: ``base`` (events, composition), ``workdir`` (private data
+dirs), ``ansible`` (ansible-runner; the only module importing it), ``installer``
+(``AnsibleInstaller``: the ``configuring`` step and the ``kubeadm join`` hook)."""

@@ -1,0 +1,362 @@
+"""ansible-runner, the only module importing it (untyped: ``Any`` stays in here).
+
+Each run gets its own private data dir (``workdir.py``) and runs ``ansible-playbook`` in the
+injected "install" pool, never on the loop. Runner's ``event_handler`` fires on that thread: it
+translates task events into ``InstallEvent`` and hands them to the loop with
+``call_soon_threadsafe``. Iterate an ``AnsibleRun`` for its events; ``AnsibleRunner.run``
+also passes the noteworthy ones to ``on_event`` (the node's history) as they happen.
+
+Cancelling (abort, shutdown) sets a ``threading.Event`` that runner's ``cancel_callback``
+reads every ``_POLL_S``; runner then kills ansible-playbook's process group, and the
+cancelled coroutine waits for that before it re-raises.
+
+Secrets (join token, agent token) never touch the private data dir, the command line or
+the environment: each playbook declares them as ``vars_prompt`` with the prompt
+``provisioner secret <name>``, and runner's ``passwords`` answers the prompt through the
+pty. The environment runner records in ``artifacts/*/command`` is scrubbed of the daemon's
+own variables (``PROVISIONER_*`` may hold a database password).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import shutil
+import sys
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import ansible_runner
+
+from provisioner.errors import ConfigError, FatalError, ProvisionerError, RetryableError
+from provisioner.install.base import InstallEvent, OnEvent, PlayRecap, RunResult, TaskStatus
+from provisioner.install.workdir import (
+    RunDir,
+    control_path_dir_blocking,
+    create_run_dir_blocking,
+    finish_run_dir_blocking,
+)
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.25  # how often runner looks at the cancel flag and the timeout
+_MESSAGE_MAX = 500
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+_TASK_EVENTS = {"runner_on_ok", "runner_on_failed", "runner_on_skipped",
+                "runner_on_unreachable"}
+_ENV_KEEP = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TMPDIR|TZ|LANG|LANGUAGE|LC_\w+|"
+                       r"SSH_AUTH_SOCK|ANSIBLE_\w+|(?i:https?_proxy|no_proxy))$")
+_DONE = object()
+
+
+def secret_prompt(name: str) -> str:
+    """The ``vars_prompt`` prompt a playbook uses for secret ``name``."""
+    return f"provisioner secret {name}"
+
+
+def find_ansible_playbook() -> Path:
+    """``ansible-playbook`` on PATH, else next to this interpreter (a venv's bin); a
+    ConfigError at startup rather than every run failing with rc 127."""
+    found = shutil.which("ansible-playbook")
+    if found is not None:
+        return Path(found)
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    if os.access(beside, os.X_OK):
+        return beside
+    raise ConfigError("ansible-playbook not found on PATH nor in "
+                      f"{beside.parent}: install ansible-core (pip install ansible-core)")
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One playbook run against one node. ``secrets``: name -> value, answered to the
+    playbook's ``vars_prompt``; every secret a playbook prompts for must be given."""
+
+    node_id: str
+    run_id: str
+    playbook: str
+    inventory: Mapping[str, object]
+    extravars: Mapping[str, object]
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    state_dir: Path  # private data dirs go under <state_dir>/ansible/
+    playbooks: Path
+    binary: Path
+    timeout_s: float
+    forks: int
+    keep_failed_runs: int
+
+
+class AnsibleRun:
+    """One running playbook: an async iterator of its ``InstallEvent``s (ending when the
+    run ends), then ``result()``. ``stop()`` cancels it and waits until runner stopped."""
+
+    def __init__(self, spec: RunSpec, options: RunnerOptions, pool: Executor) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._queue: asyncio.Queue[object] = asyncio.Queue()
+        self._cancel = threading.Event()
+        self._spec = spec
+        self._options = options
+        self._future = self._loop.run_in_executor(pool, self._run_blocking)
+
+    def __aiter__(self) -> AnsibleRun:
+        return self
+
+    async def __anext__(self) -> InstallEvent:
+        item = await self._queue.get()
+        if item is _DONE:
+            self._queue.put_nowait(_DONE)  # iterating again ends at once
+            raise StopAsyncIteration
+        assert isinstance(item, InstallEvent)
+        return item
+
+    async def result(self) -> RunResult:
+        return await self._future
+
+    async def stop(self) -> None:
+        """Cancel the run; return once ansible-playbook is gone (even if cancelled again)."""
+        self._cancel.set()
+        with contextlib.suppress(Exception):  # the run's own outcome no longer matters
+            await asyncio.shield(self._future)
+
+    # -- the "install" thread -----------------------------------------------------------------
+
+    def _post(self, item: object) -> None:
+        # RuntimeError: the loop is closed (the daemon is gone; nobody listens any more)
+        with contextlib.suppress(RuntimeError):
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+
+    def _run_blocking(self) -> RunResult:
+        spec, options = self._spec, self._options
+        try:
+            if self._cancel.is_set():
+                return RunResult(status="canceled", rc=-1)
+            run_dir = create_run_dir_blocking(
+                options.state_dir / "ansible", spec.node_id, spec.run_id, options.playbooks,
+                inventory=spec.inventory, extravars=spec.extravars)
+            result = self._execute_blocking(run_dir)
+            finish_run_dir_blocking(run_dir, ok=result.ok,
+                                    keep_failed=options.keep_failed_runs)
+            return result
+        finally:
+            self._post(_DONE)
+
+    def _execute_blocking(self, run_dir: RunDir) -> RunResult:
+        spec = self._spec
+        failures: list[InstallEvent] = []
+
+        def on_event(raw: dict[str, Any]) -> bool:
+            for event in translate(raw):
+                if event.status in (TaskStatus.FAILED, TaskStatus.UNREACHABLE):
+                    failures.append(event)
+                self._post(event)
+            return True  # keep runner's job_events/ (a failed run's dir is kept)
+
+        try:
+            runner = ansible_runner.Runner(
+                self._config_blocking(run_dir), event_handler=on_event,
+                cancel_callback=self._cancel.is_set)
+            status, rc = runner.run()
+            stats: Any = runner.stats
+        except ansible_runner.AnsibleRunnerException as exc:
+            raise FatalError(f"ansible-runner failed for {spec.playbook}: {exc}") from None
+        return RunResult(status=str(status), rc=int(rc if rc is not None else -1),
+                         recap=recap_from_stats(stats), failures=tuple(failures),
+                         private_data_dir=str(run_dir.path),
+                         stdout_tail=_stdout_tail(run_dir.path / "artifacts" / "run"))
+
+    def _config_blocking(self, run_dir: RunDir) -> Any:
+        spec, options = self._spec, self._options
+        passwords = {rf"{re.escape(secret_prompt(name))}:\s*$": value
+                     for name, value in spec.secrets.items()}
+        config = ansible_runner.RunnerConfig(
+            private_data_dir=str(run_dir.path), playbook=spec.playbook,
+            inventory=str(run_dir.inventory), ident="run", quiet=True,
+            passwords=passwords, forks=options.forks,
+            timeout=max(1, int(options.timeout_s)),
+            settings={"pexpect_timeout": _POLL_S, "suppress_ansible_output": True},
+            envvars=self._envvars_blocking())
+        config.prepare()
+        config.env = scrub_env(config.env, os.environ)
+        return config
+
+    def _envvars_blocking(self) -> dict[str, str]:
+        options = self._options
+        bin_dir = str(options.binary.parent)
+        return {
+            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", os.defpath),
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(
+                control_path_dir_blocking(options.state_dir / "ansible")),
+            "ANSIBLE_RETRY_FILES_ENABLED": "False",
+            "ANSIBLE_FORCE_COLOR": "False",
+            "ANSIBLE_NOCOLOR": "True",
+            "ANSIBLE_HOST_KEY_CHECKING": "False",
+        }
+
+
+def scrub_env(env: Mapping[str, str], parent: Mapping[str, str]) -> dict[str, str]:
+    """Drop what the daemon's own environment passed through (it may hold secrets such as
+    ``PROVISIONER_DATABASE_URL``), except an allow-list that ssh and Ansible need; keep
+    everything runner or we set."""
+    return {key: value for key, value in env.items()
+            if key not in parent or parent[key] != value or _ENV_KEEP.match(key)}
+
+
+def translate(raw: Mapping[str, Any]) -> list[InstallEvent]:
+    """runner event → ``InstallEvent``s: task outcomes and play recaps; the rest is dropped."""
+    name = raw.get("event", "")
+    data: Mapping[str, Any] = raw.get("event_data") or {}
+    when = _when(raw.get("created"))
+    if name == "playbook_on_stats":
+        return [InstallEvent(task="PLAY RECAP", host=host, status=TaskStatus.RECAP,
+                             message=str(recap), when=when)
+                for host, recap in recap_from_stats(data).items()]
+    if name not in _TASK_EVENTS:
+        return []
+    res: Mapping[str, Any] = data.get("res") or {}
+    task = str(data.get("task") or data.get("task_action") or "?").strip()
+    host = str(data.get("host") or data.get("remote_addr") or "?")
+    status, message = _status(name, data, res)
+    return [InstallEvent(task=task, host=host, status=status, message=message, when=when)]
+
+
+def _status(name: str, data: Mapping[str, Any],
+            res: Mapping[str, Any]) -> tuple[TaskStatus, str]:
+    if name == "runner_on_ok":
+        return (TaskStatus.CHANGED if res.get("changed") else TaskStatus.OK), ""
+    if name == "runner_on_skipped":
+        return TaskStatus.SKIPPED, ""
+    if name == "runner_on_unreachable":
+        return TaskStatus.UNREACHABLE, failure_message(res)
+    if data.get("ignore_errors"):
+        return TaskStatus.OK, "failed (ignored): " + failure_message(res)
+    return TaskStatus.FAILED, failure_message(res)
+
+
+def failure_message(res: Mapping[str, Any]) -> str:
+    """``msg``, plus the last stderr lines of a command, in one short line."""
+    items = res.get("results")
+    if isinstance(items, list):  # a loop: the first failed item speaks for the task
+        failed = [item for item in items if isinstance(item, dict) and item.get("failed")]
+        if failed:
+            return failure_message(failed[0])
+    parts = [str(res.get("msg") or "").strip()]
+    stderr = str(res.get("stderr") or res.get("module_stderr") or "").strip()
+    if stderr:
+        parts.append(" / ".join(stderr.splitlines()[-3:]))
+    if isinstance(res.get("rc"), int) and res.get("rc") != 0:
+        parts.append(f"(rc {res['rc']})")
+    text = " ".join(" ".join(part for part in parts if part).split())
+    return text if len(text) <= _MESSAGE_MAX else text[:_MESSAGE_MAX - 1] + "\u2026"
+
+
+def recap_from_stats(stats: Any) -> dict[str, PlayRecap]:
+    """``playbook_on_stats`` data (or ``Runner.stats``): per-host ``PlayRecap``."""
+    if not isinstance(stats, Mapping):
+        return {}
+    keys = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable",
+            "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
+    counts: dict[str, dict[str, int]] = {}
+    for source, target in keys.items():
+        per_host = stats.get(source)
+        if isinstance(per_host, Mapping):
+            for host, count in per_host.items():
+                counts.setdefault(str(host), {})[target] = int(count)
+    return {host: PlayRecap(**values) for host, values in counts.items()}
+
+
+def _when(created: object) -> datetime:
+    if isinstance(created, str):
+        try:
+            parsed = datetime.fromisoformat(created)
+        except ValueError:
+            pass
+        else:
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return datetime.now(UTC)
+
+
+def _stdout_tail(artifact_dir: Path, lines: int = 15) -> str:
+    try:
+        text = (artifact_dir / "stdout").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    kept = [line for line in _ANSI.sub("", text).splitlines() if line.strip()]
+    return "\n".join(kept[-lines:])
+
+
+def raise_for(result: RunResult, what: str) -> None:
+    """Turn a run that did not succeed into the step's error: an unreachable host is
+    retryable, so is a timeout; a failing task is fatal and names the task."""
+    if result.ok:
+        return
+    unreachable = [e for e in result.failures if e.status is TaskStatus.UNREACHABLE]
+    failed = [e for e in result.failures if e.status is TaskStatus.FAILED]
+    if unreachable:
+        event = unreachable[0]
+        raise RetryableError(f"{what}: host {event.host} unreachable: {event.message}")
+    if failed:
+        event = failed[-1]
+        raise FatalError(f"{what}: task {event.task!r} failed on {event.host}: "
+                         f"{event.message}")
+    if result.status == "timeout":
+        raise RetryableError(f"{what}: ansible-playbook timed out")
+    last = result.stdout_tail.splitlines()[-1:] or [f"status {result.status}"]
+    raise FatalError(f"{what}: ansible-playbook exited with rc {result.rc}: {last[0]}")
+
+
+class AnsibleRunner:
+    """Starts playbook runs in the "install" pool; ``on_event`` gets noteworthy events."""
+
+    def __init__(self, options: RunnerOptions, pool: Executor,
+                 on_event: OnEvent | None = None) -> None:
+        self._options = options
+        self._pool = pool
+        self._on_event = on_event
+
+    @property
+    def options(self) -> RunnerOptions:
+        return self._options
+
+    def set_event_sink(self, on_event: OnEvent | None) -> None:
+        """Late wiring: the daemon builds the conductor after the installer."""
+        self._on_event = on_event
+
+    def start(self, spec: RunSpec) -> AnsibleRun:
+        log.info("node %s: ansible %s started (run %s)", spec.node_id, spec.playbook,
+                 spec.run_id)
+        return AnsibleRun(spec, self._options, self._pool)
+
+    async def run(self, spec: RunSpec) -> RunResult:
+        """Run to the end, handing noteworthy events to ``on_event`` as they come. A
+        cancelled caller cancels the run and waits for runner to stop first."""
+        run = self.start(spec)
+        try:
+            async for event in run:
+                if event.noteworthy:
+                    await self._notify(spec.node_id, event)
+            result = await run.result()
+        except BaseException:
+            await run.stop()
+            raise
+        log.info("node %s: ansible %s %s (rc %d, changed %d)", spec.node_id, spec.playbook,
+                 result.status, result.rc, result.changed)
+        return result
+
+    async def _notify(self, node_id: str, event: InstallEvent) -> None:
+        if self._on_event is None:
+            return
+        try:
+            await self._on_event(node_id, event)
+        except ProvisionerError as exc:  # history is best effort: never fail the run for it
+            log.warning("node %s: ansible event not recorded: %s", node_id, exc)

@@ -1,0 +1,410 @@
+"""The fleet graph: GPUs and their NVLink domain, InfiniBand devices, links, switches, findings.
+
+Parsers produce the raw records (``IbScan``, ``LocalCa``, ``GpuReport``); ``fabric`` and
+``fleet`` turn them into ``Fabric`` and ``Fleet``. Every value is a frozen, slotted dataclass.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from provisioner.errors import InvalidRequest
+
+ZERO_UUID = "00000000-0000-0000-0000-000000000000"
+
+
+class TopologyParseError(InvalidRequest):
+    """Input a parser cannot read: names the source, the 1-based line and the reason."""
+
+    def __init__(self, source: str, line: int, reason: str) -> None:
+        self.source = source
+        self.line = line
+        self.reason = reason
+        super().__init__(f"{source}: line {line}: {reason}")
+
+
+# -- InfiniBand records --------------------------------------------------------------------
+
+
+class NodeKind(StrEnum):
+    CA = "ca"
+    SWITCH = "switch"
+    ROUTER = "router"
+
+
+class PortState(StrEnum):
+    """The logical port state (IBA PortInfo.PortState)."""
+
+    DOWN = "down"
+    INIT = "init"
+    ARMED = "armed"
+    ACTIVE = "active"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, text: str) -> PortState:
+        """``Active``, ``4: ACTIVE``, ``Down``, ``ActDefer`` and so on; unknown words map to
+        UNKNOWN rather than failing (a new tool version must not break parsing)."""
+        word = text.split(":")[-1].strip().lower()
+        return _PORT_STATES.get(word, cls.UNKNOWN)
+
+
+_PORT_STATES = {"down": PortState.DOWN, "init": PortState.INIT, "initialize": PortState.INIT,
+                "armed": PortState.ARMED, "active": PortState.ACTIVE,
+                "actdefer": PortState.ACTIVE, "active_defer": PortState.ACTIVE}
+
+# Per-lane data rate in Gb/s (after encoding) and the signalling rate iblinkinfo prints.
+_SPEEDS: dict[str, tuple[float, float]] = {
+    "SDR": (2.0, 2.5), "DDR": (4.0, 5.0), "QDR": (8.0, 10.0), "FDR10": (10.0, 10.3125),
+    "FDR": (13.64, 14.0625), "EDR": (25.0, 25.78125), "HDR": (50.0, 53.125),
+    "NDR": (100.0, 106.25), "XDR": (200.0, 212.5),
+}
+_BY_SIGNAL = {signal: name for name, (_, signal) in _SPEEDS.items()}
+_TOKEN = re.compile(r"^(\d{1,2})\s*[xX]\s*([A-Za-z0-9]+)$")
+_SYSFS_RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec(?:\s*\((\d{1,2})X\s+([A-Za-z0-9]+)\))?")
+
+
+@dataclass(frozen=True, slots=True)
+class LinkRate:
+    """A link's rate: width and speed name where known (``4xHDR``), always the data Gb/s."""
+
+    gbps: float
+    width: int | None = None
+    speed: str | None = None
+
+    def __str__(self) -> str:
+        if self.width is not None and self.speed is not None:
+            return f"{self.width}x{self.speed}"
+        return f"{self.gbps:g}Gb/s"
+
+    @classmethod
+    def from_token(cls, text: str) -> LinkRate | None:
+        """``4xHDR`` / ``4x HDR`` (ibnetdiscover); None for ``???`` or an unknown speed."""
+        match = _TOKEN.match(text.strip())
+        if match is None:
+            return None
+        return cls.of(int(match[1]), match[2].upper())
+
+    @classmethod
+    def of(cls, width: int, speed: str) -> LinkRate | None:
+        lane = _SPEEDS.get(speed)
+        if lane is None or width not in (1, 2, 4, 8, 12):
+            return None
+        return cls(round(width * lane[0], 2), width, speed)
+
+    @classmethod
+    def from_signalling(cls, width: int, lane_gbps: float) -> LinkRate | None:
+        """iblinkinfo's ``4X 53.125 Gbps``: the per-lane signalling rate names the speed."""
+        speed = _BY_SIGNAL.get(lane_gbps)
+        return None if speed is None else cls.of(width, speed)
+
+    @classmethod
+    def from_sysfs(cls, text: str) -> LinkRate | None:
+        """sysfs/ibstatus ``400 Gb/sec (4X NDR)``; the Gb/s alone when there is no name."""
+        match = _SYSFS_RATE.match(text)
+        if match is None:
+            return None
+        if match[2] is not None and (named := cls.of(int(match[2]), match[3].upper())):
+            return named
+        return cls(float(match[1]))
+
+
+@dataclass(frozen=True, slots=True)
+class IbNode:
+    """A device as a tool reported it. ``guid`` is 16 lower-case hex digits (the node GUID,
+    or the port GUID in formats that only give that), or ``lid-<n>`` when a format names a
+    peer only by its LID."""
+
+    guid: str
+    kind: NodeKind
+    description: str
+    ports: int | None = None
+    lid: int | None = None
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class PortRef:
+    guid: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class IbLink:
+    """A cable between two ports, as seen (``state`` is the state of the link, not a port)."""
+
+    a: PortRef
+    b: PortRef
+    rate: LinkRate | None = None
+    state: PortState = PortState.ACTIVE
+
+    def key(self) -> tuple[PortRef, PortRef]:
+        return (self.a, self.b) if self.a <= self.b else (self.b, self.a)
+
+
+@dataclass(frozen=True, slots=True)
+class IbPortStatus:
+    """A port with no peer in the scan (unused, unplugged or disabled)."""
+
+    ref: PortRef
+    state: PortState
+    physical: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IbScan:
+    """One fabric discovery (ibnetdiscover, iblinkinfo, ...): devices, links, idle ports."""
+
+    nodes: tuple[IbNode, ...]
+    links: tuple[IbLink, ...] = ()
+    idle_ports: tuple[IbPortStatus, ...] = ()
+    source: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PortErrors:
+    """Error counters above threshold on one port (``port`` None = the ``ALL`` summary)."""
+
+    guid: str
+    description: str
+    port: int | None
+    counters: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPort:
+    number: int
+    state: PortState
+    physical: str = ""
+    rate: LinkRate | None = None
+    lid: int | None = None
+    port_guid: str | None = None
+    link_layer: str = ""
+
+    @property
+    def is_infiniband(self) -> bool:
+        return self.link_layer.lower() in ("infiniband", "ib")
+
+
+@dataclass(frozen=True, slots=True)
+class LocalCa:
+    """One HCA as its host sees it (ibstat or /sys/class/infiniband)."""
+
+    name: str
+    ports: tuple[LocalPort, ...]
+    ca_type: str = ""
+    node_guid: str | None = None
+    firmware: str = ""
+    description: str = ""
+
+
+# -- GPUs and the NVLink domain ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU; fabric fields keep nvidia-smi's words (``Completed``, ``N/A``), ``""`` when
+    the driver does not report them."""
+
+    uuid: str
+    product: str
+    bus_id: str = ""
+    index: int | None = None
+    fabric_state: str = ""
+    fabric_status: str = ""
+    cluster_uuid: str = ""
+    clique_id: str = ""
+    mig_enabled: bool = False
+    mig_devices: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GpuReport:
+    hostname: str
+    gpus: tuple[Gpu, ...]
+    driver_version: str = ""
+    source: str = ""
+
+
+class NvlinkScope(StrEnum):
+    MULTI_NODE = "multi-node"      # a clique: ClusterUUID.CliqueId
+    SINGLE_NODE = "single-node"    # fabric up, zero or no ClusterUUID (HGX/DGX NVSwitch)
+    NOT_READY = "not-ready"        # fabric still training, or failed: no clique yet
+    INCONSISTENT = "inconsistent"  # GPUs disagree: no clique, an operator must look
+    NONE = "none"                  # no NVLink fabric (N/A: PCIe cards, no Fabric Manager)
+
+
+@dataclass(frozen=True, slots=True)
+class NvlinkDomain:
+    scope: NvlinkScope
+    clique: str | None = None
+    reason: str = ""
+
+
+_NO_FABRIC = {"", "n/a", "not supported", "notsupported"}
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.split()).lower()
+
+
+def nvlink_domain(gpus: Sequence[Gpu]) -> NvlinkDomain:
+    """GFD's rule (DESIGN §6): clique ``<ClusterUUID>.<CliqueId>`` only when every GPU reports
+    fabric state Completed, status Success, a non-zero ClusterUUID, and all GPUs agree."""
+    if not gpus:
+        return NvlinkDomain(NvlinkScope.NONE, reason="no GPUs reported")
+    if all(_norm(g.fabric_state) in _NO_FABRIC for g in gpus):
+        return NvlinkDomain(NvlinkScope.NONE, reason="no NVLink fabric (fabric state N/A)")
+    for gpu in gpus:
+        if _norm(gpu.fabric_state) != "completed":
+            return NvlinkDomain(NvlinkScope.NOT_READY,
+                                reason=f"{gpu.uuid}: fabric state {gpu.fabric_state or 'absent'}")
+        if _norm(gpu.fabric_status) != "success":
+            return NvlinkDomain(NvlinkScope.NOT_READY,
+                                reason=f"{gpu.uuid}: fabric status {gpu.fabric_status or 'absent'}")
+    uuids = {_cluster_uuid(g.cluster_uuid) for g in gpus}
+    if uuids == {None}:
+        return NvlinkDomain(NvlinkScope.SINGLE_NODE,
+                            reason="ClusterUUID zero or absent: single-node NVLink only")
+    cliques = {g.clique_id.strip() for g in gpus}
+    if len(uuids) > 1 or len(cliques) > 1 or None in uuids:
+        return NvlinkDomain(NvlinkScope.INCONSISTENT, reason=(
+            f"GPUs disagree: ClusterUUIDs {sorted(str(u) for u in uuids)}, "
+            f"CliqueIds {sorted(cliques)}"))
+    (uuid,), (clique,) = uuids, cliques
+    if not clique.isdigit():
+        return NvlinkDomain(NvlinkScope.INCONSISTENT, reason=f"CliqueId {clique!r} is not a number")
+    return NvlinkDomain(NvlinkScope.MULTI_NODE, clique=f"{uuid}.{clique}")
+
+
+def _cluster_uuid(text: str) -> str | None:
+    value = text.strip().lower()
+    if _norm(value) in _NO_FABRIC or value.replace("-", "").strip("0") == "":
+        return None
+    return value
+
+
+# -- findings and the built graph ----------------------------------------------------------
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+
+class Code(StrEnum):
+    UNNAMED_HCA = "unnamed-hca"          # node description names no host: not guessed
+    UNKNOWN_HOST = "unknown-host"        # names a host outside the known set
+    HOST_MISSING = "host-missing"        # a known host is absent from the fabric
+    SWITCH_UNNAMED = "switch-unnamed"
+    DUPLICATE_NAME = "duplicate-name"
+    MULTI_HOMED = "multi-homed"          # a host cabled to several leaves
+    PORT_DOWN = "port-down"
+    RATE_DEGRADED = "rate-degraded"
+    UPLINKS_MISSING = "uplinks-missing"  # fewer uplinks/downlinks than the switch's peers
+    LINK_MISSING = "link-missing"        # a link of the baseline is gone
+    NODE_MISSING = "node-missing"        # a device of the baseline is gone
+    PORT_ERRORS = "port-errors"
+    NO_TIER = "no-tier"                  # a switch no leaf reaches
+    NO_LEAF = "no-leaf"                  # a GPU host that is not in the fabric
+    NVLINK = "nvlink"                    # no clique, with GFD's reason
+    BLOCK_TOO_SMALL = "block-too-small"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    code: Code
+    subject: str
+    detail: str
+    severity: Severity = Severity.WARNING
+
+    def __str__(self) -> str:
+        return f"{self.severity}: {self.subject}: {self.detail} [{self.code}]"
+
+
+@dataclass(frozen=True, slots=True)
+class Switch:
+    """A switch with its tier (1 = leaf, upward) and its neighbours by name."""
+
+    guid: str
+    name: str
+    description: str = ""
+    model: str = ""
+    tier: int | None = None
+    hosts: tuple[str, ...] = ()      # hostnames cabled to it (leaves only)
+    children: tuple[str, ...] = ()   # switches one tier down
+    parents: tuple[str, ...] = ()    # switches one tier up
+
+
+@dataclass(frozen=True, slots=True)
+class Hca:
+    """A CA port cabled into the fabric; ``hostname`` is None when its description names
+    no host (the finding says why)."""
+
+    guid: str
+    description: str
+    hostname: str | None
+    device: str = ""
+    port: int = 1
+    switch: str | None = None
+    rate: LinkRate | None = None
+    state: PortState = PortState.ACTIVE
+
+
+class Health(StrEnum):
+    OK = "ok"
+    DEGRADED = "degraded"
+    DOWN = "down"
+    UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Fabric:
+    switches: tuple[Switch, ...]
+    hcas: tuple[Hca, ...]
+    links: tuple[IbLink, ...]
+    findings: tuple[Finding, ...] = ()
+    expected_host_rate: LinkRate | None = None
+    expected_switch_rate: LinkRate | None = None
+
+    def switch(self, name: str) -> Switch | None:
+        return next((s for s in self.switches if s.name == name), None)
+
+    def hosts(self) -> tuple[str, ...]:
+        return tuple(sorted({h.hostname for h in self.hcas if h.hostname}))
+
+    @property
+    def health(self) -> Health:
+        bad = {Code.PORT_DOWN, Code.RATE_DEGRADED, Code.UPLINKS_MISSING, Code.LINK_MISSING,
+               Code.NODE_MISSING, Code.HOST_MISSING, Code.PORT_ERRORS}
+        return Health.DEGRADED if any(f.code in bad for f in self.findings) else Health.OK
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A compute host: where it sits in the fabric and which NVLink domain it is in."""
+
+    hostname: str
+    leaf: str | None = None
+    path: tuple[str, ...] = ()       # one switch per tier, leaf first (see fleet.py)
+    nvlink: NvlinkDomain = field(default_factory=lambda: NvlinkDomain(NvlinkScope.NONE))
+    gpus: tuple[Gpu, ...] = ()
+    hcas: tuple[Hca, ...] = ()
+    health: Health = Health.UNKNOWN
+
+    @property
+    def clique(self) -> str | None:
+        return self.nvlink.clique
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    nodes: tuple[Node, ...]
+    fabric: Fabric | None = None
+    findings: tuple[Finding, ...] = ()
+
+    def node(self, hostname: str) -> Node | None:
+        return next((n for n in self.nodes if n.hostname == hostname), None)

@@ -1,0 +1,1 @@
+"""Helpers for the topology tests: synthetic nvidia-smi reports and fixture paths."""
