@@ -22,7 +22,6 @@ from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
-from provisioner.domain import Node
 from provisioner.errors import ConfigError, NotFound, SchemaError
 from provisioner.install.base import ComposedInstaller, Configurer, InstallEvent, OnEvent
 from provisioner.install.installer import AnsibleInstaller
@@ -148,8 +147,8 @@ class Daemon:
             runner = await self._start_api(store, conductor, metrics)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await self._start_boot(stack, store, conductor, mailbox)
+            resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
-            resumed = await conductor.recover()
             log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
                      resumed)
             self._notifier.ready(f"serving; {resumed} nodes resumed")

@@ -66,7 +66,7 @@ class Conductor:
         self._budgets = Budgets(settings)
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._tasks = TaskSet()
-        self._running: dict[str, asyncio.Task[None]] = {}
+        self._running: dict[str, tuple[NodeState, asyncio.Task[None]]] = {}
         self._status: dict[str, str] = {}
         self._released: dict[str, asyncio.Event] = {}
         self._draining = False
@@ -86,8 +86,8 @@ class Conductor:
     async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "") -> Node:
         node = await self._transition(node_id, event, actor=actor, reason=reason)
         assert node is not None
-        if event is Event.ABORT and (task := self._running.get(node_id)) is not None:
-            task.cancel()
+        if event is Event.ABORT and (running := self._running.get(node_id)) is not None:
+            running[1].cancel()
         await self._follow_up(node)
         return node
 
@@ -134,8 +134,8 @@ class Conductor:
         async with self._locks[first], self._locks[second]:
             discovered = await self._repo.get(discovered_id)
             owner = await self._repo.get(owner_id)
-            if (task := self._running.get(discovered_id)) is not None:
-                task.cancel()
+            if (running := self._running.get(discovered_id)) is not None:
+                running[1].cancel()
             reason = (f"discovered node {discovered.id} (MAC {', '.join(discovered.macs)}) "
                       f"is this machine (serial {owner.serial})")
             node = await self._repo.adopt(discovered, owner, actor=actor, reason=reason)
@@ -315,21 +315,25 @@ class Conductor:
             log.info("node %s: policy skipped %s: %s", node.id, event, exc)
 
     def _start(self, node: Node) -> None:
+        """Run the step of ``node.state`` unless it runs already. A task left over for an
+        earlier state (a stale start) never blocks this one: it finds the node moved on and
+        ends without acting."""
         current = self._running.get(node.id)
-        if current is not None and not current.done():
+        if current is not None and current[0] == node.state and not current[1].done():
             return
         self._status[node.id] = "queued"
         task = self._tasks.spawn(self._run(node.id, node.state), name=f"{node.state}:{node.id}")
-        self._running[node.id] = task
+        self._running[node.id] = (node.state, task)
 
     async def _run(self, node_id: NodeId, state: NodeState) -> None:
         outcome: tuple[Event, str] | None = None
         try:
             outcome = await self._execute(node_id, state)
         finally:
-            self._status.pop(node_id, None)
-            if self._running.get(node_id) is asyncio.current_task():
+            current = self._running.get(node_id)
+            if current is not None and current[1] is asyncio.current_task():
                 del self._running[node_id]
+                self._status.pop(node_id, None)
         if outcome is not None:
             event, reason = outcome
             node = await self._transition(node_id, event, actor=SYSTEM_ACTOR, reason=reason,
@@ -339,10 +343,10 @@ class Conductor:
 
     async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
         async with self._budgets.slot(state):
-            self._status[node_id] = "running"
             node = await self._repo.get(node_id)
             if node.state != state:
-                return None
+                return None  # a stale start: the node moved on
+            self._status[node_id] = "running"
             ctx = RunContext(node, self._ports, self._repo, self._gate)
             try:
                 async with asyncio.timeout(self._settings.step_timeout_s):

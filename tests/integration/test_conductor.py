@@ -240,3 +240,51 @@ async def test_retire_from_active(store, world, make_node) -> None:  # type: ign
     await wait_for_state(store, node.id, S.RETIRED)
     assert await world.get("T1", "kube") == "" and await world.get("T1", "power") == "off"
     await cond.stop()
+
+
+async def test_a_stale_start_never_blocks_the_next_step(  # type: ignore[no-untyped-def]
+    store, world, make_node, monkeypatch
+) -> None:
+    """Regression (found by bench/rack_bench.py: 2 of 1,000 nodes stuck): recover() started a
+    step from a stale snapshot; that task queued behind a full budget and, while it waited,
+    blocked the start of the node's real next step."""
+    gate = asyncio.Event()
+    base = fake_ports(world)
+
+    class BlockedInspector:
+        async def inspect(self, node: Node) -> dict[str, Any]:
+            await gate.wait()
+            return {}
+
+    ports = Ports(bmc=base.bmc, inspector=BlockedInspector(), installer=base.installer,
+                  kube=base.kube, slurm=base.slurm)
+    settings = LifecycleSettings(auto_inspect=False, auto_deploy=False, max_inspecting=1)
+    cond = Conductor(store.nodes, ports, settings)
+    holder = await make_node(S.ENROLLED)
+    await cond.fire(holder.id, E.INSPECT, actor="op")  # takes the only inspecting slot
+    node = await make_node(S.INSPECTING, serial="ST1", **fake_bmc("ST1"))
+    stale = await store.nodes.get(node.id)
+    await store.nodes.transition(stale, to_state=S.DEPLOYING, event="done", actor="test")
+
+    async def stale_snapshot(states: Any) -> list[Node]:
+        return [stale] if S.INSPECTING in set(states) else []
+
+    monkeypatch.setattr(store.nodes, "in_states", stale_snapshot)
+    real_transition = store.nodes.transition
+    injected = []
+
+    async def transition_then_recover(node_arg: Node, **kw: Any) -> Node:
+        result = await real_transition(node_arg, **kw)
+        if node_arg.id == node.id and kw["to_state"] is S.CONFIGURING and not injected:
+            injected.append(True)  # recover() runs in the window before configuring starts
+            await cond.recover()
+        return result
+
+    monkeypatch.setattr(store.nodes, "transition", transition_then_recover)
+    await cond.fire(node.id, E.ABORT, actor="op")
+    await cond.fire(node.id, E.RETRY, actor="op")  # deploying -> configuring -> ... -> active
+    await wait_for_state(store, node.id, S.ACTIVE, timeout_s=20)
+    assert injected
+    gate.set()
+    await wait_for_state(store, holder.id, S.INSPECTED)
+    await cond.stop()
