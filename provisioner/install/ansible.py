@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import sys
 import threading
 from collections.abc import Mapping
@@ -170,6 +171,10 @@ class AnsibleRun:
             stats: Any = runner.stats
         except ansible_runner.AnsibleRunnerException as exc:
             raise FatalError(f"ansible-runner failed for {spec.playbook}: {exc}") from None
+        finally:
+            if killed := kill_leftovers_blocking(str(run_dir.inventory)):
+                log.info("node %s: killed %d leftover ansible processes", spec.node_id,
+                         len(killed))
         return RunResult(status=str(status), rc=int(rc if rc is not None else -1),
                          recap=recap_from_stats(stats), failures=tuple(failures),
                          private_data_dir=str(run_dir.path),
@@ -202,6 +207,29 @@ class AnsibleRun:
             "ANSIBLE_NOCOLOR": "True",
             "ANSIBLE_HOST_KEY_CHECKING": "False",
         }
+
+
+def kill_leftovers_blocking(marker: str) -> list[int]:
+    """Kill what is left of a cancelled or timed-out run: processes whose command line
+    names this run's inventory (unique per run), with their process groups. Runner kills
+    ansible-playbook's process group only, but ansible-core's workers ``setsid()`` and
+    would otherwise finish their task (and its ssh) as orphans."""
+    needle, killed = marker.encode(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if needle not in (entry / "cmdline").read_bytes():
+                continue
+            pid = int(entry.name)
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)  # the worker and the ssh it started
+            else:
+                os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (OSError, ValueError):  # gone meanwhile, or not ours to read
+            continue
+    return killed
 
 
 def scrub_env(env: Mapping[str, str], parent: Mapping[str, str]) -> dict[str, str]:

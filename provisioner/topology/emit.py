@@ -1,5 +1,6 @@
 """Slurm outputs from a ``Fleet``: ``topology.conf`` (topology/tree and topology/block) and
-``topology.yaml`` (Slurm >= 25.05). Pure; names are hostlist-compressed.
+``topology.yaml`` (Slurm >= 25.05); then Topograph's node labels and Slinky's annotation.
+Pure; host and switch lists are hostlist-compressed.
 
 Tree: one line per *leaf* holding some host's primary leaf (fleet.py), then every upper
 switch with those of its fabric children that are emitted (a fat tree is a DAG: each spine
@@ -8,8 +9,10 @@ lists its leaves). A switch never has both ``Nodes=`` and ``Switches=`` (Slurm r
 Block (topology.conf(5): "Each block must have at least the planning base block size count
 of nodes. Successive BlockSizes must be a power of two larger than the prior values"): one
 block per NVLink clique, or per leaf for hosts without a clique; blocks are ordered by leaf
-name so that neighbouring blocks (which Slurm aggregates) are close; blocks smaller than the base
-size are left out with a finding (a partial NVL72 rack takes no multi-node job).
+name so that neighbouring blocks (which Slurm aggregates) are close. The base size is the
+caller's or the smallest block; blocks below it are left out with a finding (a partial NVL72
+rack takes no multi-node job); BlockSizes adds the base's power-of-two multiples up to the
+number of blocks.
 """
 
 from __future__ import annotations

@@ -63,6 +63,10 @@ def host_of(description: str, known_hosts: Collection[str] | None = None) -> Hos
     return HostName(match[1], match[2])
 
 
+def valid_hostname(name: str) -> bool:
+    return bool(_HOSTNAME.match(name)) and name.lower() not in _DEFAULT_HOSTS
+
+
 def switch_name(node: IbNode) -> tuple[str, str, Finding | None]:
     """(name, model, finding) for a switch; the fallback name is ``S-<guid>``."""
     text = node.description.strip()

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 
+from provisioner.topology.fabric import valid_hostname
 from provisioner.topology.model import (
     Code,
     Fabric,
@@ -36,7 +37,10 @@ def build_fleet(fabric: Fabric | None, gpu_reports: Sequence[GpuReport] = (),
     findings: list[Finding] = list(fabric.findings) if fabric else []
     reports: dict[str, GpuReport] = {}
     for report in gpu_reports:
-        if known_hosts is not None and report.hostname not in known_hosts:
+        if not valid_hostname(report.hostname):
+            findings.append(Finding(Code.UNKNOWN_HOST, report.hostname or "(empty)",
+                                    "GPU report names no valid hostname: left out"))
+        elif known_hosts is not None and report.hostname not in known_hosts:
             findings.append(Finding(Code.UNKNOWN_HOST, report.hostname,
                                     "GPU report for a host that is not known: left out"))
         else:
@@ -82,7 +86,7 @@ def _health(hcas: Sequence[Hca], fabric: Fabric | None, leaf: str | None,
             local: Sequence[LocalCa]) -> Health:
     ports = [p for ca in local for p in ca.ports if p.is_infiniband]
     if not hcas and not ports:
-        return Health.UNKNOWN if fabric is None or not hcas else Health.DOWN
+        return Health.UNKNOWN
     states = [h.state for h in hcas if h.switch] + [p.state for p in ports]
     if not states or all(s is not PortState.ACTIVE for s in states):
         return Health.DOWN

@@ -69,12 +69,22 @@ def label(fabric: Fabric, ref: PortRef) -> str:
     return f"{hca or '0x' + ref.guid}[{ref.port}]"
 
 
+def link_label(fabric: Fabric, link: IbLink) -> str:
+    """Both ends, the HCA first, then the lower tier: ``gpu-node-07 mlx5_0[1] - ib-leaf-02[3]``."""
+    tiers = {s.guid: s.tier or 0 for s in fabric.switches}
+
+    def order(ref: PortRef) -> tuple[int, int, str]:
+        return (ref.guid in tiers, tiers.get(ref.guid, 0), label(fabric, ref))
+
+    return " - ".join(label(fabric, ref) for ref in sorted((link.a, link.b), key=order))
+
+
 def _link_findings(fabric: Fabric, host_rate: LinkRate | None,
                    switch_rate: LinkRate | None) -> list[Finding]:
     switches = {s.guid for s in fabric.switches}
     findings = []
     for link in fabric.links:
-        name = f"{label(fabric, link.a)} - {label(fabric, link.b)}"
+        name = link_label(fabric, link)
         if link.state is not PortState.ACTIVE:
             findings.append(Finding(Code.PORT_DOWN, name, f"link is {link.state}, not active"))
         expected = switch_rate if {link.a.guid, link.b.guid} <= switches else host_rate
@@ -150,13 +160,10 @@ def port_error_findings(fabric: Fabric, errors: Iterable[PortErrors]) -> list[Fi
 
 def diff_fabric(baseline: Fabric, current: Fabric) -> list[Finding]:
     """Links and devices of ``baseline`` that ``current`` lacks, named (not by GUID)."""
-    def links(fabric: Fabric) -> dict[frozenset[str], IbLink]:
-        return {frozenset((label(fabric, link.a), label(fabric, link.b))): link
-                for link in fabric.links}
-
-    before, after = links(baseline), links(current)
-    findings = [Finding(Code.LINK_MISSING, " - ".join(sorted(key)), "link of the baseline is gone",
-                        Severity.ERROR) for key in sorted(before.keys() - after.keys(), key=sorted)]
+    before = {link_label(baseline, link) for link in baseline.links}
+    after = {link_label(current, link) for link in current.links}
+    findings = [Finding(Code.LINK_MISSING, name, "link of the baseline is gone", Severity.ERROR)
+                for name in sorted(before - after)]
     names_before = {s.name for s in baseline.switches} | set(baseline.hosts())
     names_after = {s.name for s in current.switches} | set(current.hosts())
     findings += [Finding(Code.NODE_MISSING, name, "device of the baseline is gone",

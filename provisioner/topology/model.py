@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from provisioner.errors import InvalidRequest
+from provisioner.topology.rate import LinkRate as LinkRate  # re-exported
 
 ZERO_UUID = "00000000-0000-0000-0000-000000000000"
 
@@ -55,62 +56,6 @@ class PortState(StrEnum):
 _PORT_STATES = {"down": PortState.DOWN, "init": PortState.INIT, "initialize": PortState.INIT,
                 "armed": PortState.ARMED, "active": PortState.ACTIVE,
                 "actdefer": PortState.ACTIVE, "active_defer": PortState.ACTIVE}
-
-# Per-lane data rate in Gb/s (after encoding) and the signalling rate iblinkinfo prints.
-_SPEEDS: dict[str, tuple[float, float]] = {
-    "SDR": (2.0, 2.5), "DDR": (4.0, 5.0), "QDR": (8.0, 10.0), "FDR10": (10.0, 10.3125),
-    "FDR": (13.64, 14.0625), "EDR": (25.0, 25.78125), "HDR": (50.0, 53.125),
-    "NDR": (100.0, 106.25), "XDR": (200.0, 212.5),
-}
-_BY_SIGNAL = {signal: name for name, (_, signal) in _SPEEDS.items()}
-_TOKEN = re.compile(r"^(\d{1,2})\s*[xX]\s*([A-Za-z0-9]+)$")
-_SYSFS_RATE = re.compile(r"^\s*([\d.]+)\s*Gb/sec(?:\s*\((\d{1,2})X\s+([A-Za-z0-9]+)\))?")
-
-
-@dataclass(frozen=True, slots=True)
-class LinkRate:
-    """A link's rate: width and speed name where known (``4xHDR``), always the data Gb/s."""
-
-    gbps: float
-    width: int | None = None
-    speed: str | None = None
-
-    def __str__(self) -> str:
-        if self.width is not None and self.speed is not None:
-            return f"{self.width}x{self.speed}"
-        return f"{self.gbps:g}Gb/s"
-
-    @classmethod
-    def from_token(cls, text: str) -> LinkRate | None:
-        """``4xHDR`` / ``4x HDR`` (ibnetdiscover); None for ``???`` or an unknown speed."""
-        match = _TOKEN.match(text.strip())
-        if match is None:
-            return None
-        return cls.of(int(match[1]), match[2].upper())
-
-    @classmethod
-    def of(cls, width: int, speed: str) -> LinkRate | None:
-        lane = _SPEEDS.get(speed)
-        if lane is None or width not in (1, 2, 4, 8, 12):
-            return None
-        return cls(round(width * lane[0], 2), width, speed)
-
-    @classmethod
-    def from_signalling(cls, width: int, lane_gbps: float) -> LinkRate | None:
-        """iblinkinfo's ``4X 53.125 Gbps``: the per-lane signalling rate names the speed."""
-        speed = _BY_SIGNAL.get(lane_gbps)
-        return None if speed is None else cls.of(width, speed)
-
-    @classmethod
-    def from_sysfs(cls, text: str) -> LinkRate | None:
-        """sysfs/ibstatus ``400 Gb/sec (4X NDR)``; the Gb/s alone when there is no name."""
-        match = _SYSFS_RATE.match(text)
-        if match is None:
-            return None
-        if match[2] is not None and (named := cls.of(int(match[2]), match[3].upper())):
-            return named
-        return cls(float(match[1]))
-
 
 @dataclass(frozen=True, slots=True)
 class IbNode:
@@ -244,6 +189,8 @@ class NvlinkDomain:
 
 
 _NO_FABRIC = {"", "n/a", "not supported", "notsupported"}
+_CLIQUE = re.compile(r"^[0-9]{1,10}$")
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 
 
 def _norm(text: str) -> str:
@@ -274,8 +221,10 @@ def nvlink_domain(gpus: Sequence[Gpu]) -> NvlinkDomain:
             f"GPUs disagree: ClusterUUIDs {sorted(str(u) for u in uuids)}, "
             f"CliqueIds {sorted(cliques)}"))
     (uuid,), (clique,) = uuids, cliques
-    if not clique.isdigit():
+    if not _CLIQUE.match(clique):
         return NvlinkDomain(NvlinkScope.INCONSISTENT, reason=f"CliqueId {clique!r} is not a number")
+    if uuid is None or not _UUID.match(uuid):
+        return NvlinkDomain(NvlinkScope.INCONSISTENT, reason=f"ClusterUUID {uuid!r} is not a UUID")
     return NvlinkDomain(NvlinkScope.MULTI_NODE, clique=f"{uuid}.{clique}")
 
 

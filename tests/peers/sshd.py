@@ -26,7 +26,7 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,12 +143,21 @@ def _wait_ready(namespace: str, proc: subprocess.Popen[bytes], log: Path) -> Non
 
 
 @contextmanager
-def ssh_node(work: Path) -> Iterator[SshNode]:
-    """A running node; everything (processes, mounts, namespace) is gone afterwards."""
+def ssh_node(work: Path, files: Mapping[str, tuple[str, int]] | None = None
+             ) -> Iterator[SshNode]:
+    """A running node; everything (processes, mounts, namespace) is gone afterwards.
+
+    ``files``: path -> (content, mode) put on the node before it starts (the overlay's
+    upper dir must not change under a mounted overlay)."""
     root = ensure_debian_root().path
     upper, overlay_work, merged = work / "upper", work / "overlay-work", work / "merged"
     for path in (upper, overlay_work, merged):
         path.mkdir(parents=True)
+    for name, (content, mode) in (files or {}).items():
+        path = upper / name.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content)
+        path.chmod(mode)
     key = _keys(work, upper / "etc" / "ssh" / "provisioner-test")
     (upper / "etc/ssh/provisioner-test/sshd_config").write_text(
         _SSHD_CONFIG.format(address=NODE_ADDRESS))

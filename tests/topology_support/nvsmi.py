@@ -6,6 +6,7 @@ ClusterUUID/CliqueId exists (see that directory's README), so these are ours.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,8 @@ def write_nvl_dir(directory: Path) -> None:
     gpu-node-01..08 NVLink clique 1, 09..12 clique 2 (same ClusterUUID), 13..14 fabric still
     training, 15 single-node NVLink (zero ClusterUUID), 16 no report."""
     directory.mkdir(parents=True, exist_ok=True)
-    writers = {".xml": xml, ".txt": text, ".csv": csv}
+    writers: dict[str, Callable[[list[FakeGpu]], str]] = {".xml": xml, ".txt": text,
+                                                          ".csv": csv}
     for host in range(1, 16):
         if host <= 8:
             items = gpus(host, clique="1")

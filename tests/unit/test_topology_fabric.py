@@ -11,6 +11,7 @@ from provisioner.topology.hostlist import compress, expand
 from provisioner.topology.model import (
     Code,
     Fabric,
+    GpuReport,
     Health,
     IbNode,
     LinkRate,
@@ -112,9 +113,9 @@ def test_diff_against_the_baseline() -> None:
 
 def test_degraded_rate_and_inactive_links() -> None:
     text = (SIM / "healthy/ibnetdiscover.txt").read_text()
-    slow = text.replace('# "gpu-node-07 mlx5_0" lid 13 4xHDR', '# "gpu-node-07 mlx5_0" lid 13 4xSDR')
+    slow = text.replace('"gpu-node-07 mlx5_0" lid 13 4xHDR', '"gpu-node-07 mlx5_0" lid 13 4xSDR')
     fabric = build_fabric(parse_ibnetdiscover(slow))
-    assert codes(fabric)[Code.RATE_DEGRADED] == ["ib-leaf-02[3] - gpu-node-07 mlx5_0[1]"]
+    assert codes(fabric)[Code.RATE_DEGRADED] == ["gpu-node-07 mlx5_0[1] - ib-leaf-02[3]"]
     assert build_fleet(fabric).node("gpu-node-07").health is Health.DEGRADED   # type: ignore[union-attr]
     init = (SIM / "healthy/iblinkinfo.txt").read_text().replace(
         "Active/  LinkUp)==>       2    1[  ]", "Init/  LinkUp)==>       2    1[  ]", 1)
@@ -181,8 +182,9 @@ def test_fleet_joins_gpu_reports_and_local_hcas() -> None:
     node = fleet.node("gpu-node-09")
     assert node is not None and node.clique and node.clique.endswith(".2")
     assert node.path == ("ib-leaf-03", "ib-spine-01")
-    assert fleet.node("gpu-node-01").health is Health.DEGRADED   # type: ignore[union-attr]
-    assert fleet.node("gpu-node-02").health is Health.OK   # Ethernet ports do not count
+    health = {n.hostname: n.health for n in fleet.nodes}
+    assert health["gpu-node-01"] is Health.DEGRADED
+    assert health["gpu-node-02"] is Health.OK   # its down ports are Ethernet: they do not count
     assert [f.subject for f in fleet.findings if f.code is Code.NVLINK] == [
         "gpu-node-13", "gpu-node-14"]
 
@@ -193,3 +195,9 @@ def test_primary_leaf_prefers_most_hcas_then_name() -> None:
     assert primary_leaf([]) is None
     assert primary_leaf([h for h in hcas if h.hostname in ("gpu-node-05", "gpu-node-01")]) \
         == "ib-leaf-01"
+
+
+def test_reports_without_a_valid_hostname_are_left_out() -> None:
+    fleet = build_fleet(None, [GpuReport("a,b", ()), GpuReport("", ()), GpuReport("n1", ())])
+    assert [n.hostname for n in fleet.nodes] == ["n1"]
+    assert [f.code for f in fleet.findings] == [Code.UNKNOWN_HOST, Code.UNKNOWN_HOST]

@@ -30,11 +30,13 @@ from tests.topology_support import nvsmi
 from tests.topology_support.nvsmi import FIXTURES
 
 Parser = Callable[[str], object]
+EXAMPLES = int(os.environ.get("TOPO_FUZZ_EXAMPLES", "60"))   # raise it for a long local run
 SMALL = 20_000   # mutate the first 20 kB of the big fixtures: enough structure, fast runs
 
 PARSERS: dict[str, tuple[Parser, list[str]]] = {
     "ibnetdiscover": (parse_ibnetdiscover, [
-        "infiniband-sim/healthy/ibnetdiscover.txt", "infiniband-sim/healthy/ibnetdiscover-ports.txt",
+        "infiniband-sim/healthy/ibnetdiscover.txt",
+        "infiniband-sim/healthy/ibnetdiscover-ports.txt",
         "infiniband-sim/healthy/ibnetdiscover-list.txt", "infiniband-sim/fattree-hdr.net",
         "infiniband/topograph-ibnetdiscover-example.out",
         "infiniband/treydock-ibnetdiscover-ports-test2.out"]),
@@ -99,7 +101,7 @@ CASES = [(name, relative) for name, (_, files) in PARSERS.items() for relative i
 def test_mutated_fixtures(name: str, relative: str) -> None:
     parse, text = PARSERS[name][0], _fixture(relative)
 
-    @settings(max_examples=int(os.environ.get("TOPO_FUZZ", "60")), deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
     @given(mutated(text))
     def run(sample: str) -> None:
         total(parse, sample)

@@ -39,6 +39,8 @@ CASES = [
     ("uuids-disagree", [gpu(0), gpu(1, cluster=U2)], NvlinkScope.INCONSISTENT, None),
     ("cliques-disagree", [gpu(0), gpu(1, clique="2")], NvlinkScope.INCONSISTENT, None),
     ("clique-na", [gpu(0, clique="N/A")], NvlinkScope.INCONSISTENT, None),
+    ("clique-unicode-digit", [gpu(0, clique="²")], NvlinkScope.INCONSISTENT, None),
+    ("uuid-not-a-uuid", [gpu(0, cluster="abc,def[1]")], NvlinkScope.INCONSISTENT, None),
     ("fabric-na", [gpu(0, "N/A", "N/A", "N/A", "N/A")], NvlinkScope.NONE, None),
     ("fabric-absent", [gpu(0, "", "", "", "")], NvlinkScope.NONE, None),
     ("no-gpus", [], NvlinkScope.NONE, None),

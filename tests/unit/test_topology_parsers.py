@@ -110,7 +110,7 @@ def test_iblinkinfo_both_forms() -> None:
     grouped = parse_iblinkinfo(read(SIM / "healthy/iblinkinfo.txt"))
     per_port = parse_iblinkinfo(read(SIM / "healthy/iblinkinfo-switches-only.txt"))
     for scan in (grouped, per_port):
-        assert len(scan.links) == 24 and {str(l.rate) for l in scan.links} == {"4xHDR"}
+        assert len(scan.links) == 24 and {str(x.rate) for x in scan.links} == {"4xHDR"}
         assert all(link.state is PortState.ACTIVE for link in scan.links)
         assert len(scan.idle_ports) == 6 * 36 - 32
     assert {n.description for n in per_port.nodes if n.kind is NodeKind.SWITCH} == {
@@ -160,7 +160,8 @@ def test_sysfs_tree(tmp_path: Path) -> None:
              "mlx5_0/ports/1/rate": "400 Gb/sec (4X NDR)", "mlx5_0/ports/1/lid": "0x4b",
              "mlx5_0/ports/1/link_layer": "InfiniBand",
              "mlx5_1/node_guid": "e8eb:d303:0033:07da", "mlx5_1/ports/1/state": "1: DOWN",
-             "mlx5_1/ports/1/phys_state": "3: Disabled", "mlx5_1/ports/1/rate": "40 Gb/sec (4X QDR)",
+             "mlx5_1/ports/1/phys_state": "3: Disabled",
+             "mlx5_1/ports/1/rate": "40 Gb/sec (4X QDR)",
              "mlx5_1/ports/1/link_layer": "InfiniBand"}
     for relative, content in files.items():
         (tmp_path / relative).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""Ansible dynamic inventory backed by the provisioner daemon's REST API (standard library only).
+
+    ansible-inventory -i inventory/provisioner.py --list
+    ansible-playbook -i inventory/provisioner.py site.yml --limit state_active
+
+Where the daemon is: ``PROVISIONER_URL`` and ``PROVISIONER_TOKEN`` (or
+``PROVISIONER_TOKEN_FILE``), else a TOML file (``PROVISIONER_INVENTORY_CONFIG``, default
+``~/.config/provisioner/inventory.toml`` then ``/etc/provisioner/inventory.toml``) with
+``url = "http://host:8700"`` and ``token_file = "/path"`` (or ``token``). A viewer token is
+enough.
+
+Groups: ``state_<state>``, ``rack_<rack>``, ``profile_<profile>``, ``gpu_<model>`` (from the
+node's facts, e.g. ``gpu_nvidia_h100_80gb_hbm3``) and ``maintenance``. Hosts are named by
+hostname (the node id without one). Host vars: ``provisioner_node_id``, ``_serial``,
+``_state``, ``_rack``, ``_position``, ``_profile``, ``_maintenance``, ``_macs``, ``_bmc_driver``,
+``_bmc_address`` (never a BMC password: the API has none to give), ``_gpu_model``,
+``_gpu_count``, and ``ansible_host`` when the facts carry the node's ``address``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tomllib
+import urllib.error
+import urllib.parse
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+API = "/api/v1"
+PAGE = 500
+TIMEOUT_S = 30.0
+DETAIL_THREADS = 8
+_UNSAFE = re.compile(r"[^a-z0-9]+")
+
+
+class InventoryError(Exception):
+    pass
+
+
+def settings() -> tuple[str, str | None]:
+    """(base URL, token) from the environment, else the config file."""
+    url = os.environ.get("PROVISIONER_URL")
+    token = os.environ.get("PROVISIONER_TOKEN")
+    token_file = os.environ.get("PROVISIONER_TOKEN_FILE")
+    config: dict[str, Any] = {}
+    if not url:
+        config = _config_file()
+        url = config.get("url")
+        token = token or config.get("token")
+        token_file = token_file or config.get("token_file")
+    if not url:
+        raise InventoryError("set PROVISIONER_URL (and PROVISIONER_TOKEN) or write "
+                             "~/.config/provisioner/inventory.toml with url and token_file")
+    if not token and token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise InventoryError(f"token file {token_file}: {exc.strerror}") from None
+    return str(url).rstrip("/").removesuffix(API), token or None
+
+
+def _config_file() -> dict[str, Any]:
+    named = os.environ.get("PROVISIONER_INVENTORY_CONFIG")
+    candidates = [Path(named)] if named else [
+        Path.home() / ".config" / "provisioner" / "inventory.toml",
+        Path("/etc/provisioner/inventory.toml")]
+    for path in candidates:
+        try:
+            with path.open("rb") as fh:
+                return tomllib.load(fh)
+        except FileNotFoundError:
+            if named:
+                raise InventoryError(f"{path} does not exist") from None
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise InventoryError(f"{path}: {exc}") from None
+    return {}
+
+
+def get(base: str, token: str | None, path: str, **params: object) -> Any:
+    query = "?" + urllib.parse.urlencode(params) if params else ""
+    headers = {"Accept": "application/json", "User-Agent": "provisioner-inventory"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(base + API + path + query, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+            return json.load(response)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            detail = _problem_detail(exc.read()) or exc.reason
+        raise InventoryError(f"GET {path}: HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise InventoryError(f"cannot read {base}{API}{path}: {exc}") from None
+
+
+def _problem_detail(body: bytes) -> str:
+    try:
+        problem = json.loads(body)
+    except ValueError:
+        return ""
+    return str(problem.get("detail") or problem.get("title") or "") if isinstance(
+        problem, dict) else ""
+
+
+def fetch_nodes(base: str, token: str | None, query: str | None = None) -> list[dict[str, Any]]:
+    """Every node (matching ``query``) with its facts (the list omits them: one detail call
+    per node, a few at a time)."""
+    summaries: list[dict[str, Any]] = []
+    params: dict[str, object] = {"limit": PAGE} | ({"q": query} if query else {})
+    while True:
+        page = get(base, token, "/nodes", **params, offset=len(summaries))
+        summaries += page["items"]
+        if not page["items"] or len(summaries) >= page["total"]:
+            break
+    with ThreadPoolExecutor(DETAIL_THREADS) as pool:
+        return list(pool.map(lambda node: get(base, token, f"/nodes/{node['id']}"), summaries))
+
+
+def slug(text: str) -> str:
+    return _UNSAFE.sub("_", text.lower()).strip("_") or "none"
+
+
+def gpu_model(facts: dict[str, Any]) -> tuple[str | None, int]:
+    """(model, count): the most common GPU name in the facts (``vendor:device`` without
+    a name), from the last inspection or the agent's last report."""
+    gpus = facts.get("gpus")
+    if not isinstance(gpus, list):
+        report = facts.get("last_report")
+        gpus = report.get("gpus") if isinstance(report, dict) else None
+    if not isinstance(gpus, list) or not gpus:
+        return None, 0
+    names = [str(g.get("name") or f"{g.get('vendor', '')}:{g.get('device', '')}")
+             for g in gpus if isinstance(g, dict)]
+    return (max(set(names), key=names.count) if names else None), len(gpus)
+
+
+def hostvars(node: dict[str, Any]) -> dict[str, Any]:
+    facts = node.get("facts") or {}
+    model, count = gpu_model(facts)
+    bmc = node.get("bmc") or {}
+    values: dict[str, Any] = {
+        "provisioner_node_id": node["id"], "provisioner_serial": node.get("serial"),
+        "provisioner_state": node.get("state"), "provisioner_rack": node.get("rack"),
+        "provisioner_position": node.get("position"),
+        "provisioner_profile": node.get("profile"),
+        "provisioner_maintenance": bool(node.get("maintenance")),
+        "provisioner_macs": list(node.get("macs") or []),
+        "provisioner_bmc_driver": bmc.get("driver"), "provisioner_bmc_address": bmc.get("address"),
+        "provisioner_gpu_model": model, "provisioner_gpu_count": count,
+    }
+    address = facts.get("address")
+    if isinstance(address, str) and address:
+        values["ansible_host"] = address
+    return values
+
+
+def groups_of(node: dict[str, Any], model: str | None) -> list[str]:
+    groups = [f"state_{slug(str(node.get('state')))}"]
+    for key in ("rack", "profile"):
+        if node.get(key):
+            groups.append(f"{key}_{slug(str(node[key]))}")
+    if model:
+        groups.append(f"gpu_{slug(model)}")
+    if node.get("maintenance"):
+        groups.append("maintenance")
+    return groups
+
+
+def build(nodes: list[dict[str, Any]]) -> dict[str, Any]:
+    inventory: dict[str, Any] = {"_meta": {"hostvars": {}}}
+    for node in sorted(nodes, key=lambda n: str(n.get("hostname") or n["id"])):
+        name = str(node.get("hostname") or node["id"])
+        values = hostvars(node)
+        inventory["_meta"]["hostvars"][name] = values
+        for group in groups_of(node, values["provisioner_gpu_model"]):
+            inventory.setdefault(group, {"hosts": []})["hosts"].append(name)
+    inventory["all"] = {"children": sorted(key for key in inventory if key != "_meta")}
+    return inventory
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Ansible inventory from provisioner")
+    action = parser.add_mutually_exclusive_group(required=True)
+    action.add_argument("--list", action="store_true", help="all groups and hosts")
+    action.add_argument("--host", help="one host's variables")
+    args = parser.parse_args(argv)
+    try:
+        base, token = settings()
+        inventory = build(fetch_nodes(base, token, args.host))
+    except InventoryError as exc:
+        print(f"provisioner inventory: error: {exc}", file=sys.stderr)
+        return 1
+    if args.host is not None:
+        json.dump(inventory["_meta"]["hostvars"].get(args.host, {}), sys.stdout, indent=1)
+    else:
+        json.dump(inventory, sys.stdout, indent=1, sort_keys=True)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""A real Slurm controller on loopback (PEERS.md §7), with its own munged.
+
+Verified recipe (Slurm 22.05.8, munge 0.5.15, Debian 12):
+- munged runs as user ``munge`` with ``--socket`` in a directory made by ``mkdtemp`` in /tmp
+  (pytest's ``tmp_path`` is under a 0700 root directory munge cannot enter), chowned to
+  munge and mode 0755: with 0700 munged fails "Socket is inaccessible: execute permissions
+  for all required". Slurm finds the socket through ``AuthInfo=socket=<path>``.
+- ``SlurmUser=root`` keeps slurmctld from dropping to ``slurm``, so its config, state and log
+  may live in ``tmp_path``.
+- Ports come from the OS (``SlurmctldPort``), so a second cluster on the host does not clash.
+- No ``MaxNodeCount``: its reserved (future) node records count for topology/tree as nodes no
+  switch reaches ("switches lack access to 4080 nodes", "no switch can reach all nodes").
+- Ready: ``scontrol ping`` says "is UP" (it names the host by its real name, not
+  ``SlurmctldHost=localhost``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+MUNGED = "/usr/sbin/munged"
+MUNGE_KEY = Path("/etc/munge/munge.key")
+
+
+def slurm_unavailable_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "slurmctld and munged need root here (CI runs as root)"
+    missing = [t for t in ("slurmctld", "scontrol", "munge") if shutil.which(t) is None]
+    if missing or not Path(MUNGED).exists() or not MUNGE_KEY.exists():
+        return f"Slurm/munge not installed ({', '.join(missing) or MUNGED}): run scripts/setup.sh"
+    return None
+
+
+@dataclass
+class Slurm:
+    conf: Path
+    log: Path
+
+    def scontrol(self, *args: str) -> str:
+        result = subprocess.run(["scontrol", *args], env=self.env(), capture_output=True,
+                                text=True, timeout=30, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"scontrol {' '.join(args)}: {result.stderr.strip()}")
+        return result.stdout
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, SLURM_CONF=str(self.conf))
+
+
+@contextmanager
+def running_munged() -> Iterator[Path]:
+    """munged on a private socket; yields the socket path."""
+    directory = Path(tempfile.mkdtemp(prefix="munge-", dir="/tmp"))
+    try:
+        shutil.copy(MUNGE_KEY, directory / "key")
+        for path in (directory, directory / "key"):
+            shutil.chown(path, "munge", "munge")
+        directory.chmod(0o755)
+        (directory / "key").chmod(0o600)
+        sock = directory / "sock"
+        proc = subprocess.Popen(
+            [MUNGED, "-F", f"--socket={sock}", f"--key-file={directory / 'key'}",
+             f"--pid-file={directory / 'pid'}", f"--log-file={directory / 'log'}",
+             f"--seed-file={directory / 'seed'}"], user="munge", group="munge",
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait(lambda: sock.exists(), proc, 10, "munged did not create its socket")
+            yield sock
+        finally:
+            _stop(proc)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextmanager
+def running_slurmctld(workdir: Path, node_lines: Sequence[str], topology_conf: str | None,
+                      munge_socket: Path, plugin: str = "topology/tree") -> Iterator[Slurm]:
+    """slurmctld -D in the foreground with ``node_lines`` (``NodeName=...``) and, when given,
+    ``topology.conf`` next to slurm.conf."""
+    (workdir / "state").mkdir(parents=True, exist_ok=True)
+    conf = workdir / "slurm.conf"
+    settings = {
+        "ClusterName": "provtopo", "SlurmctldHost": "localhost", "SlurmUser": "root",
+        "AuthType": "auth/munge", "CredType": "cred/munge",
+        "AuthInfo": f"socket={munge_socket}", "SlurmctldPort": str(_free_port()),
+        "SlurmdPort": str(_free_port()), "StateSaveLocation": str(workdir / "state"),
+        "SlurmdSpoolDir": str(workdir / "spool"), "SlurmctldPidFile": str(workdir / "ctld.pid"),
+        "SlurmctldLogFile": str(workdir / "slurmctld.log"), "SlurmctldDebug": "debug",
+        "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
+        "JobAcctGatherType": "jobacct_gather/none",
+        "AccountingStorageType": "accounting_storage/none", "SelectType": "select/cons_tres",
+        "SelectTypeParameters": "CR_Core", "TopologyPlugin": plugin,
+        "ReturnToService": "2",
+    }
+    lines = [f"{k}={v}" for k, v in settings.items()] + list(node_lines)
+    lines.append("PartitionName=all Nodes=ALL Default=YES State=UP")
+    conf.write_text("\n".join(lines) + "\n")
+    if topology_conf is not None:
+        (workdir / "topology.conf").write_text(topology_conf)
+    slurm = Slurm(conf, workdir / "slurmctld.log")
+    out = open(workdir / "slurmctld.out", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(["slurmctld", "-D", "-i"], env=slurm.env(), stdout=out,
+                            stderr=subprocess.STDOUT)
+    try:
+        _wait(lambda: _up(slurm), proc, 30,
+              lambda: (workdir / "slurmctld.out").read_text(errors="replace")[-2000:])
+        yield slurm
+    finally:
+        _stop(proc)
+        out.close()
+
+
+def _up(slurm: Slurm) -> bool:
+    try:
+        return "is UP" in slurm.scontrol("ping")
+    except RuntimeError:
+        return False
+
+
+def _wait(ready: object, proc: subprocess.Popen[bytes], timeout_s: float,
+          reason: object) -> None:
+    assert callable(ready)
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            detail = reason() if callable(reason) else reason
+            raise RuntimeError(f"peer not ready (exit {proc.poll()}): {detail}")
+        time.sleep(0.2)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
