@@ -1,0 +1,140 @@
+"""BMC-driven inspection end to end: OpenIPMI's ``ipmi_sim`` is the BMC of a qemu VM (its
+chassis control starts and stops the VM). An operator enrolls the node with its BMC through
+the CLI and asks for ``inspect``: the daemon sets the boot device to PXE and powers the VM on
+over IPMI; the VM PXE-boots from the daemon, its agent reports, and the daemon powers it off
+over IPMI at the end."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.test_pxe_qemu import Vm, _missing, build_ramdisk, qemu_command
+from tests.peers.ipmi_sim import _EMU, _LAN, PASSWORD, USER, ipmi_sim_unavailable_reason
+from tests.peers.netns import Namespace, bridged_namespace
+
+pytestmark = [pytest.mark.e2e, pytest.mark.root]
+VM = Vm("ipmi", "52:54:00:77:00:20", "TEST-0100", 1, 768, uefi=False)
+CHASSIS = Path(__file__).resolve().parents[1] / "peers" / "chassis_vm.py"
+
+
+def start_ipmi_sim(ns: Namespace, work: Path, tap: str) -> subprocess.Popen[bytes]:
+    (work / "state").mkdir(parents=True)
+    command = qemu_command(ns, VM, tap, work)[len(ns.exec_prefix()):]
+    nic = command.pop()  # "-device" "<nic>": the chassis adds the boot order to it
+    command.pop()
+    command.remove("-nographic")  # qemu refuses it with -daemonize; the chassis adds
+    # -display none and a serial log file instead
+    (work / "vm.json").write_text(json.dumps({"qemu": command, "nic": nic.replace(
+        ",bootindex=1", "")}))
+    lan = _LAN.format(port=623, d=work, user=USER, password=PASSWORD).replace(
+        "addr 127.0.0.1 623", "addr 10.77.0.1 623").replace(
+        f'"{work}/chassisctl.sh 0x20"', f'"{sys.executable} {CHASSIS} {work} 0x20"')
+    (work / "lan.conf").write_text(lan)
+    (work / "bmc.emu").write_text(_EMU)
+    proc = subprocess.Popen([*ns.exec_prefix(), "ipmi_sim", "-c", str(work / "lan.conf"),
+                             "-f", str(work / "bmc.emu"), "-s", str(work / "state"), "-n"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    probe = [*ns.exec_prefix(), "ipmitool", "-I", "lanplus", "-C", "3", "-H", "10.77.0.1",
+             "-U", USER, "-P", PASSWORD, "-N", "1", "-R", "1", "chassis", "power", "status"]
+    for _ in range(100):
+        if subprocess.run(probe, capture_output=True, check=False).returncode == 0:
+            return proc
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail("ipmi_sim did not answer")
+
+
+def cli(ns: Namespace, config: Path, *args: str, env: dict[str, str] | None = None) -> str:
+    result = subprocess.run([*ns.exec_prefix(), sys.executable, "-m", "provisioner",
+                             "--config", str(config), *args], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_inspect_through_ipmi_powers_the_vm_on_and_off(tmp_path: Path) -> None:
+    reason = _missing() or ipmi_sim_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    import os
+
+    state = tmp_path / "state"
+    build_ramdisk(state / "artefacts")
+    bmc_dir = tmp_path / "bmc"
+    with bridged_namespace() as ns:
+        tap = ns.add_tap()
+        config = tmp_path / "provisioner.toml"
+        config.write_text(
+            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:8700"\n'
+            "[lifecycle]\nauto_inspect = false\nauto_deploy = false\n"
+            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
+            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
+            '[http]\nlisten = "10.77.0.1:8080"\n[bmc]\ntimeout_s = 10\n')
+        bmc = start_ipmi_sim(ns, bmc_dir, tap)
+        token = cli(ns, config, "token", "create", "--role", "operator", "--name", "e2e")
+        env = dict(os.environ, PROVISIONER_TOKEN=token.strip().splitlines()[-1])
+        log = (tmp_path / "daemon.log").open("wb")
+        daemon = subprocess.Popen(
+            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
+             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            _wait_api(ns, daemon)
+            password = tmp_path / "bmc-password"
+            password.write_text(PASSWORD + "\n")
+            cli(ns, config, "node", "enroll", "--hostname", "vm-ipmi", "--mac", VM.mac,
+                "--serial", VM.serial, "--bmc-driver", "ipmi", "--bmc-address", "10.77.0.1",
+                "--bmc-port", "623", "--bmc-username", USER, "--bmc-password-file",
+                str(password), env=env)
+            cli(ns, config, "node", "action", "vm-ipmi", "inspect", env=env)
+            shown = _wait_inspected(ns, config, env, tmp_path)
+        finally:
+            subprocess.run([sys.executable, str(CHASSIS), str(bmc_dir), "0x20", "set",
+                            "power", "0"], check=False)
+            bmc.terminate()
+            daemon.terminate()
+            daemon.wait(30)
+            log.close()
+    calls = (bmc_dir / "chassis.log").read_text().splitlines()
+    sets = [c for c in calls if c.startswith("set")]
+    assert sets.index("set boot pxe") < sets.index("set power 1") < sets.index("set power 0")
+    assert shown["serial"] == VM.serial and shown["facts"]["last_report"]["cpu"]["cores"] == 1
+    assert "hunter" not in json.dumps(shown) and shown["bmc"]["password_set"] is True
+    with sqlite3.connect(state / "provisioner.sqlite") as conn:
+        events = [e for (e,) in conn.execute("SELECT event FROM transition ORDER BY id")]
+    assert events[:3] == ["enroll", "inspect", "done"]
+
+
+def _wait_api(ns: Namespace, daemon: subprocess.Popen[bytes]) -> None:
+    for _ in range(150):
+        if daemon.poll() is not None:
+            pytest.fail("daemon exited")
+        probe = subprocess.run([*ns.exec_prefix(), "curl", "-fsS", "-o", "/dev/null",
+                                "http://127.0.0.1:8700/healthz"], capture_output=True)
+        if probe.returncode == 0:
+            return
+        time.sleep(0.2)
+    pytest.fail("API never came up")
+
+
+def _wait_inspected(ns: Namespace, config: Path, env: dict[str, str],
+                    tmp_path: Path) -> dict[str, object]:
+    deadline = time.monotonic() + 240
+    shown: dict[str, object] = {}
+    while time.monotonic() < deadline:
+        shown = json.loads(cli(ns, config, "node", "show", "vm-ipmi", "--json", env=env))
+        if shown["state"] in ("inspected", "inspect_failed"):
+            break
+        time.sleep(2)
+    assert shown.get("state") == "inspected", (
+        shown, (tmp_path / "daemon.log").read_text()[-3000:],
+        (tmp_path / "bmc" / "serial.log").read_text(errors="replace")[-2000:]
+        if (tmp_path / "bmc" / "serial.log").exists() else "no serial log")
+    return shown
