@@ -189,9 +189,9 @@ def block_of(plan: BlockPlan) -> dict[str, str]:
     return {host: block.name for block in plan.blocks for host in block.nodes}
 
 
-def tree_path(plan: TreePlan, node: Node) -> tuple[str, ...]:
+def tree_path(plan: TreePlan, node: Node, emitted: set[str] | None = None) -> tuple[str, ...]:
     """The node's path restricted to emitted switches, top first (Slinky's tree unit)."""
-    emitted = {s.name for s in plan.switches}
+    emitted = emitted if emitted is not None else {s.name for s in plan.switches}
     path: list[str] = []
     for name in node.path:
         if name not in emitted:
@@ -247,7 +247,8 @@ def slinky_annotations(fleet: Fleet, tree: TreePlan | None = None,
         for host, block in block_of(blocks).items():
             values[host] = f"{TOPOLOGY_NAME}:{block}"
     elif tree is not None:
+        emitted = {s.name for s in tree.switches}
         for node in fleet.nodes:
-            if path := tree_path(tree, node):
+            if path := tree_path(tree, node, emitted):
                 values[node.hostname] = f"{TOPOLOGY_NAME}:{':'.join(path)}"
     return dict(sorted(values.items()))

@@ -10,8 +10,9 @@ annotation need (one switch per tier).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from provisioner.topology.fabric import valid_hostname
 from provisioner.topology.model import (
@@ -22,13 +23,37 @@ from provisioner.topology.model import (
     GpuReport,
     Hca,
     Health,
+    LinkRate,
     LocalCa,
     Node,
     NvlinkDomain,
     NvlinkScope,
     PortState,
+    Switch,
     nvlink_domain,
 )
+
+
+@dataclass(frozen=True)
+class _Index:
+    """Lookups built once per fleet (fleets have thousands of hosts)."""
+
+    fabric: Fabric | None
+    hcas: Mapping[str, tuple[Hca, ...]]
+    switches: Mapping[str, Switch]
+    short_leaves: frozenset[str]       # leaves that lost an uplink
+
+    @classmethod
+    def of(cls, fabric: Fabric | None) -> _Index:
+        if fabric is None:
+            return cls(None, {}, {}, frozenset())
+        by_host: dict[str, list[Hca]] = defaultdict(list)
+        for hca in fabric.hcas:
+            if hca.hostname:
+                by_host[hca.hostname].append(hca)
+        short = frozenset(f.subject for f in fabric.findings if f.code is Code.UPLINKS_MISSING)
+        return cls(fabric, {h: tuple(v) for h, v in by_host.items()},
+                   {s.name: s for s in fabric.switches}, short)
 
 
 def build_fleet(fabric: Fabric | None, gpu_reports: Sequence[GpuReport] = (),
@@ -45,24 +70,25 @@ def build_fleet(fabric: Fabric | None, gpu_reports: Sequence[GpuReport] = (),
                                     "GPU report for a host that is not known: left out"))
         else:
             reports[report.hostname] = report
-    hosts = sorted(set(fabric.hosts() if fabric else ()) | set(reports))
+    index = _Index.of(fabric)
     nodes = []
-    for host in hosts:
-        node = _node(host, fabric, reports.get(host), (local_hcas or {}).get(host, ()))
+    for host in sorted(set(index.hcas) | set(reports)):
+        node = _node(host, index, reports.get(host), (local_hcas or {}).get(host, ()))
         findings += _node_findings(node, fabric)
         nodes.append(node)
     return Fleet(tuple(nodes), fabric, tuple(findings))
 
 
-def _node(host: str, fabric: Fabric | None, report: GpuReport | None,
+def _node(host: str, index: _Index, report: GpuReport | None,
           local: Sequence[LocalCa]) -> Node:
-    hcas = tuple(h for h in fabric.hcas if h.hostname == host) if fabric else ()
+    hcas = index.hcas.get(host, ())
     leaf = primary_leaf(hcas)
-    path = switch_path(fabric, leaf) if fabric and leaf else ()
+    path = switch_path(index.switches, leaf) if leaf else ()
     nvlink = (nvlink_domain(report.gpus) if report is not None
               else NvlinkDomain(NvlinkScope.NONE, reason="no nvidia-smi report"))
-    return Node(host, leaf, path, nvlink, report.gpus if report else (), hcas,
-                _health(hcas, fabric, leaf, local))
+    expected = index.fabric.expected_host_rate if index.fabric else None
+    health = _health(hcas, local, expected, leaf in index.short_leaves)
+    return Node(host, leaf, path, nvlink, report.gpus if report else (), hcas, health)
 
 
 def primary_leaf(hcas: Sequence[Hca]) -> str | None:
@@ -72,18 +98,18 @@ def primary_leaf(hcas: Sequence[Hca]) -> str | None:
     return min(counts, key=lambda name: (-counts[name], name))
 
 
-def switch_path(fabric: Fabric, leaf: str) -> tuple[str, ...]:
+def switch_path(switches: Mapping[str, Switch], leaf: str) -> tuple[str, ...]:
     """The leaf, then the smallest-named parent at each tier up to the top."""
     path = [leaf]
-    switch = fabric.switch(leaf)
+    switch = switches.get(leaf)
     while switch is not None and switch.parents and len(path) < 16:
         path.append(switch.parents[0])
-        switch = fabric.switch(switch.parents[0])
+        switch = switches.get(switch.parents[0])
     return tuple(path)
 
 
-def _health(hcas: Sequence[Hca], fabric: Fabric | None, leaf: str | None,
-            local: Sequence[LocalCa]) -> Health:
+def _health(hcas: Sequence[Hca], local: Sequence[LocalCa], expected: LinkRate | None,
+            leaf_short: bool) -> Health:
     ports = [p for ca in local for p in ca.ports if p.is_infiniband]
     if not hcas and not ports:
         return Health.UNKNOWN
@@ -92,13 +118,9 @@ def _health(hcas: Sequence[Hca], fabric: Fabric | None, leaf: str | None,
         return Health.DOWN
     if any(s is not PortState.ACTIVE for s in states) or any(h.switch is None for h in hcas):
         return Health.DEGRADED
-    expected = fabric.expected_host_rate if fabric else None
     if expected and any(h.rate and h.rate.gbps < expected.gbps for h in hcas):
         return Health.DEGRADED
-    if fabric and leaf and any(f.code is Code.UPLINKS_MISSING and f.subject == leaf
-                               for f in fabric.findings):
-        return Health.DEGRADED
-    return Health.OK
+    return Health.DEGRADED if leaf_short else Health.OK
 
 
 def _node_findings(node: Node, fabric: Fabric | None) -> list[Finding]:

@@ -60,31 +60,34 @@ def fabric_health(fabric: Fabric, scan: IbScan, known_hosts: Collection[str] | N
     return findings
 
 
-def label(fabric: Fabric, ref: PortRef) -> str:
-    """``ib-leaf-01[5]``, ``gpu-node-01 mlx5_0[1]`` or ``0x<guid>[port]``."""
-    switch = next((s.name for s in fabric.switches if s.guid == ref.guid), None)
-    if switch is not None:
-        return f"{switch}[{ref.port}]"
-    hca = next((h.description for h in fabric.hcas if h.guid == ref.guid), None)
-    return f"{hca or '0x' + ref.guid}[{ref.port}]"
+class Namer:
+    """Names of a fabric's port ends: ``ib-leaf-01[5]``, ``gpu-node-01 mlx5_0[1]``,
+    ``0x<guid>[port]``; built once per fabric (dictionary lookups, fleets are large)."""
 
+    def __init__(self, fabric: Fabric) -> None:
+        self._names = {h.guid: h.description for h in fabric.hcas if h.description}
+        self._names.update((s.guid, s.name) for s in fabric.switches)
+        self._tiers = {s.guid: s.tier or 0 for s in fabric.switches}
 
-def link_label(fabric: Fabric, link: IbLink) -> str:
-    """Both ends, the HCA first, then the lower tier: ``gpu-node-07 mlx5_0[1] - ib-leaf-02[3]``."""
-    tiers = {s.guid: s.tier or 0 for s in fabric.switches}
+    def end(self, ref: PortRef) -> str:
+        return f"{self._names.get(ref.guid) or '0x' + ref.guid}[{ref.port}]"
 
-    def order(ref: PortRef) -> tuple[int, int, str]:
-        return (ref.guid in tiers, tiers.get(ref.guid, 0), label(fabric, ref))
+    def link(self, link: IbLink) -> str:
+        """Both ends, the HCA first, then the lower tier: ``gpu-node-07 mlx5_0[1] -
+        ib-leaf-02[3]``."""
+        def order(ref: PortRef) -> tuple[bool, int, str]:
+            return ref.guid in self._tiers, self._tiers.get(ref.guid, 0), self.end(ref)
 
-    return " - ".join(label(fabric, ref) for ref in sorted((link.a, link.b), key=order))
+        return " - ".join(self.end(ref) for ref in sorted((link.a, link.b), key=order))
 
 
 def _link_findings(fabric: Fabric, host_rate: LinkRate | None,
                    switch_rate: LinkRate | None) -> list[Finding]:
     switches = {s.guid for s in fabric.switches}
+    namer = Namer(fabric)
     findings = []
     for link in fabric.links:
-        name = link_label(fabric, link)
+        name = namer.link(link)
         if link.state is not PortState.ACTIVE:
             findings.append(Finding(Code.PORT_DOWN, name, f"link is {link.state}, not active"))
         expected = switch_rate if {link.a.guid, link.b.guid} <= switches else host_rate
@@ -153,15 +156,17 @@ def _hosts(fabric: Fabric, known_hosts: Collection[str] | None) -> list[Finding]
 
 def port_error_findings(fabric: Fabric, errors: Iterable[PortErrors]) -> list[Finding]:
     """``ibqueryerrors`` records as findings, one per port (the ``ALL`` lines are sums)."""
-    return [Finding(Code.PORT_ERRORS, label(fabric, PortRef(item.guid, item.port)),
+    namer = Namer(fabric)
+    return [Finding(Code.PORT_ERRORS, namer.end(PortRef(item.guid, item.port)),
                     ", ".join(f"{name}={value}" for name, value in item.counters))
             for item in errors if item.port is not None and item.counters]
 
 
 def diff_fabric(baseline: Fabric, current: Fabric) -> list[Finding]:
     """Links and devices of ``baseline`` that ``current`` lacks, named (not by GUID)."""
-    before = {link_label(baseline, link) for link in baseline.links}
-    after = {link_label(current, link) for link in current.links}
+    old, new = Namer(baseline), Namer(current)
+    before = {old.link(link) for link in baseline.links}
+    after = {new.link(link) for link in current.links}
     findings = [Finding(Code.LINK_MISSING, name, "link of the baseline is gone", Severity.ERROR)
                 for name in sorted(before - after)]
     names_before = {s.name for s in baseline.switches} | set(baseline.hosts())

@@ -50,7 +50,8 @@ case "$1" in
     [ "$2" = --config ] && [ -f "$3" ] || { echo "usage: kubeadm join --config FILE" >&2; exit 2; }
     if grep -q 'token: "faild' "$3"; then
       echo "[preflight] Running pre-flight checks" >&2
-      echo "error execution phase preflight: couldn't validate the identity of the API Server: token $(sed -n 's/.*token: "\\(.*\\)"/\\1/p' "$3") rejected" >&2
+      token=$(sed -n 's/.*token: "\\(.*\\)"/\\1/p' "$3")
+      echo "error execution phase preflight: token $token rejected by the API server" >&2
       exit 1
     fi
     cp "$3" /root/kubeadm-join-seen.yaml
@@ -69,7 +70,8 @@ def _needs_target() -> None:
 
 def recaps(reasons: list[str]) -> list[int]:
     """``changed`` of each play recap in history reasons."""
-    return [int(m.group(1)) for r in reasons if (m := re.search(r"^PLAY RECAP: .* changed=(\d+)", r))]
+    found = (re.search(r"^PLAY RECAP: .* changed=(\d+)", reason) for reason in reasons)
+    return [int(match.group(1)) for match in found if match]
 
 
 async def ansible_reasons(store: Store, node_id: str) -> list[str]:
@@ -82,7 +84,8 @@ async def deploy_and_wait(store: Store, conductor: object, node_id: str) -> None
     assert node.state is S.ACTIVE, node.last_error
 
 
-async def wait_for_state_any(store: Store, node_id: str, states: set[NodeState]):  # type: ignore[no-untyped-def]
+async def wait_for_state_any(store: Store, node_id: str,
+                             states: set[NodeState]):  # type: ignore[no-untyped-def]
     async with asyncio.timeout(RUN_DEADLINE_S):
         while True:
             node = await store.nodes.get(node_id)
@@ -131,10 +134,12 @@ async def test_site_converges_then_changes_nothing_and_posts_facts(
 
         assert target.changed_file("/etc/hostname").read_text() == "gpu-ansible-01\n"
         containerd = target.changed_file("/etc/containerd/config.toml").read_text()
-        assert "SystemdCgroup = true" in containerd and 'default_runtime_name = "runc"' in containerd
+        assert "SystemdCgroup = true" in containerd
+        assert 'default_runtime_name = "runc"' in containerd
         sysctl = target.changed_file("/etc/sysctl.d/90-kubernetes.conf").read_text()
         assert "net.ipv4.ip_forward = 1" in sysctl
-        assert "br_netfilter" in target.changed_file("/etc/modules-load.d/kubernetes.conf").read_text()
+        modules = target.changed_file("/etc/modules-load.d/kubernetes.conf").read_text()
+        assert "br_netfilter" in modules
         assert "blacklist nouveau" in target.changed_file(
             "/etc/modprobe.d/blacklist-nouveau.conf").read_text()
         assert not (work / "state" / "ansible" / node.id).exists(), "successful runs are removed"
@@ -191,8 +196,8 @@ async def test_failing_task_fails_with_the_task_name(
         installer, pool = make_installer(settings, work / "state")
         node = await make_node(S.CONFIGURING, hostname="gpu-fail-01")
         await store.nodes.merge_facts(node.id, {"address": target.address})
-        with pytest.raises(FatalError, match=r"task 'Check the Kubernetes version' failed on "
-                           r"gpu-fail-01: kubernetes_version latest is not MAJOR\.MINOR\.PATCH"):
+        with pytest.raises(FatalError, match=r"task 'Check the inputs' failed on gpu-fail-01: "
+                           r"kubernetes_version latest is not MAJOR\.MINOR\.PATCH"):
             await installer.configure(await store.nodes.get(node.id), "run-1")
         kept = work / "state" / "ansible" / node.id / "run-1"
         assert (kept / "artifacts" / "run" / "status").read_text() == "failed"
@@ -217,22 +222,28 @@ async def test_abort_cancels_the_running_playbook(
         await store.nodes.merge_facts(node.id, {"address": target.address})
         await conductor.fire(node.id, Event.DEPLOY, actor="test")
         async with asyncio.timeout(60):
-            while not any(r.startswith("Start the long task: changed")
-                          for r in await ansible_reasons(store, node.id)):
+            while True:
+                reasons = await ansible_reasons(store, node.id)
+                if any(r.startswith("Start the long task: changed") for r in reasons):
+                    break
                 await asyncio.sleep(0.1)
         aborted = time.monotonic()
         await conductor.fire(node.id, Event.ABORT, actor="test", reason="operator")
         await wait_for_state(store, node.id, S.CONFIGURE_FAILED)
         run_dir = next((work / "state" / "ansible" / node.id).iterdir())
         async with asyncio.timeout(10):  # ansible-playbook and its (setsid) workers
-            while running_with(str(run_dir)):
+            while True:
+                if not running_with(str(run_dir)):
+                    break
                 await asyncio.sleep(0.1)
         stopped_s = time.monotonic() - aborted
         await conductor.stop()
         pool.shutdown()
         status = run_dir / "artifacts" / "run" / "status"
         async with asyncio.timeout(10):
-            while not status.exists():
+            while True:
+                if status.exists():
+                    break
                 await asyncio.sleep(0.1)
         assert status.read_text() == "canceled"
         assert stopped_s < 5, f"ansible-playbook still ran {stopped_s:.1f} s after abort"

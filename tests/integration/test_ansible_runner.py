@@ -16,7 +16,12 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import ConfigError
-from provisioner.install.ansible import AnsibleRunner, RunnerOptions, RunSpec, find_ansible_playbook
+from provisioner.install.ansible import (
+    AnsibleRunner,
+    RunnerOptions,
+    RunSpec,
+    find_ansible_playbook,
+)
 from provisioner.install.base import TaskStatus
 from provisioner.install.installer import AnsibleInstaller
 from provisioner.install.workdir import one_host_inventory
@@ -91,12 +96,16 @@ async def test_events_stream_and_secrets_stay_off_disk(
     assert digest.read_text() == hashlib.sha256(SECRET.encode()).hexdigest()
     kept = Path(result.private_data_dir)
     assert kept == tmp_path / "state" / "ansible" / "node-1" / "node-1_7"
-    files = [p for p in kept.rglob("*") if p.is_file()]
-    assert any(p.name == "command" for p in files)  # runner's record of the env
+    assert_nowhere_in(kept, SECRET, DB_SECRET)
+
+
+def assert_nowhere_in(directory: Path, *secrets: str) -> None:
+    files = [p for p in directory.rglob("*") if p.is_file()]
+    assert any(p.name == "command" for p in files)  # runner's record of the environment
     for path in files:
         data = path.read_bytes()
-        assert SECRET.encode() not in data, path
-        assert DB_SECRET.encode() not in data, path
+        for secret in secrets:
+            assert secret.encode() not in data, path
 
 
 async def test_unreachable_host_fails_the_step_quickly_with_the_reason(
@@ -120,7 +129,8 @@ async def test_unreachable_host_fails_the_step_quickly_with_the_reason(
     assert f"port {closed}: Connection refused" in failed.last_error
     history = [h.reason for h in await store.nodes.history(node.id) if h.event == "ansible"]
     assert any(": unreachable " in reason for reason in history), history
-    assert elapsed < 15, f"unreachable took {elapsed:.1f} s"
+    print(f"unreachable: step failed {elapsed:.1f} s after deploy")
+    assert elapsed < 10, f"unreachable took {elapsed:.1f} s"
 
 
 def test_missing_ansible_playbook_is_a_startup_error(

@@ -57,8 +57,7 @@ def test_two_tier_fat_tree(fabric_sim: SimFabric) -> None:
 def test_unplugged_leaf_spine_link_is_degraded(fabric_sim: SimFabric) -> None:
     baseline = build_fabric(parse_ibnetdiscover(discover(fabric_sim)), HOSTS)
     fabric_sim.console('Unlink "ib-spine-02"[3]')     # spine-02 port 3 <-> leaf-03 port 6
-    text = fabric_sim.wait_for(lambda out: out.count('"ib-leaf-03"') < 6 and
-                               '"S-0000000000200005"[3]' not in out)
+    text = fabric_sim.wait_for(lambda out: '"S-0000000000200005"[3]' not in out)
     fabric = build_fabric(parse_ibnetdiscover(text), HOSTS)
     assert fabric.health is Health.DEGRADED
     assert [(f.code, f.subject) for f in fabric.findings] == [

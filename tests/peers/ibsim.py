@@ -11,7 +11,7 @@ import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,15 +50,17 @@ class SimFabric:
         self.sim.stdin.write(command.encode() + b"\n")
         self.sim.stdin.flush()
 
-    def wait_for(self, predicate: object, timeout_s: float = 20.0) -> str:
-        """Poll ``ibnetdiscover`` until ``predicate(stdout)`` holds; the last output."""
-        assert callable(predicate)
+    def wait_for(self, predicate: Callable[[str], bool], timeout_s: float = 20.0) -> str:
+        """Poll ``ibnetdiscover`` until ``predicate(stdout)`` holds; its output, or
+        RuntimeError after ``timeout_s`` (a console command that did not take)."""
         deadline = time.monotonic() + timeout_s
         while True:
             out = self.run("ibnetdiscover").stdout
-            if predicate(out) or time.monotonic() > deadline:
+            if predicate(out):
                 return out
-            time.sleep(0.5)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"fabric did not change within {timeout_s} s")
+            time.sleep(0.2)
 
 
 @contextmanager

@@ -4,9 +4,10 @@ chrooted into it, inside a network namespace the test creates.
 
 Layout (PEERS.md §1, §9):
 - ``ip netns add``; ``lo`` and a veth NIC ``eth0`` (fixed MAC, 10.77.0.2/24; its peer
-  ``wire0`` stays in the namespace too) exist only in the namespace. Nothing is addressed in the root namespace.
+  ``wire0`` stays in the namespace too) exist only in the namespace. Nothing is addressed
+  in the root namespace.
 - ``ip netns exec NS unshare --mount --uts --pid --fork --kill-child``: a private mount
-  namespace (overlay, proc, sysfs of the netns, /dev, tmpfs /run and /tmp), a private UTS
+  namespace (overlay, proc, the netns's sysfs, /dev, tmpfs /run and /tmp), a private UTS
   namespace (the playbooks may set the hostname) and a PID namespace whose init is sshd
   (killing the unshare PID kills everything the sessions started).
 - Ansible stays in the root namespace (as the daemon's runner does) and reaches the node
@@ -112,11 +113,12 @@ def _keys(work: Path, ssh_dir: Path) -> Path:
 
 
 def _start_script(lower: Path, upper: Path, overlay_work: Path, merged: Path) -> str:
-    m = shlex.quote(str(merged))
+    m, lo, up = (shlex.quote(str(path)) for path in (merged, lower, upper))
+    options = shlex.quote(f"lowerdir={lower},upperdir={upper},workdir={overlay_work}")
     return f"""set -e
-if ! mount -t overlay overlay -o lowerdir={shlex.quote(str(lower))},upperdir={shlex.quote(str(upper))},workdir={shlex.quote(str(overlay_work))} {m} 2>/dev/null; then
-  cp -a {shlex.quote(str(lower))}/. {shlex.quote(str(upper))}/   # no overlay here: a copy
-  mount --bind {shlex.quote(str(upper))} {m}
+if ! mount -t overlay overlay -o {options} {m} 2>/dev/null; then
+  cp -a {lo}/. {up}/   # no overlayfs here (nested in a container): a copy
+  mount --bind {up} {m}
 fi
 mount -t proc proc {m}/proc
 mount -t sysfs sysfs {m}/sys
@@ -135,7 +137,7 @@ def _wait_ready(namespace: str, proc: subprocess.Popen[bytes], log: Path) -> Non
         if proc.poll() is not None:
             raise RuntimeError(f"sshd exited with {proc.returncode}: {log.read_text()[-2000:]}")
         probe = subprocess.run(["ip", "netns", "exec", namespace, "ss", "-Hltn",
-                                f"sport = :22"], capture_output=True, text=True, check=False)
+                                "sport = :22"], capture_output=True, text=True, check=False)
         if probe.stdout.strip():
             return
         time.sleep(0.05)

@@ -201,3 +201,19 @@ def test_reports_without_a_valid_hostname_are_left_out() -> None:
     fleet = build_fleet(None, [GpuReport("a,b", ()), GpuReport("", ()), GpuReport("n1", ())])
     assert [n.hostname for n in fleet.nodes] == ["n1"]
     assert [f.code for f in fleet.findings] == [Code.UNKNOWN_HOST, Code.UNKNOWN_HOST]
+
+
+def test_a_2048_host_fat_tree_is_quick() -> None:
+    import time
+
+    from provisioner.topology import emit
+    from tests.topology_support.fabric_gen import fat_tree
+
+    started = time.perf_counter()
+    fleet = build_fleet(build_fabric(parse_ibnetdiscover(fat_tree(64, 32, 16))))
+    conf = emit.tree_conf(emit.plan_tree(fleet))
+    emit.topograph_labels(fleet)
+    assert time.perf_counter() - started < 10      # ~0.3 s here; quadratic code would not be
+    assert len(fleet.nodes) == 2048 and fleet.fabric and fleet.fabric.health is Health.OK
+    assert "SwitchName=leaf-064 Nodes=node[02017-02048]" in conf
+    assert "SwitchName=spine-16 Switches=leaf-[001-064]" in conf

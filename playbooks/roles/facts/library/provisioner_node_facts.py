@@ -7,9 +7,20 @@ Runs on the node with its own Python (standard library only). Reads DMI, /proc, 
 
 from __future__ import annotations
 
+import glob
+import os
+import platform
+import re
+import shutil
+import subprocess
+import xml.etree.ElementTree as ET
+
+from ansible.module_utils.basic import AnsibleModule
+
 DOCUMENTATION = r"""
 module: provisioner_node_facts
-short_description: Hardware facts (GPUs from nvidia-smi -q -x, InfiniBand, NICs, disks) as provisioner's agent report
+short_description: >-
+  Hardware facts (nvidia-smi -q -x, InfiniBand, NICs, disks) as an agent report
 options:
   nvidia_smi:
     description: nvidia-smi to run; missing or failing means GPUs come from PCI only.
@@ -21,16 +32,6 @@ options:
     elements: str
     default: []
 """
-
-import glob
-import os
-import platform
-import re
-import shutil
-import subprocess
-import xml.etree.ElementTree as ET
-
-from ansible.module_utils.basic import AnsibleModule
 
 MAX_ITEMS = 512
 NVIDIA = "0x10de"

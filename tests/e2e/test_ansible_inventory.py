@@ -1,0 +1,134 @@
+"""The dynamic inventory against a running daemon: ``provisioner serve`` as a subprocess with a
+simulated rack (its nodes get GPU facts from inspection) and one real node enrolled by the
+CLI; ``ansible-inventory --list -i inventory/provisioner.py`` must accept the output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_cli_api import BMC_PASSWORD, Daemon, clean_env, free_port, stop, wait_healthy
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "inventory" / "provisioner.py"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    root = tmp_path_factory.mktemp("e2e-inventory")
+    port = free_port()
+    config = root / "provisioner.toml"
+    config.write_text(
+        f'state_dir = "{root / "state"}"\n\n[api]\nlisten = "127.0.0.1:{port}"\n\n'
+        "[lifecycle]\nauto_deploy = false\n\n"
+        "[simulation]\nnodes = 3\nracks = 2\nstep_delay_s = 0.01\n\n"
+        "[daemon]\nshutdown_timeout_s = 1\n")  # the real node's inspection never ends
+    log = root / "daemon.log"
+    with log.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "provisioner", "--config", str(config), "serve"],
+            stdout=log_file, stderr=subprocess.STDOUT, env=clean_env())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc, log)
+        yield Daemon(url=url, config=config, root=root, log=log)
+    finally:
+        stop(proc)
+
+
+def cli(daemon: Daemon, *args: str, token: str | None = None) -> str:
+    env = clean_env() | {"PROVISIONER_URL": daemon.url} | (
+        {"PROVISIONER_TOKEN": token} if token else {})
+    result = subprocess.run([sys.executable, "-m", "provisioner", *args], capture_output=True,
+                            text=True, timeout=60, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def viewer(daemon: Daemon) -> str:
+    admin = cli(daemon, "--config", str(daemon.config), "token", "create", "--role", "admin",
+                "--name", "inv-admin").splitlines()[-1]
+    password = daemon.root / "bmc-password"
+    password.write_text(BMC_PASSWORD)
+    cli(daemon, "node", "enroll", "--hostname", "gpu-real-01", "--serial", "REAL0001",
+        "--mac", "52:54:00:aa:00:01", "--rack", "rack-7", "--profile", "gpu-worker",
+        # loopback only: the daemon inspects it and talks IPMI to that address
+        "--bmc-driver", "ipmi", "--bmc-address", "127.0.0.9", "--bmc-username", "admin",
+        "--bmc-password-file", str(password), token=admin)
+    return cli(daemon, "--config", str(daemon.config), "token", "create", "--role", "viewer",
+               "--name", "inventory").splitlines()[-1]
+
+
+def run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = clean_env() | {"PATH": f"{BIN}:/usr/sbin:/usr/bin:/sbin:/bin"} | env
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env,
+                            check=False)
+    assert BMC_PASSWORD not in result.stdout + result.stderr
+    return result
+
+
+def ansible_inventory(daemon: Daemon, token: str, *args: str) -> Any:
+    result = run([str(BIN / "ansible-inventory"), "-i", str(SCRIPT), *args],
+                 {"PROVISIONER_URL": daemon.url, "PROVISIONER_TOKEN": token})
+    assert result.returncode == 0, result.stderr
+    assert "[WARNING]" not in result.stderr, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_ansible_inventory_accepts_the_output(daemon: Daemon, viewer: str) -> None:
+    deadline = time.monotonic() + 60
+    while True:  # the simulated nodes are inspected (GPU facts) within a second or two
+        listed = ansible_inventory(daemon, viewer, "--list")
+        gpu_hosts = listed.get("gpu_nvidia_h100_80gb_hbm3", {}).get("hosts", [])
+        if len(gpu_hosts) == 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(gpu_hosts) == ["sim-r01-n001", "sim-r01-n002", "sim-r02-n001"]
+    assert listed["rack_r01"]["hosts"] == ["sim-r01-n001", "sim-r01-n002"]
+    assert "gpu-real-01" in listed["rack_rack_7"]["hosts"]
+    assert "gpu-real-01" in listed["profile_gpu_worker"]["hosts"]
+    assert any(group.startswith("state_") for group in listed)
+    assert set(listed["all"]["children"]) >= {"rack_r01", "rack_r02", "profile_gpu_worker",
+                                              "gpu_nvidia_h100_80gb_hbm3", "ungrouped"}
+    real = listed["_meta"]["hostvars"]["gpu-real-01"]
+    assert real["provisioner_serial"] == "REAL0001"
+    assert real["provisioner_bmc_address"] == "127.0.0.9"
+    assert real["provisioner_rack"] == "rack-7" and real["provisioner_gpu_model"] is None
+    sim = listed["_meta"]["hostvars"]["sim-r01-n001"]
+    assert sim["provisioner_gpu_count"] == 8 and len(sim["provisioner_node_id"]) == 36
+    assert "password" not in json.dumps(listed).lower().replace("password_set", "")
+
+    host = ansible_inventory(daemon, viewer, "--host", "gpu-real-01")
+    assert host["provisioner_serial"] == "REAL0001"
+
+
+def test_script_reads_a_config_file_and_fails_clearly(
+        daemon: Daemon, viewer: str, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text(viewer + "\n")
+    config = tmp_path / "inventory.toml"
+    config.write_text(f'url = "{daemon.url}/api/v1"\ntoken_file = "{token_file}"\n')
+    result = run([sys.executable, str(SCRIPT), "--list"],
+                 {"PROVISIONER_INVENTORY_CONFIG": str(config)})
+    assert result.returncode == 0, result.stderr
+    assert "gpu-real-01" in json.loads(result.stdout)["_meta"]["hostvars"]
+
+    result = run([sys.executable, str(SCRIPT), "--list"],
+                 {"PROVISIONER_URL": daemon.url, "PROVISIONER_TOKEN": "pvt_wrong"})
+    assert result.returncode == 1
+    assert result.stderr.startswith("provisioner inventory: error: GET /nodes: HTTP 401")
+    assert result.stderr.count("\n") == 1 and "pvt_wrong" not in result.stderr
+
+    result = run([sys.executable, str(SCRIPT), "--list"],
+                 {"PROVISIONER_INVENTORY_CONFIG": str(tmp_path / "missing.toml")})
+    assert result.returncode == 1 and "missing.toml does not exist" in result.stderr
