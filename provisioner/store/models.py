@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import UniqueConstraint
+from sqlalchemy import Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -14,6 +14,7 @@ def utcnow() -> datetime:
 
 class NodeRow(SQLModel, table=True):
     __tablename__ = "node"
+    __table_args__ = (Index("ix_node_created_at_id", "created_at", "id"),)
 
     id: str = Field(primary_key=True, max_length=36)
     hostname: str | None = Field(default=None, unique=True, max_length=253)
