@@ -71,11 +71,23 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",
             assets_dir=assets, kernel=settings.boot.inspection_kernel,
             initrd=settings.boot.inspection_initrd, kernel_args=settings.boot.kernel_args)
+        _check_ramdisk(config)
         http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,
                         renderer=Renderer())
         servers.append(HttpServer(http.app(), settings.http.listen))
     servers += _network_servers(settings, store, discovery, assets)
     return servers
+
+
+def _check_ramdisk(config: BootHttpConfig) -> None:
+    """Nodes cannot be inspected without the ramdisk: say so at start, with the fix."""
+    missing = [name for name in (config.kernel, config.initrd)
+               if not (config.artefacts_dir / name).is_file()]
+    if missing:
+        log.warning("inspection ramdisk missing in %s (%s): nodes will not boot into "
+                    "inspection; build it with: bash pxe/ramdisk/build.sh %s",
+                    config.artefacts_dir, ", ".join(missing),
+                    (config.artefacts_dir / config.kernel).parent)
 
 
 def _network_servers(settings: Settings, store: Store, discovery: Discovery,
