@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from provisioner import __version__, cli_format, cli_topology
+from provisioner import __version__, cli_format, cli_power, cli_topology
 from provisioner.client import ApiClient, ApiError, Json
 from provisioner.errors import ConfigError, ProvisionerError
 
@@ -171,6 +171,7 @@ def _add_node_commands(node: argparse._SubParsersAction[argparse.ArgumentParser]
     history.add_argument("node", metavar="NODE")
     history.add_argument("--json", action="store_true", help="a JSON array of the entries")
     history.set_defaults(command=cmd_node_history)
+    cli_power.add_power_commands(node, api)
 
 
 def _group(sub: argparse._SubParsersAction[argparse.ArgumentParser], name: str,

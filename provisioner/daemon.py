@@ -20,15 +20,21 @@ from provisioner.bmc.ipmi import IpmiDriver
 from provisioner.bmc.managed import BmcManager
 from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
-from provisioner.boot.stack import build_boot
+from provisioner.boot.stack import base_url, build_boot
 from provisioner.config import Settings
 from provisioner.errors import ConfigError, NotFound, SchemaError
-from provisioner.install.base import ComposedInstaller, Configurer, InstallEvent, OnEvent
+from provisioner.install.base import (
+    AgentEndpoint,
+    ComposedInstaller,
+    Configurer,
+    InstallEvent,
+    OnEvent,
+)
 from provisioner.install.installer import AnsibleInstaller
 from provisioner.kube.client import KubeClient
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync, OnChange
-from provisioner.lifecycle.agents import FactsMailbox
+from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import KubeJoiner, Ports
 from provisioner.lifecycle.routing import (
@@ -135,7 +141,10 @@ class Daemon:
             metrics = Metrics()
             mailbox = FactsMailbox()
             kube_client = await self._connect_kube(stack)
-            ansible = self._ansible(stack)  # ConfigError (exit 2) without ansible-playbook
+            agent_tokens = AgentTokens(store.tokens,
+                                       ttl_s=self._settings.boot.agent_token_ttl_s)
+            # ConfigError (exit 2) without ansible-playbook
+            ansible = self._ansible(stack, agent_tokens)
             kube: KubeJoiner = Unavailable("Kubernetes join")
             if kube_client is not None:
                 kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=ansible.run_join)
@@ -146,7 +155,7 @@ class Daemon:
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             runner = await self._start_api(store, conductor, metrics)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
-            await self._start_boot(stack, store, conductor, mailbox)
+            await self._start_boot(stack, store, conductor, mailbox, agent_tokens)
             resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
             log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
@@ -177,12 +186,17 @@ class Daemon:
         stack.push_async_callback(client.aclose)
         return client
 
-    def _ansible(self, stack: AsyncExitStack) -> AnsibleInstaller:
-        """The "install" pool (runs take tens of minutes) and the Ansible installer."""
+    def _ansible(self, stack: AsyncExitStack, agent_tokens: AgentTokens) -> AnsibleInstaller:
+        """The "install" pool (runs take tens of minutes) and the Ansible installer; its
+        ``facts`` role posts to the boot server's agent API with a node's agent token."""
         settings = self._settings.install
         pool = ThreadPoolExecutor(settings.max_concurrency, thread_name_prefix="install")
         stack.callback(pool.shutdown, wait=False)
-        return AnsibleInstaller.create(settings, state_dir=self._settings.state_dir, pool=pool)
+        agent = None
+        if self._settings.http.listen is not None:
+            agent = AgentEndpoint(base_url(self._settings), agent_tokens.issue_token)
+        return AnsibleInstaller.create(settings, state_dir=self._settings.state_dir, pool=pool,
+                                       agent=agent)
 
     def _request_stop(self, sig: signal.Signals) -> None:
         log.info("received %s", sig.name)
@@ -199,10 +213,10 @@ class Daemon:
         return runner
 
     async def _start_boot(self, stack: AsyncExitStack, store: Store, conductor: Conductor,
-                          mailbox: FactsMailbox) -> None:
+                          mailbox: FactsMailbox, agent_tokens: AgentTokens) -> None:
         """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
         TFTP. Each binds before READY=1; a port in use stops the start."""
-        boot = build_boot(self._settings, store, conductor, mailbox)
+        boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens)
         for server in boot:
             await server.start()
             stack.push_async_callback(server.stop)

@@ -37,6 +37,8 @@ APT_PACKAGES=(
   openssh-client   # ssh, ssh-keygen: Ansible's connection
   debootstrap      # the Debian root the playbooks run against (cached, tests/peers/debootstrap.py)
   socat            # ssh ProxyCommand into the target's network namespace
+  openipmi         # ipmi_sim: a real IPMI BMC on loopback (tests/peers/ipmi_sim.py, PEERS.md §4)
+  ipmitool         # ipmi_sim's readiness probe
 )
 MIN_PYTHON=(3 11)
 

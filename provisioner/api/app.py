@@ -23,6 +23,7 @@ from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
 from provisioner.api.openapi import Handler, Route, openapi_document
+from provisioner.api.power import ROUTES as POWER_ROUTES
 from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
 from provisioner.config import ApiSettings
 from provisioner.domain import Role
@@ -55,7 +56,7 @@ _MAX_TOKEN_CHARS: Final = 512
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
              settings: ApiSettings) -> web.Application:
-    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *_OWN_ROUTES)
+    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens

@@ -349,3 +349,30 @@ def respond(model: BaseModel, *, status: int = 200,
             headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(text=model.model_dump_json(), status=status, headers=headers,
                         content_type="application/json")
+
+
+# -- power and boot device (BMC) ------------------------------------------------------------
+
+
+class PowerRequest(_Request):
+    action: Literal["on", "off", "soft-off", "cycle", "status"] = Field(
+        description="on/off/cycle are confirmed by read-back; soft-off asks the OS (ACPI)")
+
+
+class BootDeviceRequest(_Request):
+    device: Literal["pxe", "disk", "http", "bios"]
+    persistent: bool = Field(False, description="false: next boot only")
+    uefi: bool = Field(True, description="UEFI (true) or legacy BIOS (false) boot")
+
+
+class PowerOut(BaseModel):
+    action: str
+    power_state: Literal["on", "off"] = Field(description="As read back from the BMC")
+    node: NodeOut
+
+
+class BootDeviceOut(BaseModel):
+    device: str
+    persistent: bool
+    uefi: bool
+    node: NodeOut

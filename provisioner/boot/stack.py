@@ -13,7 +13,7 @@ from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.render import Renderer
 from provisioner.config import Settings, parse_host_port
 from provisioner.errors import ConfigError
-from provisioner.lifecycle.agents import AgentService, FactsMailbox
+from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
 from provisioner.store.store import Store
@@ -57,7 +57,7 @@ def base_url(settings: Settings) -> str:
 
 
 def build_boot(settings: Settings, store: Store, conductor: Conductor,
-               mailbox: FactsMailbox) -> list[Server]:
+               mailbox: FactsMailbox, agent_tokens: AgentTokens) -> list[Server]:
     servers: list[Server] = []
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
@@ -65,7 +65,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     assets = settings.boot.assets_dir or DEBIAN_IPXE
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
-                              token_ttl_s=settings.boot.agent_token_ttl_s)
+                              token_ttl_s=settings.boot.agent_token_ttl_s,
+                              agent_tokens=agent_tokens)
         config = BootHttpConfig(
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",

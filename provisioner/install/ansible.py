@@ -31,27 +31,18 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import ansible_runner
 
-from provisioner.errors import ConfigError, FatalError, ProvisionerError, RetryableError
-from provisioner.install.base import InstallEvent, OnEvent, PlayRecap, RunResult, TaskStatus
-from provisioner.install.workdir import (
-    RunDir,
-    control_path_dir_blocking,
-    create_run_dir_blocking,
-    finish_run_dir_blocking,
-)
+from provisioner.errors import ConfigError, FatalError, ProvisionerError
+from provisioner.install.base import InstallEvent, OnEvent, RunResult, TaskStatus
+from provisioner.install.events import ANSI, recap_from_stats, translate
+from provisioner.install.workdir import RunDir, create_run_dir_blocking, finish_run_dir_blocking
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25  # how often runner looks at the cancel flag and the timeout
-_MESSAGE_MAX = 500
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_TASK_EVENTS = {"runner_on_ok", "runner_on_failed", "runner_on_skipped",
-                "runner_on_unreachable"}
 _ENV_KEEP = re.compile(r"^(PATH|HOME|USER|LOGNAME|SHELL|TMPDIR|TZ|LANG|LANGUAGE|LC_\w+|"
                        r"SSH_AUTH_SOCK|ANSIBLE_\w+|(?i:https?_proxy|no_proxy))$")
 _DONE = object()
@@ -96,6 +87,7 @@ class RunnerOptions:
     timeout_s: float
     forks: int
     keep_failed_runs: int
+    control_path_dir: Path | None = None  # ssh ControlMaster sockets; None: ~/.ansible/cp
 
 
 class AnsibleRun:
@@ -197,16 +189,11 @@ class AnsibleRun:
 
     def _envvars_blocking(self) -> dict[str, str]:
         options = self._options
-        bin_dir = str(options.binary.parent)
-        return {
-            "PATH": bin_dir + os.pathsep + os.environ.get("PATH", os.defpath),
-            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(
-                control_path_dir_blocking(options.state_dir / "ansible")),
-            "ANSIBLE_RETRY_FILES_ENABLED": "False",
-            "ANSIBLE_FORCE_COLOR": "False",
-            "ANSIBLE_NOCOLOR": "True",
-            "ANSIBLE_HOST_KEY_CHECKING": "False",
-        }
+        env = {"PATH": str(options.binary.parent) + os.pathsep + os.environ.get("PATH", ""),
+               "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "True"}
+        if options.control_path_dir is not None:
+            env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(options.control_path_dir)
+        return env
 
 
 def kill_leftovers_blocking(marker: str) -> list[int]:
@@ -240,107 +227,13 @@ def scrub_env(env: Mapping[str, str], parent: Mapping[str, str]) -> dict[str, st
             if key not in parent or parent[key] != value or _ENV_KEEP.match(key)}
 
 
-def translate(raw: Mapping[str, Any]) -> list[InstallEvent]:
-    """runner event → ``InstallEvent``s: task outcomes and play recaps; the rest is dropped."""
-    name = raw.get("event", "")
-    data: Mapping[str, Any] = raw.get("event_data") or {}
-    when = _when(raw.get("created"))
-    if name == "playbook_on_stats":
-        return [InstallEvent(task="PLAY RECAP", host=host, status=TaskStatus.RECAP,
-                             message=str(recap), when=when)
-                for host, recap in recap_from_stats(data).items()]
-    if name not in _TASK_EVENTS:
-        return []
-    res: Mapping[str, Any] = data.get("res") or {}
-    task = str(data.get("task") or data.get("task_action") or "?").strip()
-    host = str(data.get("host") or data.get("remote_addr") or "?")
-    status, message = _status(name, data, res)
-    return [InstallEvent(task=task, host=host, status=status, message=message, when=when)]
-
-
-def _status(name: str, data: Mapping[str, Any],
-            res: Mapping[str, Any]) -> tuple[TaskStatus, str]:
-    if name == "runner_on_ok":
-        return (TaskStatus.CHANGED if res.get("changed") else TaskStatus.OK), ""
-    if name == "runner_on_skipped":
-        return TaskStatus.SKIPPED, ""
-    if name == "runner_on_unreachable":
-        return TaskStatus.UNREACHABLE, failure_message(res)
-    if data.get("ignore_errors"):
-        return TaskStatus.OK, "failed (ignored): " + failure_message(res)
-    return TaskStatus.FAILED, failure_message(res)
-
-
-def failure_message(res: Mapping[str, Any]) -> str:
-    """``msg``, plus the last stderr lines of a command, in one short line."""
-    items = res.get("results")
-    if isinstance(items, list):  # a loop: the first failed item speaks for the task
-        failed = [item for item in items if isinstance(item, dict) and item.get("failed")]
-        if failed:
-            return failure_message(failed[0])
-    parts = [str(res.get("msg") or "").strip()]
-    stderr = str(res.get("stderr") or res.get("module_stderr") or "").strip()
-    if stderr:
-        parts.append(" / ".join(stderr.splitlines()[-3:]))
-    if isinstance(res.get("rc"), int) and res.get("rc") != 0:
-        parts.append(f"(rc {res['rc']})")
-    text = " ".join(" ".join(part for part in parts if part).split())
-    return text if len(text) <= _MESSAGE_MAX else text[:_MESSAGE_MAX - 1] + "\u2026"
-
-
-def recap_from_stats(stats: Any) -> dict[str, PlayRecap]:
-    """``playbook_on_stats`` data (or ``Runner.stats``): per-host ``PlayRecap``."""
-    if not isinstance(stats, Mapping):
-        return {}
-    keys = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable",
-            "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
-    counts: dict[str, dict[str, int]] = {}
-    for source, target in keys.items():
-        per_host = stats.get(source)
-        if isinstance(per_host, Mapping):
-            for host, count in per_host.items():
-                counts.setdefault(str(host), {})[target] = int(count)
-    return {host: PlayRecap(**values) for host, values in counts.items()}
-
-
-def _when(created: object) -> datetime:
-    if isinstance(created, str):
-        try:
-            parsed = datetime.fromisoformat(created)
-        except ValueError:
-            pass
-        else:
-            return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return datetime.now(UTC)
-
-
 def _stdout_tail(artifact_dir: Path, lines: int = 15) -> str:
     try:
         text = (artifact_dir / "stdout").read_text(encoding="utf-8", errors="replace")
     except OSError:
         return ""
-    kept = [line for line in _ANSI.sub("", text).splitlines() if line.strip()]
+    kept = [line for line in ANSI.sub("", text).splitlines() if line.strip()]
     return "\n".join(kept[-lines:])
-
-
-def raise_for(result: RunResult, what: str) -> None:
-    """Turn a run that did not succeed into the step's error: an unreachable host is
-    retryable, so is a timeout; a failing task is fatal and names the task."""
-    if result.ok:
-        return
-    unreachable = [e for e in result.failures if e.status is TaskStatus.UNREACHABLE]
-    failed = [e for e in result.failures if e.status is TaskStatus.FAILED]
-    if unreachable:
-        event = unreachable[0]
-        raise RetryableError(f"{what}: host {event.host} unreachable: {event.message}")
-    if failed:
-        event = failed[-1]
-        raise FatalError(f"{what}: task {event.task!r} failed on {event.host}: "
-                         f"{event.message}")
-    if result.status == "timeout":
-        raise RetryableError(f"{what}: ansible-playbook timed out")
-    last = result.stdout_tail.splitlines()[-1:] or [f"status {result.status}"]
-    raise FatalError(f"{what}: ansible-playbook exited with rc {result.rc}: {last[0]}")
 
 
 class AnsibleRunner:

@@ -26,10 +26,14 @@ from provisioner.install.ansible import (
     RunnerOptions,
     RunSpec,
     find_ansible_playbook,
-    raise_for,
 )
 from provisioner.install.base import AgentEndpoint, OnEvent
-from provisioner.install.workdir import find_playbooks, one_host_inventory
+from provisioner.install.events import raise_for
+from provisioner.install.workdir import (
+    control_path_dir_blocking,
+    find_playbooks,
+    one_host_inventory,
+)
 
 log = logging.getLogger(__name__)
 _GROUP_UNSAFE = re.compile(r"\W+")
@@ -84,7 +88,9 @@ class AnsibleInstaller:
             raise ConfigError(f"install.ssh_private_key_file: {key} does not exist")
         options = RunnerOptions(state_dir=state_dir, playbooks=playbooks, binary=binary,
                                 timeout_s=settings.run_timeout_s, forks=settings.forks,
-                                keep_failed_runs=settings.keep_failed_runs)
+                                keep_failed_runs=settings.keep_failed_runs,
+                                control_path_dir=control_path_dir_blocking(
+                                    state_dir / "ansible"))
         log.info("ansible: %s, playbooks in %s", binary, playbooks)
         return cls(settings, AnsibleRunner(options, pool, on_event), agent=agent)
 

@@ -68,22 +68,19 @@ class ReportResult:
     token: str | None  # a new token when the report was adopted by another node
 
 
-class AgentService:
-    def __init__(self, conductor: Conductor, repo: NodeRepo, tokens: TokenRepo,
-                 mailbox: FactsMailbox, *, token_ttl_s: int,
+class AgentTokens:
+    """Single-purpose agent tokens, one per node. A node that fetches its script again while
+    its token has more than half its life left gets the same one (no writes); a fresh one
+    revokes the earlier ones. Shared by the boot server and the Ansible ``facts`` role."""
+
+    def __init__(self, tokens: TokenRepo, *, ttl_s: int,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self._conductor = conductor
-        self._repo = repo
         self._tokens = tokens
-        self._mailbox = mailbox
-        self._ttl = timedelta(seconds=token_ttl_s)
-        self._issued: dict[str, tuple[str, datetime]] = {}
+        self._ttl = timedelta(seconds=ttl_s)
         self._clock = clock
+        self._issued: dict[str, tuple[str, datetime]] = {}
 
     async def issue_token(self, node_id: str) -> str:
-        """The node's agent token: the one issued earlier while it has more than half its
-        lifetime left (a node re-fetching its script costs no writes), else a fresh one,
-        and the earlier ones stop working."""
         now = self._clock()
         cached = self._issued.get(node_id)
         if cached is not None and cached[1] - now > self._ttl / 2:
@@ -95,8 +92,24 @@ class AgentService:
         self._issued[node_id] = (token, expires)
         return token
 
-    def forget_token(self, node_id: str) -> None:
+    def forget(self, node_id: str) -> None:
         self._issued.pop(node_id, None)
+
+
+class AgentService:
+    def __init__(self, conductor: Conductor, repo: NodeRepo, tokens: TokenRepo,
+                 mailbox: FactsMailbox, *, token_ttl_s: int,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 agent_tokens: AgentTokens | None = None) -> None:
+        self._conductor = conductor
+        self._repo = repo
+        self._mailbox = mailbox
+        self._agent_tokens = agent_tokens or AgentTokens(tokens, ttl_s=token_ttl_s,
+                                                         clock=clock)
+
+    async def issue_token(self, node_id: str) -> str:
+        """The node's agent token (see ``AgentTokens``)."""
+        return await self._agent_tokens.issue_token(node_id)
 
     async def report(self, node_id: str, mac: str, facts: object) -> ReportResult:
         node = await self._repo.get(node_id)
@@ -104,7 +117,7 @@ class AgentService:
             checked = self._check(node, mac, facts)
         except InvalidRequest as exc:
             await self._conductor.record(node.id, "report_rejected", actor="agent",
-                                         reason=str(exc))
+                                         reason=str(exc), level=logging.WARNING)
             raise
         serial = checked["system"]["serial"] or None
         target, token = node, None
@@ -112,12 +125,13 @@ class AgentService:
             owner = await self._repo.find_by_serial(serial)
             if owner is not None and owner.id != node.id:
                 target = await self._conductor.adopt(node.id, owner.id, actor="agent")
-                self.forget_token(node.id)
+                self._agent_tokens.forget(node.id)
                 token = await self.issue_token(target.id)
             else:
                 await self._repo.update_meta(node.id, NodeChange(serial=serial))
-        await self._repo.merge_facts(target.id, {"last_report": checked})
-        self._mailbox.deliver(target.id, checked)
+        target = await self._repo.merge_facts(target.id, {"last_report": checked})
+        if target.state is NodeState.INSPECTING:  # a later report (OS up) inspects nothing
+            self._mailbox.deliver(target.id, checked)
         log.info("node %s: facts accepted (serial %s)", target.id, serial)
         return ReportResult(node_id=target.id, token=token)
 

@@ -114,14 +114,15 @@ class Conductor:
             await self._apply_policy(node)
         return node
 
-    async def record(self, node_id: str, event: str, *, actor: str, reason: str) -> Node:
+    async def record(self, node_id: str, event: str, *, actor: str, reason: str,
+                     level: int = logging.INFO) -> Node:
         """A history row that changes no state: a refused agent report, say."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             node = await self._repo.transition(node, to_state=node.state, event=event,
                                                actor=actor, reason=reason,
                                                reset_checkpoint=False)
-        log.warning("node %s: %s by %s: %s", node_id, event, actor, reason)
+        log.log(level, "node %s: %s by %s: %s", node_id, event, actor, reason)
         self._notify(node, event, node.state)
         return node
 
@@ -218,7 +219,8 @@ class Conductor:
             await self._ports.kube.maintenance(node, on, reason or "maintenance")
         except ProvisionerError as exc:
             await self.record(node.id, "kube_maintenance_failed", actor=SYSTEM_ACTOR,
-                              reason=f"{'drain' if on else 'uncordon'} failed: {exc}")
+                              reason=f"{'drain' if on else 'uncordon'} failed: {exc}",
+                              level=logging.WARNING)
 
     @staticmethod
     def allowed_events(node: Node) -> frozenset[Event]:

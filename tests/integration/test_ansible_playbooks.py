@@ -196,8 +196,8 @@ async def test_failing_task_fails_with_the_task_name(
         installer, pool = make_installer(settings, work / "state")
         node = await make_node(S.CONFIGURING, hostname="gpu-fail-01")
         await store.nodes.merge_facts(node.id, {"address": target.address})
-        with pytest.raises(FatalError, match=r"task 'Check the inputs' failed on gpu-fail-01: "
-                           r"kubernetes_version latest is not MAJOR\.MINOR\.PATCH"):
+        with pytest.raises(FatalError, match=r"task 'Check the Kubernetes version' failed on "
+                           r"gpu-fail-01: kubernetes_version latest is not MAJOR\.MINOR\.PATCH"):
             await installer.configure(await store.nodes.get(node.id), "run-1")
         kept = work / "state" / "ansible" / node.id / "run-1"
         assert (kept / "artifacts" / "run" / "status").read_text() == "failed"

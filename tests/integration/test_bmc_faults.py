@@ -1,7 +1,8 @@
-"""100 simulated IPMI BMCs (pyghmi's Bmc class, one process) behind the real ipmi driver,
-driven through the real conductor's inspect step: 10 are dead (silent UDP sockets), 5 flap (the first 2 commands answer "node busy"). The 85
-healthy nodes finish about as fast as 85 nodes with no faults at all; the dead ones end
-``inspect_failed`` with the reason; the flapping ones succeed after retries.
+"""100 simulated IPMI BMCs (pyghmi's Bmc class, 20 per process) behind the real ipmi
+driver, driven through the real conductor's inspect step: 10 are dead (silent UDP sockets),
+5 flap (their first 2 commands answer "node busy"). The 85 healthy nodes finish about as
+fast as 85 nodes with no faults at all; the dead ones end ``inspect_failed`` with the
+reason; the flapping ones succeed after retries.
 
 The dead BMCs are silent UDP sockets. Closed ports (ICMP port unreachable) are not used:
 five concurrent pyghmi logins to closed loopback ports wedged pyghmi's client for every
@@ -44,7 +45,8 @@ def pool() -> Iterator[ThreadPoolExecutor]:
 
 
 async def inspect_all(store: Store, world: SimWorld, pool: ThreadPoolExecutor, tag: str,
-                      ports: list[int], sim: SimBmcs) -> tuple[dict[int, Node], dict[int, float]]:
+                      ports: list[int], sim: SimBmcs, *, logout: bool = True,
+                      ) -> tuple[dict[int, Node], dict[int, float]]:
     """Enroll one node per port, fire inspect on all, wait; (port -> node, port -> seconds)."""
     ipmi = IpmiDriver(pool, timeout_s=SETTINGS.timeout_s)
     bmcs = BmcManager(BmcRegistry({"ipmi": ipmi}, closers=[ipmi.aclose]), SETTINGS)
@@ -73,21 +75,22 @@ async def inspect_all(store: Store, world: SimWorld, pool: ThreadPoolExecutor, t
                         nodes[port], finished[port] = current, time.monotonic() - started
             await asyncio.sleep(0.05)
     await conductor.stop()
-    await bmcs.aclose()
+    if logout:  # pyghmi 1.6.19: new sessions right after many logouts were unreliable here
+        await bmcs.aclose()
     return nodes, finished
 
 
 async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
         store: Store, world: SimWorld, pool: ThreadPoolExecutor) -> None:
-    with SimBmcs(count=85) as clean:
-        _, baseline = await inspect_all(store, world, pool, "base", clean.ports, clean)
-    baseline_s = max(baseline.values())
-
-    with SimBmcs(count=90, flap=5, flap_calls=2, silent=10) as sim:
+    # Both sets stay up to the end: no port of the first run is reused by the second.
+    with SimBmcs(count=85) as clean, SimBmcs(count=90, flap=5, flap_calls=2, silent=10) as sim:
+        _, baseline = await inspect_all(store, world, pool, "base", clean.ports, clean,
+                                        logout=False)
         flapping, healthy = sim.ports[:5], sim.ports[5:]
         dead = sim.silent
         nodes, took = await inspect_all(store, world, pool, "flt", sim.ports + dead, sim)
         stats = sim.stats()
+    baseline_s = max(baseline.values())
 
     assert {nodes[p].state for p in healthy + flapping} == {NodeState.INSPECTED}
     for port in dead:
@@ -97,5 +100,6 @@ async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
     assert all(stats[p]["power"] == "off" and stats[p]["opened"] == 1 for p in healthy)
     healthy_s = max(took[p] for p in healthy)
     assert healthy_s <= 1.5 * baseline_s + 2.0, (healthy_s, baseline_s)
-    # the dead ones fail within their retries' deadlines, not pyghmi's own timeouts
-    assert max(took[p] for p in dead) < 3 * (SETTINGS.timeout_s + 0.5) + 2.0
+    # the dead ones fail on our deadlines (3 attempts of 2 s, plus queueing for the pool
+    # while 100 nodes start at once), not after pyghmi's own ~5 s per login and retries
+    assert max(took[p] for p in dead) < (SETTINGS.retries + 1) * SETTINGS.timeout_s + 8.0

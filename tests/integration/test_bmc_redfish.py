@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+
 from provisioner.bmc.base import (
     BmcAuthFailed,
     BmcUnreachable,

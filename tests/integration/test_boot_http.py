@@ -233,3 +233,21 @@ async def test_discovery_cache_sees_enrolment_at_once(store: Store, world: SimWo
     await conductor.fire(node.id, Event.INSPECT, actor="op")
     assert (await discovery.lookup(MAC)).state == "inspecting"  # type: ignore[union-attr]
     await conductor.stop()
+
+
+async def test_a_report_outside_inspection_does_not_answer_a_later_one(boot: Boot) -> None:
+    """Facts posted once the OS is up (the Ansible facts role) are kept on the node but must
+    not satisfy the next inspection, which has to boot the machine and look again."""
+    node = await boot.conductor.enroll(NewNode(state=S.ENROLLED, macs=(MAC,), serial="LATE-1"),
+                                       actor="op")
+    await wait_for_state(boot.store, node.id, S.INSPECTING)
+    args = agent_args(await get_script(boot, MAC)) | {"url": boot.url}
+    await agent_thread(args, host_facts(MAC, "LATE-1"))
+    await wait_for_state(boot.store, node.id, S.INSPECTED)
+    assert "sanboot" in await get_script(boot, MAC)  # nothing to do on the network now
+    status, _ = await post_facts(boot, args["token"], {"mac": MAC,
+                                                       "facts": host_facts(MAC, "LATE-1")})
+    assert status == 200  # accepted and kept as the node's last report
+    await boot.conductor.fire(node.id, Event.INSPECT, actor="op")
+    await asyncio.sleep(0.5)
+    assert (await boot.store.nodes.get(node.id)).state == S.INSPECTING  # still waiting

@@ -7,8 +7,8 @@ variant, packages) was written, so an interrupted build is never used; a stamp t
 match (the package list changed) rebuilds; leftovers of a crashed build are unmounted before
 they are removed. Tests never write into the cached root: they mount an overlay over it.
 
-Timings on the CI machine type (2 cores, deb.debian.org): cold build ~90 s, warm (stamp
-check) ~1 ms.
+Measured on the CI machine type (2 cores, deb.debian.org, 476 MB root): cold build 61-92 s,
+warm (stamp check) 0.2 ms; a test's overlay + sshd start in ~0.1 s, stop in ~0.03 s.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Layout (PEERS.md §1, §9):
 - ``ip netns exec NS unshare --mount --uts --pid --fork --kill-child``: a private mount
   namespace (overlay, proc, the netns's sysfs, /dev, tmpfs /run and /tmp), a private UTS
   namespace (the playbooks may set the hostname) and a PID namespace whose init is sshd
-  (killing the unshare PID kills everything the sessions started).
+  (SIGKILL to the unshare PID kills everything the sessions started).
 - Ansible stays in the root namespace (as the daemon's runner does) and reaches the node
   through ``ProxyCommand=ip netns exec NS socat STDIO TCP:%h:%p``: ``ansible_host`` is the
   node's address inside the namespace. ControlMaster sockets live in a per-test dir.
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import subprocess
 import time
 import uuid
@@ -186,18 +185,10 @@ def ssh_node(work: Path, files: Mapping[str, tuple[str, int]] | None = None
                       upper=upper, pid=proc.pid)
     finally:
         if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+            # unshare --fork blocks SIGTERM while it waits for its child: SIGKILL it, and
+            # --kill-child takes the node's PID namespace (sshd, sessions) down with it
+            proc.kill()
+            proc.wait(10)
         subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True)
         unmount_under(merged)  # only if the mount namespace leaked (it should not)
 
-
-def tcp_refused_port() -> int:
-    """A loopback port nothing listens on (for 'connection refused')."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])

@@ -157,11 +157,13 @@ class SimBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
 
     def handle_raw_request(self, request: Any, session: Any) -> None:
         self.commands += 1
-        if self.flap > 0:
-            self.flap -= 1
-            answer: Callable[[], None] = lambda: session.send_ipmi_response(code=0xC0)
-        else:
-            def answer() -> None:
+        busy = self.flap > 0
+        self.flap -= int(busy)
+
+        def answer() -> None:
+            if busy:
+                session.send_ipmi_response(code=0xC0)  # "node busy"
+            else:
                 super(SimBmc, self).handle_raw_request(request, session)
         if self.latency_s > 0:
             later(self.latency_s, answer)

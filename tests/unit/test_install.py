@@ -16,15 +16,9 @@ from provisioner.config import InstallSettings
 from provisioner.domain import Node
 from provisioner.errors import ConfigError, FatalError, RetryableError
 from provisioner.ids import NodeId
-from provisioner.install.ansible import (
-    failure_message,
-    raise_for,
-    recap_from_stats,
-    scrub_env,
-    secret_prompt,
-    translate,
-)
+from provisioner.install.ansible import scrub_env, secret_prompt
 from provisioner.install.base import InstallEvent, PlayRecap, RunResult, TaskStatus
+from provisioner.install.events import failure_message, raise_for, recap_from_stats, translate
 from provisioner.install.installer import AnsibleInstaller, group_name, node_address
 from provisioner.install.workdir import (
     create_run_dir_blocking,

@@ -1,0 +1,66 @@
+"""``provisioner node power`` / ``node bootdev`` against a real daemon: a node on the shipped
+``fake`` driver, and one enrolled with ``--bmc-driver ipmi`` whose BMC is pyghmi's server
+class (tests/sim/ipmi_bmc.py): the daemon powers it through the real ipmi driver, and
+``node action NODE inspect`` sets PXE and powers it on."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_cli_api import BMC_PASSWORD, as_json
+from tests.e2e.test_cli_api import cli as cli  # noqa: F401  (fixtures)
+from tests.e2e.test_cli_api import daemon as daemon  # noqa: F401
+from tests.e2e.test_cli_api import token as token  # noqa: F401
+from tests.sim.ipmi_bmc import SimBmcs
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def bmc() -> Iterator[SimBmcs]:
+    with SimBmcs(count=1, password=BMC_PASSWORD) as sim:
+        yield sim
+
+
+def test_power_and_bootdev_on_a_fake_bmc(cli: Any) -> None:
+    cli("node", "enroll", "--serial", "PWR1", "--mac", "52:54:00:aa:00:01", "--bmc-driver",
+        "fake", "--bmc-address", "PWR1")
+    assert cli("node", "power", "PWR1", "on").stdout.strip() == "PWR1: power on done; now on"
+    assert as_json(cli("node", "power", "PWR1", "status", "--json"))["power_state"] == "on"
+    out = cli("node", "bootdev", "PWR1", "pxe", "--persistent").stdout.strip()
+    assert out == "PWR1: boot device pxe (persistent, UEFI)"
+    history = as_json(cli("node", "history", "PWR1", "--json"))
+    assert [(h["event"], h["actor"]) for h in history[1:]] == [
+        ("power_on", "token:e2e-admin"), ("bootdev", "token:e2e-admin")]
+
+
+def test_ipmi_enroll_power_bootdev_and_inspect(cli: Any, bmc: SimBmcs, tmp_path: Path) -> None:
+    secret = tmp_path / "bmc.pw"
+    secret.write_text(BMC_PASSWORD + "\n")
+    port = bmc.ports[0]
+    cli("node", "enroll", "--serial", "IPMI1", "--mac", "52:54:00:aa:00:02", "--bmc-driver",
+        "ipmi", "--bmc-address", "127.0.0.1", "--bmc-port", str(port), "--bmc-username",
+        bmc.user, "--bmc-password-file", str(secret))
+    assert "now on" in cli("node", "power", "IPMI1", "on").stdout
+    assert bmc.stats()[port]["power"] == "on"
+    assert "now off" in cli("node", "power", "IPMI1", "off").stdout
+    cli("node", "bootdev", "IPMI1", "disk", "--persistent")
+    assert (bmc.stats()[port]["bootdev"], bmc.stats()[port]["boot_flags"] & 0x40) == (8, 0x40)
+
+    cli("node", "action", "IPMI1", "inspect")  # boot device PXE, then power on
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = bmc.stats()[port]
+        if stats["power"] == "on" and stats["bootdev"] == 4:
+            break
+        time.sleep(0.2)
+    assert (stats["power"], stats["bootdev"], stats["opened"]) == ("on", 4, 1), stats
+    cli("node", "action", "IPMI1", "abort")  # no inspection agent will ever report here
+    shown = json.loads(cli("node", "show", "IPMI1", "--json").stdout)
+    assert BMC_PASSWORD not in json.dumps(shown)
