@@ -300,6 +300,19 @@ class InstallSettings(_Section):
         "{ gpu-worker = { containerd_nvidia_toolkit = true } }")
 
 
+class ImageSettings(_Section):
+    """The OS image a profile deploys, and the disk it goes to."""
+
+    url: str = Field(description="http(s) URL, or a path under boot.artefacts_dir")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Of the file as served")
+    format: Literal["raw", "raw.gz", "raw.zst"] | None = Field(
+        None, description="Default: from the file name's suffix")
+    root_disk: str = Field(
+        "smallest", description="smallest | largest | name:<dev> | serial:<s> | wwn:<w>")
+    root_disk_min_gb: float = Field(0, ge=0, description="Ignore disks smaller than this")
+    root_disk_nonrotational: bool = Field(False, description="Only SSD/NVMe disks")
+
+
 class LogSettings(_Section):
     level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log level")
 
@@ -335,6 +348,9 @@ class Settings(BaseSettings):
     bmc: BmcSettings = BmcSettings()
     kube: KubeSettings = KubeSettings()
     install: InstallSettings = InstallSettings()
+    images: dict[str, ImageSettings] = Field(
+        default_factory=dict, description="Per profile: [images.<profile>] url, sha256, "
+        "format, root_disk, root_disk_min_gb, root_disk_nonrotational")
     log: LogSettings = LogSettings()
     daemon: DaemonSettings = DaemonSettings()
 

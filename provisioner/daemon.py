@@ -27,9 +27,11 @@ from provisioner.install.base import (
     AgentEndpoint,
     ComposedInstaller,
     Configurer,
+    ImageWriter,
     InstallEvent,
     OnEvent,
 )
+from provisioner.install.images import AgentImageWriter, AgentJobs
 from provisioner.install.installer import AnsibleInstaller
 from provisioner.kube.client import KubeClient
 from provisioner.kube.joiner import KubeNodeJoiner
@@ -70,7 +72,8 @@ def run(settings: Settings) -> int:
 
 
 def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox,
-                kube: KubeJoiner, configurer: Configurer | None = None) -> Ports:
+                kube: KubeJoiner, configurer: Configurer | None = None,
+                images: ImageWriter | None = None) -> Ports:
     """Pick the drivers. BMCs by each node's driver name; the rest per node: simulated nodes
     (fake BMC) act on the simulated rack, real ones use the real drivers (inspection: the
     agent's reports) or fail saying the driver is not in this build yet."""
@@ -92,7 +95,7 @@ def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox,
         installer=RoutedInstaller(
             FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
             Unavailable("OS installation") if configurer is None else
-            ComposedInstaller(Unavailable("OS image deploy"), configurer)),
+            ComposedInstaller(images or Unavailable("OS image deploy"), configurer)),
         kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate), kube),
         slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
                           Unavailable("Slurm registration")),
@@ -148,14 +151,16 @@ class Daemon:
             kube: KubeJoiner = Unavailable("Kubernetes join")
             if kube_client is not None:
                 kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=ansible.run_join)
-            ports = build_ports(self._settings, world, mailbox, kube, ansible)
+            jobs = AgentJobs()
+            ports = build_ports(self._settings, world, mailbox, kube, ansible,
+                                self._image_writer(jobs))
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
                                   observer=metrics.observe_transition)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             runner = await self._start_api(store, conductor, metrics)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
-            await self._start_boot(stack, store, conductor, mailbox, agent_tokens)
+            await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs)
             resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
             log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
@@ -212,11 +217,19 @@ class Daemon:
         await web.TCPSite(runner, host, port, reuse_address=True).start()
         return runner
 
+    def _image_writer(self, jobs: AgentJobs) -> AgentImageWriter | None:
+        """Images are written by the nodes' agents, which need the boot HTTP server."""
+        if self._settings.http.listen is None:
+            return None
+        return AgentImageWriter(jobs, self._settings.images,
+                                f"{base_url(self._settings)}/artefacts")
+
     async def _start_boot(self, stack: AsyncExitStack, store: Store, conductor: Conductor,
-                          mailbox: FactsMailbox, agent_tokens: AgentTokens) -> None:
+                          mailbox: FactsMailbox, agent_tokens: AgentTokens,
+                          jobs: AgentJobs) -> None:
         """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
         TFTP. Each binds before READY=1; a port in use stops the start."""
-        boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens)
+        boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens, jobs)
         for server in boot:
             await server.start()
             stack.push_async_callback(server.stop)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.agent.collect import collect
+from provisioner.agent.deploy import DeployError, wipe_boot_area, write_image
 
 log = logging.getLogger("provisioner.agent")
 
@@ -67,10 +68,12 @@ def run(
     *,
     gather: Callable[[], dict[str, Any]] = lambda: collect(Path("/")),
     power: Callable[[str], None] | None = None,
+    device_dir: Path = Path("/dev"),
 ) -> int:
     """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``."""
     client = AgentClient(args["url"], args["token"])
     _report(client, args, gather)
+    done: set[str] = set()  # deployments written: a repeated job (daemon restart) is a no-op
     while True:
         command = client.call("GET", "/agent/v1/command")
         name = command.get("command", "wait")
@@ -78,6 +81,8 @@ def run(
             time.sleep(float(command.get("interval_s", 5)))
         elif name == "report":  # the daemon restarted while its step waited for facts
             _report(client, args, gather)
+        elif name in ("deploy", "wipe"):
+            client.call("POST", "/agent/v1/result", _job(command, done, device_dir))
         elif name in ("poweroff", "reboot"):
             client.call("POST", "/agent/v1/result", {"command": name, "ok": True})
             log.info("%s", name)
@@ -86,6 +91,26 @@ def run(
         else:
             log.warning("unknown command %r; waiting", name)
             time.sleep(5)
+
+
+def _job(command: dict[str, Any], done: set[str], device_dir: Path) -> dict[str, Any]:
+    """Run a deploy or wipe job; the result names its generation."""
+    generation = str(command.get("generation", ""))
+    result: dict[str, Any] = {"command": command["command"], "generation": generation}
+    if generation in done:
+        return result | {"ok": True, "note": "already done"}
+    try:
+        if command["command"] == "deploy":
+            written = write_image(command, device_dir=device_dir)
+            log.info("wrote %d bytes to %s", written, command["disk"])
+        else:
+            for disk in command.get("disks", []):
+                wipe_boot_area(device_dir / disk)
+    except (DeployError, OSError, ValueError, KeyError) as exc:
+        log.error("%s failed: %s", command["command"], exc)
+        return result | {"ok": False, "error": str(exc)}
+    done.add(generation)
+    return result | {"ok": True}
 
 
 def _report(client: AgentClient, args: dict[str, str],

@@ -122,6 +122,7 @@ class BootHttp:
         body = await _json_body(request)
         log.info("node %s: agent ran %s: %s", node_id, body.get("command"),
                  "ok" if body.get("ok") else body.get("error", "failed"))
+        await self._agents.result(node_id, body)
         return web.json_response({"recorded": True})
 
     async def _authenticate(self, request: web.Request) -> str:

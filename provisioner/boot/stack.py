@@ -13,6 +13,7 @@ from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.render import Renderer
 from provisioner.config import Settings, parse_host_port
 from provisioner.errors import ConfigError
+from provisioner.install.images import AgentJobs
 from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
@@ -57,7 +58,8 @@ def base_url(settings: Settings) -> str:
 
 
 def build_boot(settings: Settings, store: Store, conductor: Conductor,
-               mailbox: FactsMailbox, agent_tokens: AgentTokens) -> list[Server]:
+               mailbox: FactsMailbox, agent_tokens: AgentTokens,
+               jobs: AgentJobs) -> list[Server]:
     servers: list[Server] = []
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
@@ -66,7 +68,7 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
                               token_ttl_s=settings.boot.agent_token_ttl_s,
-                              agent_tokens=agent_tokens)
+                              agent_tokens=agent_tokens, jobs=jobs)
         config = BootHttpConfig(
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",

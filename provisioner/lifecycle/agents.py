@@ -20,6 +20,7 @@ from provisioner.agent.facts import FactsError, validate
 from provisioner.domain import Node, Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
+from provisioner.install.images import AgentJobs
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import IN_FLIGHT, NodeState
 from provisioner.store.repo import NodeChange, NodeRepo
@@ -100,8 +101,10 @@ class AgentService:
     def __init__(self, conductor: Conductor, repo: NodeRepo, tokens: TokenRepo,
                  mailbox: FactsMailbox, *, token_ttl_s: int,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-                 agent_tokens: AgentTokens | None = None) -> None:
+                 agent_tokens: AgentTokens | None = None,
+                 jobs: AgentJobs | None = None) -> None:
         self._conductor = conductor
+        self._jobs = jobs or AgentJobs()
         self._repo = repo
         self._mailbox = mailbox
         self._agent_tokens = agent_tokens or AgentTokens(tokens, ttl_s=token_ttl_s,
@@ -139,9 +142,20 @@ class AgentService:
         node = await self._repo.get(node_id)
         if node.state is NodeState.INSPECTING and self._mailbox.wants_report(node.id):
             return {"command": "report"}
+        if node.state in IN_FLIGHT and (job := self._jobs.pending(node.id)) is not None:
+            return job
         if node.state in IN_FLIGHT:
             return {"command": "wait", "interval_s": 3}
         return {"command": "poweroff"}
+
+    async def result(self, node_id: str, body: dict[str, Any]) -> None:
+        """The agent's report on a job (``deploy``, ``wipe``) or a power command."""
+        command, generation = body.get("command"), body.get("generation")
+        if command in ("deploy", "wipe") and isinstance(generation, str):
+            ok, error = body.get("ok") is True, str(body.get("error", ""))[:1000]
+            if not self._jobs.complete(node_id, generation, ok, error):
+                log.info("node %s: stale %s result for %s ignored", node_id, command,
+                         generation)
 
     def _check(self, node: Node, mac: str, facts: object) -> dict[str, Any]:
         try:

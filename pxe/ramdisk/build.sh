@@ -54,6 +54,7 @@ import sys
 before = set(sys.modules)
 import encodings.idna, encodings.ascii, encodings.latin_1, encodings.utf_8
 import provisioner.agent.__main__, provisioner.agent.collect, provisioner.agent.facts
+import provisioner.agent.deploy, zlib, hashlib, threading
 import http.client, urllib.request, json, subprocess, logging, email.parser
 import runpy, importlib.machinery, importlib.util, pkgutil
 for name, mod in sorted(sys.modules.items()):

@@ -91,10 +91,12 @@ async def get_script(boot: Boot, mac: str) -> str:
         return await response.text()
 
 
-async def agent_thread(args: dict[str, str], facts: dict[str, Any]) -> list[str]:
+async def agent_thread(args: dict[str, str], facts: dict[str, Any],
+                       **kwargs: Any) -> list[str]:
+    """The real agent loop in a thread, with ``power`` recorded instead of done."""
     powered: list[str] = []
     thread = threading.Thread(target=run_agent, args=(args,),
-                              kwargs={"gather": lambda: facts, "power": powered.append})
+                              kwargs={"gather": lambda: facts, "power": powered.append, **kwargs})
     thread.start()
     await asyncio.to_thread(thread.join, 30)
     assert not thread.is_alive(), "agent did not finish"

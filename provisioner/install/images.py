@@ -1,0 +1,116 @@
+"""Image deploy driven by the node's agent: the daemon queues a ``deploy`` (or ``wipe``) job
+for the node, the agent in the ramdisk fetches it, streams the image to the chosen disk,
+checks its sha256 and reports back. Implements ``ImageWriter``.
+
+Idempotent: a job names the deployment (the step's run id); after a daemon restart the step
+queues the same job again, and an agent that already wrote that deployment reports success
+without writing again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.config import ImageSettings
+from provisioner.domain import Node
+from provisioner.errors import FatalError, RetryableError
+
+log = logging.getLogger(__name__)
+_FORMATS = {".raw": "raw", ".img": "raw", ".gz": "raw.gz", ".zst": "raw.zst"}
+
+
+@dataclass
+class _Job:
+    body: dict[str, Any]
+    done: asyncio.Future[None]
+
+
+class AgentJobs:
+    """Jobs waiting for nodes' agents (``AgentService.command`` hands them out)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _Job] = {}
+
+    def pending(self, node_id: str) -> dict[str, Any] | None:
+        job = self._jobs.get(node_id)
+        return None if job is None or job.done.done() else job.body
+
+    def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
+        job = self._jobs.get(node_id)
+        if job is None or job.body.get("generation") != generation or job.done.done():
+            return False
+        if ok:
+            job.done.set_result(None)
+        else:
+            job.done.set_exception(FatalError(f"agent: {error or 'failed without a reason'}"))
+        return True
+
+    async def run(self, node_id: str, body: dict[str, Any]) -> None:
+        job = _Job(body, asyncio.get_running_loop().create_future())
+        self._jobs[node_id] = job
+        try:
+            await job.done
+        finally:
+            if self._jobs.get(node_id) is job:
+                del self._jobs[node_id]
+
+
+def choose_disk(disks: list[Mapping[str, Any]], image: ImageSettings) -> str:
+    """The device name the rule picks from the inspected disks; FatalError naming the rule."""
+    rule, _, value = image.root_disk.partition(":")
+    fit = [d for d in disks if d.get("size_bytes", 0) >= image.root_disk_min_gb * 1e9
+           and not (image.root_disk_nonrotational and d.get("rotational", True))]
+    chosen: list[Mapping[str, Any]]
+    if rule in ("name", "serial", "wwn"):
+        chosen = [d for d in fit if str(d.get(rule, "")) == value]
+    elif rule in ("smallest", "largest"):
+        chosen = sorted(fit, key=lambda d: (d.get("size_bytes", 0), str(d.get("name"))),
+                        reverse=rule == "largest")[:1]
+    else:
+        raise FatalError(f"root_disk: unknown rule {image.root_disk!r}")
+    if not chosen:
+        names = ", ".join(f"{d.get('name')} ({d.get('size_bytes', 0) / 1e9:.0f} GB)"
+                          for d in disks) or "none"
+        raise FatalError(f"no disk fits root_disk {image.root_disk!r} (min "
+                         f"{image.root_disk_min_gb:g} GB, nonrotational "
+                         f"{image.root_disk_nonrotational}); inspected disks: {names}")
+    return str(chosen[0]["name"])
+
+
+class AgentImageWriter:
+    def __init__(self, jobs: AgentJobs, images: Mapping[str, ImageSettings],
+                 artefacts_url: str) -> None:
+        self._jobs = jobs
+        self._images = images
+        self._artefacts_url = artefacts_url.rstrip("/")
+
+    async def deploy_image(self, node: Node, generation: str) -> None:
+        image = self._images.get(node.profile or "")
+        if image is None:
+            raise FatalError(f"profile {node.profile!r} names no image ([images.<profile>])")
+        disks = node.facts.get("disks")
+        if not isinstance(disks, list):
+            raise RetryableError("no inspected disks for this node: inspect it first")
+        disk = choose_disk(disks, image)
+        url = image.url if "://" in image.url else f"{self._artefacts_url}/{image.url}"
+        body = {"command": "deploy", "generation": generation, "url": url,
+                "sha256": image.sha256, "format": image.format or _format_of(image.url),
+                "disk": disk, "hostname": node.hostname or ""}
+        log.info("node %s: deploying %s to %s (%s)", node.id, url, disk, generation)
+        await self._jobs.run(node.id, body)
+
+    async def wipe(self, node: Node) -> None:
+        disks = [str(d["name"]) for d in node.facts.get("disks", []) if "name" in d]
+        await self._jobs.run(node.id, {"command": "wipe", "generation": f"wipe:{node.id}",
+                                       "disks": disks})
+
+
+def _format_of(url: str) -> str:
+    for suffix, name in _FORMATS.items():
+        if url.endswith(suffix):
+            return name
+    raise FatalError(f"cannot tell the format of {url!r}: set format in [images.<profile>]")
