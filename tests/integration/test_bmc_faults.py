@@ -92,7 +92,9 @@ async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
         stats = sim.stats()
     baseline_s = max(baseline.values())
 
-    assert {nodes[p].state for p in healthy + flapping} == {NodeState.INSPECTED}
+    failed = {p: nodes[p].last_error for p in healthy + flapping
+              if nodes[p].state is not NodeState.INSPECTED}
+    assert not failed, failed
     for port in dead:
         node = nodes[port]
         assert node.state is NodeState.INSPECT_FAILED

@@ -5,25 +5,19 @@ requests that never share an address."""
 from __future__ import annotations
 
 import asyncio
-import itertools
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from ipaddress import IPv4Address
-from pathlib import Path
 
 import pytest
 
-from provisioner.config import Settings
 from provisioner.domain import NewNode
 from provisioner.errors import ConfigError
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.leases import AddressRange, Holder, LeaseRepo, LeaseState
-from provisioner.store.store import Store, open_store
-from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
+from provisioner.store.store import Store
 
 POOL = AddressRange.parse("10.77.0.100-10.77.0.109", "255.255.255.0")
-_names = itertools.count()
 
 
 class Clock:
@@ -37,26 +31,9 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    reason = postgres_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with running_postgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def lease_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
-    if request.param == "sqlite":
-        settings = Settings(state_dir=tmp_path / "state")
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        url = server.create_database(f"pv_lease_{next(_names)}")
-        settings = Settings(state_dir=tmp_path / "state", database_url=url)
-    opened = open_store(settings)
-    yield opened
-    opened.close()
+@pytest.fixture
+def lease_store(any_store: Store) -> Store:
+    return any_store
 
 
 @pytest.fixture

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,35 +15,8 @@ from provisioner.lifecycle.states import NodeState
 from provisioner.store import db
 from provisioner.store.repo import NodeChange
 from provisioner.store.store import Store, open_store
-from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
 
 S = NodeState
-_names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    reason = postgres_unavailable_reason()
-    if reason is not None:
-        pytest.skip(reason)
-    with running_postgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def backend_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    if request.param == "sqlite":
-        return Settings(state_dir=tmp_path / "state")
-    server: PostgresServer = request.getfixturevalue("postgres")
-    url = server.create_database(f"pv_test_{next(_names)}")
-    return Settings(state_dir=tmp_path / "state", database_url=url)  # type: ignore[arg-type]
-
-
-@pytest.fixture
-def any_store(backend_settings: Settings) -> Iterator[Store]:
-    opened = open_store(backend_settings)
-    yield opened
-    opened.close()
 
 
 def new(n: int, **kw: object) -> NewNode:
