@@ -34,7 +34,7 @@ def backend_settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings
         return Settings(state_dir=tmp_path / "state")
     server: PostgresServer = request.getfixturevalue("postgres")
     url = server.create_database(f"pv_test_{next(_databases)}")
-    return Settings(state_dir=tmp_path / "state", database_url=url)  # type: ignore[arg-type]
+    return Settings(state_dir=tmp_path / "state", database_url=url)
 
 
 @pytest.fixture
