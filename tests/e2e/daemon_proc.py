@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,11 +11,11 @@ import urllib.request
 from pathlib import Path
 from typing import IO
 
+from tests.peers.ports import free_tcp_port
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_tcp_port()
 
 
 def write_config(path: Path, state_dir: Path, port: int, extra: str = "") -> Path:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.peers.ports import free_tcp_port
 
 pytest.importorskip("provisioner.daemon")
 
@@ -38,12 +39,6 @@ class Daemon:
     root: Path
     log: Path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def clean_env() -> dict[str, str]:
@@ -79,7 +74,7 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("e2e-cli")
-    port = free_port()
+    port = free_tcp_port()
     config = root / "provisioner.toml"
     config.write_text(
         f'state_dir = "{root / "state"}"\n\n'

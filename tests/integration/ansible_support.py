@@ -4,7 +4,6 @@ drivers for the steps around ``configuring``, a boot HTTP server for fact posts.
 from __future__ import annotations
 
 import shutil
-import socket
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -101,11 +100,6 @@ class AgentApi:
     url: str
     agents: AgentService
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @asynccontextmanager

@@ -8,7 +8,6 @@ script that keeps power and boot device in files and logs every call it gets.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from tests.peers.ports import free_udp_port
 
 USER: Final = "admin"
 PASSWORD: Final = "secret"
@@ -98,11 +99,6 @@ def ipmi_sim_unavailable_reason() -> str | None:
     return None
 
 
-def _free_udp_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 @contextmanager
 def running_ipmi_sim(workdir: Path) -> Iterator[IpmiSimBmc]:
@@ -111,7 +107,7 @@ def running_ipmi_sim(workdir: Path) -> Iterator[IpmiSimBmc]:
     script = workdir / "chassisctl.sh"
     script.write_text(_CHASSIS.format(d=workdir))
     script.chmod(0o755)
-    port = _free_udp_port()
+    port = free_udp_port()
     (workdir / "lan.conf").write_text(_LAN.format(port=port, d=workdir, user=USER,
                                                   password=PASSWORD))
     (workdir / "bmc.emu").write_text(_EMU)

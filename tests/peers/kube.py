@@ -16,7 +16,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -30,6 +29,7 @@ from typing import Any, Final
 
 from tests.peers.kube_objects import install_kubeadm_objects
 from tests.peers.kube_pki import Pki, make_pki
+from tests.peers.ports import free_tcp_port
 
 BUILD_SCRIPT: Final = Path(__file__).with_name("kube_build.sh")
 READY_TIMEOUT_S: Final = 90.0
@@ -90,7 +90,7 @@ def running_kube(*, kwok: bool = True) -> Iterator[KubeCluster]:
         with ExitStack() as procs:
             pki = make_pki(workdir / "pki", service_ip=SERVICE_IP)
             etcd_url = _start_etcd(procs, bins, workdir)
-            port = _free_port()
+            port = free_tcp_port()
             server = f"https://127.0.0.1:{port}"
             _start_apiserver(procs, bins, workdir, pki, etcd_url, port)
             kubeconfig = workdir / "admin.kubeconfig"
@@ -120,7 +120,7 @@ def admin_kubeconfig(server: str, pki: Pki) -> str:
 
 
 def _start_etcd(procs: ExitStack, bins: Path, workdir: Path) -> str:
-    client_port, peer_port = _free_port(), _free_port()
+    client_port, peer_port = free_tcp_port(), free_tcp_port()
     url, peer = f"http://127.0.0.1:{client_port}", f"http://127.0.0.1:{peer_port}"
     cmd = [str(bins / "etcd"), "--name=default", f"--data-dir={workdir / 'etcd'}",
            f"--listen-client-urls={url}", f"--advertise-client-urls={url}",
@@ -161,7 +161,7 @@ def _start_apiserver(procs: ExitStack, bins: Path, workdir: Path, pki: Pki, etcd
 
 def _start_kwok(procs: ExitStack, bins: Path, workdir: Path, kubeconfig: Path) -> None:
     stages = sorted((bins.parent / "stages").glob("*.yaml"))
-    port = _free_port()
+    port = free_tcp_port()
     cmd = [str(bins / "kwok"), f"--kubeconfig={kubeconfig}",
            "--manage-all-nodes=false",
            "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
@@ -210,12 +210,6 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
             proc.kill()
             proc.wait()
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _tail(path: Path, lines: int = 30) -> str:

@@ -12,7 +12,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from urllib.parse import quote
 
 import psycopg
 from psycopg import sql
+
+from tests.peers.ports import free_tcp_port
 
 PG_BIN: Final = Path("/usr/lib/postgresql/15/bin")
 PG_USER: Final = "postgres"  # the OS user that runs the server when we are root
@@ -91,7 +92,7 @@ def running_postgres() -> Iterator[PostgresServer]:
         if as_user.uid is not None and as_user.gid is not None:
             os.chown(workdir, as_user.uid, as_user.gid)
         _initdb(workdir, as_user)
-        port = _free_port()
+        port = free_tcp_port()
         cmd = [str(PG_BIN / "postgres"), "-D", str(workdir / "data"), "-h", "127.0.0.1",
                "-p", str(port), "-k", str(workdir), "-c", "fsync=off",
                "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]  # fmt: skip
@@ -139,12 +140,6 @@ def _initdb(workdir: Path, as_user: _RunAs) -> None:
     if done.returncode != 0:
         raise RuntimeError(f"initdb failed (rc {done.returncode}):\n{done.stdout}{done.stderr}")
 
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path) -> None:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.peers.ports import free_tcp_port
 
 MUNGED = "/usr/sbin/munged"
 MUNGE_KEY = Path("/etc/munge/munge.key")
@@ -91,8 +92,8 @@ def running_slurmctld(workdir: Path, node_lines: Sequence[str], topology_conf: s
     settings = {
         "ClusterName": "provtopo", "SlurmctldHost": "localhost", "SlurmUser": "root",
         "AuthType": "auth/munge", "CredType": "cred/munge",
-        "AuthInfo": f"socket={munge_socket}", "SlurmctldPort": str(_free_port()),
-        "SlurmdPort": str(_free_port()), "StateSaveLocation": str(workdir / "state"),
+        "AuthInfo": f"socket={munge_socket}", "SlurmctldPort": str(free_tcp_port()),
+        "SlurmdPort": str(free_tcp_port()), "StateSaveLocation": str(workdir / "state"),
         "SlurmdSpoolDir": str(workdir / "spool"), "SlurmctldPidFile": str(workdir / "ctld.pid"),
         "SlurmctldLogFile": str(workdir / "slurmctld.log"), "SlurmctldDebug": "debug",
         "ProctrackType": "proctrack/linuxproc", "TaskPlugin": "task/none",
@@ -136,11 +137,6 @@ def _wait(ready: object, proc: subprocess.Popen[bytes], timeout_s: float,
             raise RuntimeError(f"peer not ready (exit {proc.poll()}): {detail}")
         time.sleep(0.2)
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

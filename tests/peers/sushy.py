@@ -7,7 +7,6 @@ port, with HTTP basic auth (an htpasswd-style bcrypt file). Stopped by PID.
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
+
+from tests.peers.ports import free_tcp_port
 
 USER: Final = "admin"
 PASSWORD: Final = "password"
@@ -38,11 +39,6 @@ def sushy_unavailable_reason() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
 
 def _emulator() -> str:
     local = Path(sys.executable).parent / "sushy-emulator"
@@ -54,7 +50,7 @@ def running_sushy(workdir: Path, *, systems: int = 1) -> Iterator[Sushy]:
     import bcrypt  # a sushy-tools dependency
 
     workdir.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_tcp_port()
     uuids = tuple(f"00000000-0000-0000-0000-{1001 + i:012d}" for i in range(systems))
     fake = [{"uuid": uuid, "name": f"gpu-node-{i + 1:02d}", "power_state": "Off",
              "external_notifier": False, "nics": [{"mac": f"52:54:00:00:00:{i + 1:02x}",
