@@ -88,6 +88,11 @@ class _BmcLink:
                                 password=self.credentials.password, port=self.port)
         return self._command
 
+    @property
+    def logged_in(self) -> bool:
+        command = self._command
+        return command is not None and not command.ipmi_session.broken
+
     def logout_blocking(self) -> None:
         command, self._command = self._command, None
         if command is not None:
@@ -191,6 +196,8 @@ class IpmiBmc:
             async with asyncio.timeout(self._timeout_s), link.lock:
                 if link.running is not None and not link.running.done():
                     await asyncio.wait({link.running})  # a call that outlived its deadline
+                if command and not link.logged_in:
+                    await ping(link.address, link.port)
                 work: Callable[[], Any] = (lambda: link.run_blocking(fn)) if command else \
                     link.logout_blocking
                 future = loop.run_in_executor(self._pool, work)
@@ -198,6 +205,44 @@ class IpmiBmc:
                 link.running = future
                 result: T = await asyncio.shield(future)
                 return result
+
+
+# Get Channel Authentication Capabilities (IPMI 1.5, sessionless; channel 0xE, admin):
+# RMCP header, session header (no auth, seq 0, session 0, length 9), then the message.
+_PING: Final = bytes.fromhex("0600ff07" "00" "00000000" "00000000" "09"
+                             "20" "18" "c8" "81" "00" "38" "8e" "04" "b5")
+
+
+class _Pong(asyncio.DatagramProtocol):
+    def __init__(self) -> None:
+        self.answer: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def datagram_received(self, data: bytes, addr: object) -> None:
+        if not self.answer.done():
+            self.answer.set_result(None)
+
+    def error_received(self, exc: Exception) -> None:
+        if not self.answer.done():
+            self.answer.set_exception(exc)
+
+
+async def ping(address: str, port: int, *, resend_s: float = 0.5) -> None:
+    """Wait until the BMC answers a sessionless IPMI request, on our own asyncio socket.
+
+    Done before every login, so that a BMC that is silent or whose port is closed never
+    reaches pyghmi: pyghmi's shared session machinery wedged here for every BMC when
+    several logins to dead BMCs timed out in its threads at once. The caller's deadline
+    bounds the wait; a closed port (ICMP unreachable) fails at once."""
+    loop = asyncio.get_running_loop()
+    transport, pong = await loop.create_datagram_endpoint(_Pong, remote_addr=(address, port))
+    try:
+        while True:
+            transport.sendto(_PING)
+            done, _ = await asyncio.wait({pong.answer}, timeout=resend_s)
+            if done:
+                return pong.answer.result()
+    finally:
+        transport.close()
 
 
 def _consume(future: asyncio.Future[Any] | Future[Any]) -> None:

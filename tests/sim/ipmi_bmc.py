@@ -17,6 +17,7 @@ import heapq
 import itertools
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -157,13 +158,11 @@ class SimBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
 
     def handle_raw_request(self, request: Any, session: Any) -> None:
         self.commands += 1
-        busy = self.flap > 0
-        self.flap -= int(busy)
-
-        def answer() -> None:
-            if busy:
-                session.send_ipmi_response(code=0xC0)  # "node busy"
-            else:
+        if self.flap > 0:
+            self.flap -= 1
+            answer: Callable[[], None] = lambda: session.send_ipmi_response(code=0xC0)  # noqa: E731
+        else:
+            def answer() -> None:
                 super(SimBmc, self).handle_raw_request(request, session)
         if self.latency_s > 0:
             later(self.latency_s, answer)
@@ -226,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     def read_stdin() -> None:
         for line in sys.stdin:
             commands.append(line.strip())
+        os._exit(0)  # the parent is gone (even if SIGKILLed): do not outlive it
 
     threading.Thread(target=read_stdin, daemon=True, name="stdin").start()
     print(json.dumps({"ports": [b.port for b in bmcs],
