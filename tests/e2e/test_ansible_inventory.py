@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli_api import BMC_PASSWORD, Daemon, clean_env, free_port, stop, wait_healthy
+from tests.e2e.test_cli_api import BMC_PASSWORD, Daemon, clean_env, stop, wait_healthy
+from tests.peers.ports import free_tcp_port
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +26,7 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("e2e-inventory")
-    port = free_port()
+    port = free_tcp_port()
     config = root / "provisioner.toml"
     config.write_text(
         f'state_dir = "{root / "state"}"\n\n[api]\nlisten = "127.0.0.1:{port}"\n\n'

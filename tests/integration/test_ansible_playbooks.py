@@ -29,12 +29,12 @@ from tests.integration.ansible_support import (
     AgentApi,
     agent_api,
     conductor_with,
-    free_port,
     make_installer,
     short_dir,
     target_settings,
 )
 from tests.peers.debootstrap import debootstrap_unavailable_reason
+from tests.peers.ports import free_tcp_port
 from tests.peers.sshd import ssh_node
 
 pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
@@ -98,7 +98,7 @@ async def test_site_converges_then_changes_nothing_and_posts_facts(
         store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
     with short_dir() as work, ssh_node(work / "node") as target:
         holder: list[AgentApi] = []  # the agent API needs the conductor, which needs us
-        port = free_port()
+        port = free_tcp_port()
         installer, pool = make_installer(
             target_settings(target), work / "state",
             agent=AgentEndpoint(f"http://127.0.0.1:{port}",

@@ -31,10 +31,10 @@ from provisioner.store.store import Store
 from tests.conftest import wait_for_state
 from tests.integration.ansible_support import (
     conductor_with,
-    free_port,
     make_installer,
     short_dir,
 )
+from tests.peers.ports import free_tcp_port
 
 SECRET = "pvt_agent-token-value-1234567890"
 DB_SECRET = "db-password-in-the-daemon-environment"
@@ -112,7 +112,7 @@ async def test_unreachable_host_fails_the_step_quickly_with_the_reason(
         store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
     from provisioner.config import InstallSettings
 
-    closed = free_port()
+    closed = free_tcp_port()
     with short_dir() as work:
         settings = InstallSettings(ssh_port=closed, install_packages=False)
         installer, pool = make_installer(settings, work / "state")
@@ -154,7 +154,7 @@ def test_daemon_refuses_to_start_without_ansible_playbook(tmp_path: Path) -> Non
     root = Path(__file__).resolve().parents[2]
     config = tmp_path / "provisioner.toml"
     config.write_text(f'state_dir = "{tmp_path / "state"}"\n'
-                      f'[api]\nlisten = "127.0.0.1:{free_port()}"\n')
+                      f'[api]\nlisten = "127.0.0.1:{free_tcp_port()}"\n')
     env = {"PATH": path, "HOME": str(tmp_path), "LANG": "C.UTF-8",
            "PYTHONPATH": f"{root}:{sysconfig.get_paths()['purelib']}"}
     result = subprocess.run([str(python), "-m", "provisioner", "--config", str(config), "serve"],
