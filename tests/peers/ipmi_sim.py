@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from tests.peers.ports import free_udp_port
+from tests.peers.ports import free_udp_port, stop_process
 
 USER: Final = "admin"
 PASSWORD: Final = "secret"
@@ -119,13 +119,7 @@ def running_ipmi_sim(workdir: Path) -> Iterator[IpmiSimBmc]:
         _wait_ready(proc, port, workdir)
         yield IpmiSimBmc(port, workdir, proc)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         log.close()
 
 

@@ -1,8 +1,9 @@
-"""Free loopback ports for the peers a test starts (bind port 0, read it, close)."""
+"""Helpers for the peers a test starts: free loopback ports, stopping by PID."""
 
 from __future__ import annotations
 
 import socket
+import subprocess
 
 
 def free_tcp_port(host: str = "127.0.0.1") -> int:
@@ -15,3 +16,15 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
+    """Stop a peer by PID: SIGTERM, wait ``timeout_s``, then SIGKILL (PEERS.md §0)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from tests.peers.ports import free_tcp_port
+from tests.peers.ports import free_tcp_port, stop_process
 
 USER: Final = "admin"
 PASSWORD: Final = "password"
@@ -75,13 +75,7 @@ def running_sushy(workdir: Path, *, systems: int = 1) -> Iterator[Sushy]:
         _wait_ready(proc, url, log_path)
         yield Sushy(url, uuids, log_path)
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
         log.close()
 
 
