@@ -195,7 +195,9 @@ async def test_silent_bmc_times_out_in_time_while_others_proceed(sims: SimBmcs,
     with pytest.raises(BmcTimeout, match=f"no answer to power status within {TIMEOUT_S:g} s"):
         await dead_call
     dead_s = time.monotonic() - started
-    assert healthy_s < TIMEOUT_S and slowest < 0.5, (healthy_s, slowest)
+    # healthy calls never queue behind the silent BMC's deadline (a wall-clock margin, not a
+    # speed bar: the 2-core CI machine once took 0.86 s for one call under load)
+    assert healthy_s < TIMEOUT_S and slowest < 0.8 * TIMEOUT_S, (healthy_s, slowest)
     assert TIMEOUT_S - 0.1 <= dead_s <= TIMEOUT_S + 0.5, dead_s
 
 
