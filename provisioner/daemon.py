@@ -39,6 +39,7 @@ from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import KubeJoiner, Ports
+from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
@@ -71,25 +72,31 @@ def run(settings: Settings) -> int:
         return 1
 
 
-def build_ports(settings: Settings, world: SimWorld, mailbox: FactsMailbox,
-                kube: KubeJoiner, configurer: Configurer | None = None,
-                images: ImageWriter | None = None) -> Ports:
-    """Pick the drivers. BMCs by each node's driver name; the rest per node: simulated nodes
-    (fake BMC) act on the simulated rack, real ones use the real drivers (inspection: the
-    agent's reports) or fail saying the driver is not in this build yet."""
-    delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
+def build_bmc(settings: Settings, world: SimWorld, pool: ThreadPoolExecutor) -> BmcManager:
+    """BMC drivers by each node's driver name, behind breakers and limits. ``pool`` is the
+    "bmc" pool (pyghmi blocks; its size bounds IPMI calls in flight). At shutdown:
+    ``aclose()`` (session logout, which still uses the pool), then the pool."""
     bmc = settings.bmc
-    # the "bmc" pool: pyghmi blocks; its size bounds IPMI calls in flight. To close at
-    # shutdown: `await ports.bmc.aclose()` (BMC session logout), then the pool.
-    pool = ThreadPoolExecutor(bmc.max_concurrency, thread_name_prefix="bmc")
     ipmi = IpmiDriver(pool, timeout_s=bmc.timeout_s)
     redfish = RedfishDriver(timeout_s=bmc.timeout_s, verify_tls=bmc.redfish_verify_tls,
                             ca_file=bmc.redfish_ca_file)
-    registry = BmcRegistry({"fake": fake_bmc_factory(world, delay_s=delay_s), "ipmi": ipmi,
-                            "redfish": redfish}, closers=[ipmi.aclose, redfish.aclose])
+    fake = fake_bmc_factory(world, delay_s=settings.simulation.step_delay_s)
+    registry = BmcRegistry({"fake": fake, "ipmi": ipmi, "redfish": redfish},
+                           closers=[ipmi.aclose, redfish.aclose])
+    return BmcManager(registry, bmc)
+
+
+def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, mailbox: FactsMailbox,
+                kube: KubeJoiner, configurer: Configurer | None = None,
+                images: ImageWriter | None = None) -> Ports:
+    """Pick the drivers per node: simulated nodes (fake BMC) act on the simulated rack, real
+    ones use the real drivers (inspection: the agent's reports) or fail saying the driver is
+    not in this build yet."""
+    delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
     return Ports(
-        bmc=BmcManager(registry, bmc),
-        stagger=PowerOnStagger(bmc.power_on_per_rack_per_s, exempt={"fake"}),  # no PDUs
+        bmc=bmc,
+        stagger=PowerOnStagger(settings.bmc.power_on_per_rack_per_s,
+                               exempt={"fake"}),  # simulated nodes have no PDUs
         inspector=RoutedInspector(
             FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), mailbox),
         installer=RoutedInstaller(
@@ -152,7 +159,8 @@ class Daemon:
             if kube_client is not None:
                 kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=ansible.run_join)
             jobs = AgentJobs()
-            ports = build_ports(self._settings, world, mailbox, kube, ansible,
+            bmc = self._bmc(stack, world)
+            ports = build_ports(self._settings, world, bmc, mailbox, kube, ansible,
                                 self._image_writer(jobs))
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
                                   observer=metrics.observe_transition)
@@ -168,6 +176,9 @@ class Daemon:
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
                 children = [group.create_task(self._watchdog(), name="watchdog")]
+                power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
+                                       self._settings.bmc)
+                children.append(group.create_task(power_sync.run(), name="power-sync"))
                 if kube_client is not None:
                     sync = KubeSync(kube_client, _kube_to_conductor(store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
@@ -180,6 +191,15 @@ class Daemon:
             log.info("stopping: letting running sub-steps checkpoint")
         log.info("stopped")
         return 0
+
+    def _bmc(self, stack: AsyncExitStack, world: SimWorld) -> BmcManager:
+        """The BMC drivers and their "bmc" pool; at stop, after the conductor's steps
+        ended: BMC sessions logged out, then the pool shut down."""
+        pool = ThreadPoolExecutor(self._settings.bmc.max_concurrency, thread_name_prefix="bmc")
+        stack.callback(pool.shutdown, wait=False, cancel_futures=True)
+        bmc = build_bmc(self._settings, world, pool)
+        stack.push_async_callback(bmc.aclose)
+        return bmc
 
     async def _connect_kube(self, stack: AsyncExitStack) -> KubeClient | None:
         settings = self._settings.kube

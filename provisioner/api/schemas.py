@@ -214,6 +214,9 @@ class NodeOut(BaseModel):
     step_status: str | None = Field(description="queued, running, held (maintenance) or null")
     last_error: str
     bmc: BmcOut | None
+    power_state: Literal["on", "off"] | None = Field(
+        description="Last power state the daemon set or read from the BMC (steps, operator "
+                    "requests, the periodic power sync); null before the first")
     created_at: datetime
     updated_at: datetime
 
@@ -319,7 +322,9 @@ def _node_fields(node: Node, step_status: str | None) -> dict[str, object]:
             "macs": list(node.macs), "state": node.state, "maintenance": node.maintenance,
             "maintenance_reason": node.maintenance_reason, "profile": node.profile,
             "rack": node.rack, "position": node.position, "step_status": step_status,
-            "last_error": node.last_error, "bmc": bmc, "created_at": _utc(node.created_at),
+            "last_error": node.last_error, "bmc": bmc,
+            "power_state": node.power_state if node.power_state in ("on", "off") else None,
+            "created_at": _utc(node.created_at),
             "updated_at": _utc(node.updated_at)}
 
 

@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,16 +72,17 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    root = tmp_path_factory.mktemp("e2e-cli")
+@contextmanager
+def running_daemon(root: Path) -> Iterator[Daemon]:
+    """``provisioner serve`` on a free loopback port, stopped with SIGTERM at the end."""
     port = free_tcp_port()
     config = root / "provisioner.toml"
     config.write_text(
         f'state_dir = "{root / "state"}"\n\n'
         f'[api]\nlisten = "127.0.0.1:{port}"\n\n'
         "[lifecycle]\nauto_inspect = false\nauto_deploy = false\n\n"
-        "[simulation]\nstep_delay_s = 0.01\n"
+        "[simulation]\nstep_delay_s = 0.01\n\n"
+        "[bmc]\npower_sync_interval_s = 1\n"  # test_cli_power sees out-of-band changes
     )
     log = root / "daemon.log"
     with log.open("wb") as log_file:
@@ -93,6 +95,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         yield Daemon(url=url, config=config, root=root, log=log)
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with running_daemon(tmp_path_factory.mktemp("e2e-cli")) as running:
+        yield running
 
 
 def run_cli(daemon: Daemon, *args: str, token: str | None) -> subprocess.CompletedProcess[str]:

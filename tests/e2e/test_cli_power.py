@@ -6,6 +6,7 @@ class (tests/sim/ipmi_bmc.py): the daemon powers it through the real ipmi driver
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +14,13 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli_api import BMC_PASSWORD, as_json
+from tests.e2e.test_cli_api import (
+    BMC_PASSWORD,
+    as_json,
+    new_token,
+    run_cli,
+    running_daemon,
+)
 from tests.e2e.test_cli_api import cli as cli  # noqa: F401  (fixtures)
 from tests.e2e.test_cli_api import daemon as daemon  # noqa: F401
 from tests.e2e.test_cli_api import token as token  # noqa: F401
@@ -24,7 +31,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def bmc() -> Iterator[SimBmcs]:
-    with SimBmcs(count=1, password=BMC_PASSWORD) as sim:
+    with SimBmcs(count=3, password=BMC_PASSWORD) as sim:
         yield sim
 
 
@@ -64,3 +71,51 @@ def test_ipmi_enroll_power_bootdev_and_inspect(cli: Any, bmc: SimBmcs, tmp_path:
     cli("node", "action", "IPMI1", "abort")  # no inspection agent will ever report here
     shown = json.loads(cli("node", "show", "IPMI1", "--json").stdout)
     assert BMC_PASSWORD not in json.dumps(shown)
+
+
+def test_power_sync_records_an_out_of_band_power_on(cli: Any, bmc: SimBmcs,
+                                                    tmp_path: Path) -> None:
+    """The daemon's periodic power sync (every second here) reads the BMC and records a
+    change nobody asked the daemon for, with the power-sync actor."""
+    secret = tmp_path / "bmc.pw"
+    secret.write_text(BMC_PASSWORD + "\n")
+    port = bmc.ports[1]
+    cli("node", "enroll", "--serial", "SYNC1", "--mac", "52:54:00:aa:00:03", "--bmc-driver",
+        "ipmi", "--bmc-address", "127.0.0.1", "--bmc-port", str(port), "--bmc-username",
+        bmc.user, "--bmc-password-file", str(secret))
+    assert "now off" in cli("node", "power", "SYNC1", "off").stdout
+    subprocess.run(["ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(port), "-U",
+                    bmc.user, "-f", str(secret), "chassis", "power", "on"],
+                   check=True, capture_output=True, timeout=30)
+    assert bmc.stats()[port]["power"] == "on"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        history = as_json(cli("node", "history", "SYNC1", "--json"))
+        synced = [h for h in history if h["event"] == "power_sync"]
+        if synced:
+            break
+        time.sleep(0.5)
+    assert [(h["actor"], h["reason"]) for h in synced] == [
+        ("power-sync", "power off\u2192on out of band")], history
+    assert as_json(cli("node", "show", "SYNC1", "--json"))["power_state"] == "on"
+
+
+def test_daemon_stop_logs_its_bmc_sessions_out(bmc: SimBmcs, tmp_path: Path) -> None:
+    """SIGTERM: once the steps have stopped, every IPMI session the daemon kept is closed
+    (Close Session reaches the BMC), so BMCs with few session slots are not left full."""
+    secret = tmp_path / "bmc.pw"
+    secret.write_text(BMC_PASSWORD + "\n")
+    port = bmc.ports[2]
+    with running_daemon(tmp_path) as own:
+        admin = new_token(own, "admin", "stop-test")
+        enrolled = run_cli(own, "node", "enroll", "--serial", "STOP1", "--mac",
+                           "52:54:00:aa:00:04", "--bmc-driver", "ipmi", "--bmc-address",
+                           "127.0.0.1", "--bmc-port", str(port), "--bmc-username", bmc.user,
+                           "--bmc-password-file", str(secret), token=admin)
+        assert enrolled.returncode == 0, enrolled.stderr
+        status = run_cli(own, "node", "power", "STOP1", "status", token=admin)
+        assert status.returncode == 0, status.stderr
+        assert bmc.stats()[port]["opened"] >= 1
+        assert bmc.stats()[port]["closed"] == 0
+    stats = bmc.stats()[port]
+    assert stats["closed"] == stats["opened"], stats

@@ -118,10 +118,6 @@ async def inspect_all(store: Store, world: SimWorld, pool: ThreadPoolExecutor, t
     return nodes, finished
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known defect, issue 4 stays open: under load, pyghmi's process-global session tables "
-    "let the dead BMCs' retries starve some healthy BMCs past the 2 s deadline (about one "
-    "run in two on the 2-core CI machine)"))
 async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
         store: Store, world: SimWorld, pool: ThreadPoolExecutor) -> None:
     baseline_s = await asyncio.to_thread(baseline_in_a_fresh_process)
