@@ -14,8 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.test_cli_api import BMC_PASSWORD, Daemon, clean_env, stop, wait_healthy
-from tests.peers.ports import free_tcp_port
+from tests.e2e.test_cli_api import BMC_PASSWORD, Daemon, clean_env, running_daemon
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,25 +24,11 @@ BIN = Path(sys.executable).parent
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
-    root = tmp_path_factory.mktemp("e2e-inventory")
-    port = free_tcp_port()
-    config = root / "provisioner.toml"
-    config.write_text(
-        f'state_dir = "{root / "state"}"\n\n[api]\nlisten = "127.0.0.1:{port}"\n\n'
-        "[lifecycle]\nauto_deploy = false\n\n"
-        "[simulation]\nnodes = 3\nracks = 2\nstep_delay_s = 0.01\n\n"
-        "[daemon]\nshutdown_timeout_s = 1\n")  # the real node's inspection never ends
-    log = root / "daemon.log"
-    with log.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "provisioner", "--config", str(config), "serve"],
-            stdout=log_file, stderr=subprocess.STDOUT, env=clean_env())
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy(url, proc, log)
-        yield Daemon(url=url, config=config, root=root, log=log)
-    finally:
-        stop(proc)
+    settings = ("[lifecycle]\nauto_deploy = false\n\n"
+                "[simulation]\nnodes = 3\nracks = 2\nstep_delay_s = 0.01\n\n"
+                "[daemon]\nshutdown_timeout_s = 1\n")  # the real node's inspection never ends
+    with running_daemon(tmp_path_factory.mktemp("e2e-inventory"), settings) as running:
+        yield running
 
 
 def cli(daemon: Daemon, *args: str, token: str | None = None) -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.peers.ports import free_tcp_port
+from tests.peers.ports import free_tcp_port, stop_process
 
 pytest.importorskip("provisioner.daemon")
 
@@ -61,29 +60,21 @@ def wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     pytest.fail(f"daemon not healthy after {START_DEADLINE_S} s:\n{log.read_text()[-3000:]}")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=10)
+CLI_SETTINGS = (
+    "[lifecycle]\nauto_inspect = false\nauto_deploy = false\n\n"
+    "[simulation]\nstep_delay_s = 0.01\n\n"
+    "[bmc]\npower_sync_interval_s = 1\n"  # test_cli_power sees out-of-band changes
+)
 
 
 @contextmanager
-def running_daemon(root: Path) -> Iterator[Daemon]:
-    """``provisioner serve`` on a free loopback port, stopped with SIGTERM at the end."""
+def running_daemon(root: Path, settings: str = CLI_SETTINGS) -> Iterator[Daemon]:
+    """``provisioner serve`` on a free loopback port with ``settings`` (TOML sections),
+    stopped with SIGTERM at the end."""
     port = free_tcp_port()
     config = root / "provisioner.toml"
-    config.write_text(
-        f'state_dir = "{root / "state"}"\n\n'
-        f'[api]\nlisten = "127.0.0.1:{port}"\n\n'
-        "[lifecycle]\nauto_inspect = false\nauto_deploy = false\n\n"
-        "[simulation]\nstep_delay_s = 0.01\n\n"
-        "[bmc]\npower_sync_interval_s = 1\n"  # test_cli_power sees out-of-band changes
-    )
+    config.write_text(f'state_dir = "{root / "state"}"\n\n'
+                      f'[api]\nlisten = "127.0.0.1:{port}"\n\n{settings}')
     log = root / "daemon.log"
     with log.open("wb") as log_file:
         proc = subprocess.Popen(
@@ -94,7 +85,7 @@ def running_daemon(root: Path) -> Iterator[Daemon]:
         wait_healthy(url, proc, log)
         yield Daemon(url=url, config=config, root=root, log=log)
     finally:
-        stop(proc)
+        stop_process(proc)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.peers.netns import netns_unavailable_reason, plain_namespace
+from tests.peers.ports import stop_process
 
 UMAD2SIM = Path("/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so")
 TOOLS = ("ibsim", "opensm", "ibnetdiscover", "iblinkinfo", "sminfo")
@@ -104,9 +105,4 @@ def _wait_master(fabric: SimFabric, sim: subprocess.Popen[bytes],
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.stdin is not None:
         proc.stdin.close()
-    proc.terminate()
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    stop_process(proc)

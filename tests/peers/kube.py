@@ -29,7 +29,7 @@ from typing import Any, Final
 
 from tests.peers.kube_objects import install_kubeadm_objects
 from tests.peers.kube_pki import Pki, make_pki
-from tests.peers.ports import free_tcp_port
+from tests.peers.ports import free_tcp_port, stop_process
 
 BUILD_SCRIPT: Final = Path(__file__).with_name("kube_build.sh")
 READY_TIMEOUT_S: Final = 90.0
@@ -202,13 +202,7 @@ def _http_ok(url: str, needle: bytes, ctx: ssl.SSLContext | None = None) -> bool
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, STOP_TIMEOUT_S)
 
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 
@@ -18,11 +19,12 @@ def free_udp_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
-    """Stop a peer by PID: SIGTERM, wait ``timeout_s``, then SIGKILL (PEERS.md §0)."""
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 10.0,
+                 sig: int = signal.SIGTERM) -> None:
+    """Stop a peer by PID: ``sig`` (SIGTERM), wait ``timeout_s``, then SIGKILL (PEERS.md §0)."""
     if proc.poll() is not None:
         return
-    proc.terminate()
+    proc.send_signal(sig)
     try:
         proc.wait(timeout_s)
     except subprocess.TimeoutExpired:

@@ -25,7 +25,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from tests.peers.ports import free_tcp_port
+from tests.peers.ports import free_tcp_port, stop_process
 
 PG_BIN: Final = Path("/usr/lib/postgresql/15/bin")
 PG_USER: Final = "postgres"  # the OS user that runs the server when we are root
@@ -156,13 +156,7 @@ def _wait_ready(proc: subprocess.Popen[bytes], port: int, log_path: Path) -> Non
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)  # fast shutdown: drops open connections
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    stop_process(proc, STOP_TIMEOUT_S, signal.SIGINT)  # fast shutdown: drops connections
 
 
 def _tail(path: Path, lines: int = 20) -> str:
