@@ -1,7 +1,9 @@
-"""``provisioner topology export``: the fabric topology from recorded tool output (offline).
+"""``provisioner topology export``: the fabric topology from recorded tool output (offline);
+``provisioner topology show``: the daemon's live topology (``GET /api/v1/topology``).
 
     provisioner topology export --ibnetdiscover FILE [--nvidia-smi-dir DIR]
         --format tree|block|yaml|labels|slinky [--block-size N] [--topology tree|block]
+    provisioner topology show [--json] [--format tree|block|yaml|labels|slinky]
 
 Writes to stdout; findings (warnings) go to stderr. Exit codes: 0 ok, 1 nothing could be
 placed, 2 unparsable or unreadable input (one line saying which file, line and why).
@@ -16,7 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from provisioner.topology.model import Finding, Fleet, GpuReport
@@ -31,8 +33,8 @@ class InputError(Exception):
 
 
 def add_topology_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    topology = subparsers.add_parser("topology", help="fabric topology (local, offline)",
-                                     allow_abbrev=False)
+    topology = subparsers.add_parser("topology", help="fabric topology (offline export, or "
+                                     "the daemon's live one)", allow_abbrev=False)
     commands = topology.add_subparsers(dest="topology_command", metavar="COMMAND",
                                        required=True)
     export = commands.add_parser(
@@ -54,6 +56,19 @@ def add_topology_parser(subparsers: argparse._SubParsersAction[argparse.Argument
                              "other hosts are reported, not placed")
     export.add_argument("--quiet", action="store_true", help="do not print findings")
     export.set_defaults(command=cmd_topology_export)
+    add_show_command(commands)
+
+
+def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from provisioner import cli  # loaded already: it is building this parser
+
+    show = commands.add_parser("show", parents=[cli._api_options()], allow_abbrev=False,
+                               help="the daemon's live topology (through the API)")
+    output = show.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="the API's JSON")
+    output.add_argument("--format", choices=FORMATS,
+                        help="print one published output instead of the summary")
+    show.set_defaults(command=cmd_topology_show)
 
 
 def _positive(text: str) -> int:
@@ -158,3 +173,57 @@ def render(fleet: Fleet, fmt: str, block_size: int | None,
 
 def _json(value: object) -> str:
     return json.dumps(value, indent=2, sort_keys=True) + "\n"
+
+
+def cmd_topology_show(args: argparse.Namespace) -> int:
+    """Exit 0, or 1 when ``--format`` has nothing to print (no host placed)."""
+    from provisioner import cli, cli_format
+
+    topology = cli.client(args).get(f"{cli.API}/topology")
+    if args.json:
+        print(cli_format.dump_json(topology))
+        return 0
+    outputs = topology.get("outputs") or {}
+    if args.format is not None:
+        placed = any(n.get("leaf") or n.get("clique") for n in topology.get("nodes") or [])
+        if not placed:
+            print("provisioner: error: nothing to emit: no member host is placed in the "
+                  "fabric or in an NVLink domain", file=sys.stderr)
+            return 1
+        value = outputs.get(args.format)
+        sys.stdout.write(value if isinstance(value, str) else _json(value))
+        return 0
+    print(summary(topology))
+    return 0
+
+
+def summary(topology: dict[str, Any]) -> str:
+    """The live topology for people: a headline, the nodes, the issues, the publications."""
+    from provisioner.cli_format import table, text, timestamp
+
+    def items(key: str) -> list[dict[str, Any]]:
+        value = topology.get(key)
+        return [item for item in value if isinstance(item, dict)] if isinstance(value, list) \
+            else []
+
+    nodes, issues, published = items("nodes"), items("issues"), items("published")
+    digest = str(topology.get("digest") or "")[:12]
+    lines = [f"topology/{topology.get('format')}  digest {digest}  computed "
+             f"{timestamp(topology.get('computed_at'))}  {len(items('switches'))} switches  "
+             f"{len(items('domains'))} NVLink domains  {len(nodes)} nodes", ""]
+    lines.append(table(("HOSTNAME", "LEAF", "PATH", "NVLINK", "DOMAIN", "HEALTH", "GPUS",
+                        "SPEC"),
+                       [(text(n.get("hostname")), text(n.get("leaf")),
+                         "/".join(str(p) for p in n.get("path") or []) or "-",
+                         text(n.get("nvlink")), text(n.get("clique")), text(n.get("health")),
+                         text(n.get("gpus")), text(n.get("spec"))) for n in nodes]))
+    if issues:
+        lines += ["", table(("SEVERITY", "CODE", "SUBJECT", "DETAIL"),
+                            [(text(i.get("severity")), text(i.get("code")),
+                              text(i.get("subject")), text(i.get("detail"))) for i in issues])]
+    if published:
+        lines += ["", table(("SINK", "DIGEST", "AT", "PENDING", "ERROR"),
+                            [(text(p.get("sink")), str(p.get("digest") or "-")[:12],
+                              timestamp(p.get("at")), "yes" if p.get("pending") else "no",
+                              text(p.get("error") or None)) for p in published])]
+    return "\n".join(lines)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -18,6 +19,7 @@ from pydantic import (
     JsonValue,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
@@ -25,6 +27,8 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from provisioner.errors import ConfigError
 
 DEFAULT_CONFIG_PATH = Path("/etc/provisioner/provisioner.toml")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def parse_host_port(text: str) -> tuple[str, int]:
@@ -261,6 +265,72 @@ class KubeSettings(_Section):
         default_factory=dict, description="Labels, annotations, taints per profile name")
 
 
+_LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+_LABEL_KEY = (r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
+              r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+class SlurmSettings(_Section):
+    """The hand-off to Slurm (``registering``) and the drain sync both ways."""
+
+    enabled: bool = Field(
+        False, description="Hand nodes to Slurm at registering; false: the step fails with "
+        "\"not available\"")
+    restd_url: str | None = Field(
+        None, description="slurmrestd base URL (http://host:6820); unset: scontrol only")
+    user: str | None = Field(
+        "slurm", description="X-SLURM-USER-NAME sent with the JWT (an admin: drain needs it)")
+    jwt_token: SecretStr | None = Field(None, description="JWT for slurmrestd")
+    jwt_token_file: Path | None = Field(
+        None, description="File holding the JWT (re-read when slurmrestd refuses it)")
+    scontrol: str = Field(
+        "scontrol", description="scontrol command: reads without slurmrestd, drain/resume/"
+        "delete where slurmrestd cannot (API v0.0.38)")
+    slurm_conf: Path | None = Field(
+        None, description="slurm.conf for scontrol (SLURM_CONF); unset: scontrol's default")
+    request_timeout_s: float = Field(30.0, gt=0, description="Per-request/command timeout")
+    nodeset_label: str = Field(
+        "provisioner.io/slurm-nodeset", description="Node label the Slinky NodeSet's "
+        "nodeSelector matches; set at the hand-off, removed at retirement")
+    nodesets: dict[str, str] = Field(
+        default_factory=dict, description="Label value per profile name; a profile not "
+        "listed uses its own name")
+    register_timeout_s: float = Field(
+        900.0, gt=0, description="Wait for Slurm to report the node registered")
+    drain_timeout_s: float = Field(
+        3600.0, gt=0, description="Wait for Slurm to report the node drained and idle")
+    poll_interval_s: float = Field(5.0, gt=0, description="Period of the Slurm polls")
+    sync_interval_s: float = Field(
+        30.0, ge=0, description="Period of the Slurm to daemon drain sync; 0 disables it")
+    drain_directly: bool = Field(
+        True, description="Also set DRAIN in Slurm (besides the cordon Slinky acts on)")
+    reason_prefix: str = Field(
+        "provisioner: ", min_length=1, description="Prefix of the drain reasons the daemon "
+        "sets; drains without it (or Slinky's slurm-operator:) are someone else's")
+
+    @field_validator("nodesets")
+    @classmethod
+    def _check_nodesets(cls, value: dict[str, str]) -> dict[str, str]:
+        for profile, label in value.items():
+            if not re.match(_LABEL_VALUE, label):
+                raise ValueError(f"{profile} = {label!r} is not a valid label value")
+        return value
+
+    @field_validator("nodeset_label")
+    @classmethod
+    def _check_label(cls, value: str) -> str:
+        if not re.match(_LABEL_KEY, value) or is_nfd_key(value):
+            raise ValueError(f"{value!r} is not a label key we may set")
+        return value
+
+    @field_validator("restd_url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http(s):// URL, got {value!r}")
+        return value
+
+
 class InstallSettings(_Section):
     """Ansible configuration of deployed nodes (``configuring``) and ``kubeadm join``."""
 
@@ -305,12 +375,207 @@ class ImageSettings(_Section):
 
     url: str = Field(description="http(s) URL, or a path under boot.artefacts_dir")
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="Of the file as served")
-    format: Literal["raw", "raw.gz", "raw.zst"] | None = Field(
+    format: Literal["raw", "raw.gz", "raw.zst", "qcow2"] | None = Field(
         None, description="Default: from the file name's suffix")
     root_disk: str = Field(
         "smallest", description="smallest | largest | name:<dev> | serial:<s> | wwn:<w>")
     root_disk_min_gb: float = Field(0, ge=0, description="Ignore disks smaller than this")
     root_disk_nonrotational: bool = Field(False, description="Only SSD/NVMe disks")
+
+
+class DeploySettings(_Section):
+    """What every image deploy adds: the cloud-init NoCloud seed and the wait for the
+    deployed OS to call back."""
+
+    ssh_authorized_keys: list[str] = Field(
+        default_factory=list, description="Public keys the seed gives the image's default "
+        "user (Ansible logs in with them)")
+    callback_timeout_s: float = Field(
+        1800.0, ge=0, description="How long the deploy step waits for the deployed OS's "
+        "booted (or an installer's installed) callback; 0: do not wait. Keep it under half "
+        "of boot.agent_token_ttl_s (the callback uses the node's agent token)")
+
+    @field_validator("ssh_authorized_keys")
+    @classmethod
+    def _check_keys(cls, value: list[str]) -> list[str]:
+        return [check_ssh_key(key) for key in value]
+
+
+class TopologySettings(_Section):
+    """The live fabric topology (docs/topology.md): recomputed from the fabric scans and the
+    nodes' nvidia-smi reports when nodes join or leave, published only when it changed."""
+
+    format: Literal["tree", "block"] = Field(
+        "tree", description="topology.conf plugin (topology/tree or topology/block) and the "
+        "unit of the Slinky annotation")
+    block_size: int = Field(0, ge=0, description="Planning base block size for topology/block; "
+                            "0: the smallest block")
+    recompute_interval_s: float = Field(
+        300.0, ge=0, description="Safety recompute period besides joins and leaves; 0 disables it")
+    debounce_s: float = Field(2.0, ge=0, description="Wait after a join or leave before "
+                              "recomputing, so a rack coming up is one publication")
+    publish_labels: bool = Field(
+        True, description="Topograph labels and the Slinky annotation on Nodes (needs "
+        "kube.kubeconfig)")
+    publish_configmap: str | None = Field(
+        None, description="NAMESPACE/NAME of a ConfigMap with topology.conf and topology.yaml "
+        "(needs kube.kubeconfig); unset: none")
+    slurm_topology_file: Path | None = Field(
+        None, description="topology.conf for a classic slurmctld, written atomically when it "
+        "changed; unset: none")
+    reload_command: list[str] = Field(
+        default_factory=list, description="argv run after the file changed, e.g. "
+        "[\"scontrol\", \"reconfigure\"]; empty: none")
+    reload_timeout_s: float = Field(60.0, gt=0, description="The reload command is killed "
+                                    "after this")
+    max_fabric_bytes: int = Field(
+        32 * 1024 * 1024, ge=1024, le=256 * 1024 * 1024,
+        description="Largest ibnetdiscover output a node may post (POST /agent/v1/fabric)")
+
+    @field_validator("publish_configmap")
+    @classmethod
+    def _check_configmap(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        namespace, sep, name = value.partition("/")
+        if not sep or not _DNS_LABEL.match(namespace) or not _DNS_SUBDOMAIN.match(name):
+            raise ValueError(f"expected NAMESPACE/NAME, got {value!r}")
+        return value
+
+
+_SAFE_URL = re.compile(r"^https?://[A-Za-z0-9._~:/?=%+,@-]+$")
+_SAFE_PATH = re.compile(r"^[A-Za-z0-9._+-]+(/[A-Za-z0-9._+-]+)*$")
+_SSH_KEY = re.compile(
+    r"^(ssh-ed25519|ssh-rsa|ecdsa-sha2-nistp(256|384|521)|sk-ssh-ed25519@openssh\.com|"
+    r"sk-ecdsa-sha2-nistp256@openssh\.com) [A-Za-z0-9+/]+={0,3}( [A-Za-z0-9@._+:-]{1,100})?$")
+_HOST = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                   r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+_TIMEZONE = re.compile(r"^[A-Za-z0-9_+-]+(/[A-Za-z0-9_+-]+){0,2}$")
+
+
+def check_installer_url(value: str, *, paths: bool = True) -> str:
+    """An http(s) URL (or a path under the artefacts dir) that is safe on a kernel command
+    line, in an iPXE script and in every installer format: no spaces, quotes, ``$``, ``;``,
+    ``&``, ``#`` or backslashes, no ``..``."""
+    safe = _SAFE_URL.fullmatch(value) or (paths and _SAFE_PATH.fullmatch(value))
+    if safe and ".." not in value.split("/"):
+        return value
+    what = "an http(s) URL" + (" or a path under boot.artefacts_dir" if paths else "")
+    raise ValueError(f"{value!r}: expected {what} of letters, digits and ._~:/?=%+,@- only")
+
+
+def check_ssh_key(value: str) -> str:
+    """One OpenSSH public key line (type, base64, optional comment without quotes or spaces)."""
+    if not _SSH_KEY.fullmatch(value):
+        raise ValueError(f"not an OpenSSH public key line (type base64 [comment]; the comment "
+                         f"without spaces or quotes): {value[:40]!r}")
+    return value
+
+
+class InstallerSettings(_Section):
+    """A profile installed by its distribution's installer instead of an image: Ubuntu
+    autoinstall, Debian preseed or kickstart (RHEL/Rocky 9), rendered per node from
+    ``pxe/install/``."""
+
+    method: Literal["autoinstall", "preseed", "kickstart"] = Field(
+        description="autoinstall (Ubuntu Subiquity), preseed (Debian installer) or kickstart "
+        "(Anaconda, RHEL/Rocky 9)")
+    kernel: str = Field(description="Installer kernel: http(s) URL, or a path under "
+                        "boot.artefacts_dir")
+    initrd: str = Field(description="Installer initrd: http(s) URL, or a path under "
+                        "boot.artefacts_dir")
+    repo_url: str = Field(description="autoinstall: the live-server ISO (url=); preseed: the "
+                          "Debian mirror; kickstart: the BaseOS repository (inst.repo=)")
+    kernel_args: str = Field("", description="Extra kernel command line (e.g. console=ttyS0)")
+    ssh_authorized_keys: list[str] = Field(
+        default_factory=list, description="Public keys installed for root, after "
+        "deploy.ssh_authorized_keys (Ansible logs in with them)")
+    time_server: str | None = Field(None, description="NTP server; unset: the distribution's")
+    timezone: str = Field("UTC", description="Time zone of the installed system")
+    root_disk: str = Field(
+        "smallest", description="smallest | largest | name:<dev> | serial:<s> | wwn:<w>")
+    root_disk_min_gb: float = Field(0, ge=0, description="Ignore disks smaller than this")
+    root_disk_nonrotational: bool = Field(False, description="Only SSD/NVMe disks")
+
+    @field_validator("kernel", "initrd")
+    @classmethod
+    def _check_artefact(cls, value: str) -> str:
+        return check_installer_url(value)
+
+    @field_validator("repo_url")
+    @classmethod
+    def _check_repo(cls, value: str) -> str:
+        return check_installer_url(value, paths=False)
+
+    @field_validator("kernel_args")
+    @classmethod
+    def _check_args(cls, value: str) -> str:
+        if any(ch in value for ch in "\n\r\"'`$;&|#\\") or not value.isprintable():
+            raise ValueError("kernel_args: no quotes, $, ;, &, |, # or line breaks")
+        return value
+
+    @field_validator("ssh_authorized_keys")
+    @classmethod
+    def _check_keys(cls, value: list[str]) -> list[str]:
+        return [check_ssh_key(key) for key in value]
+
+    @field_validator("time_server")
+    @classmethod
+    def _check_time_server(cls, value: str | None) -> str | None:
+        if value is not None and not _HOST.fullmatch(value):
+            raise ValueError(f"{value!r}: expected a host name or IPv4 address")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _check_timezone(cls, value: str) -> str:
+        if not _TIMEZONE.fullmatch(value):
+            raise ValueError(f"{value!r}: expected an Olson name such as Europe/Paris or UTC")
+        return value
+
+
+class ValidationProfile(_Section):
+    """What a node of one profile must show before it goes to Slurm (the ``validating``
+    step, from the node's last facts report). Unset: not checked."""
+
+    gpu_count: int | None = Field(None, ge=0, description="GPUs the driver must see")
+    gpu_model: str | None = Field(
+        None, min_length=1, description="Every GPU's product name contains this "
+        "(case-insensitive), e.g. \"H100\"")
+    ib_rate_gbps: float | None = Field(
+        None, gt=0, description="Every InfiniBand port Active/LinkUp at this rate (Gb/s)")
+    ib_port_count: int | None = Field(
+        None, ge=0, description="InfiniBand ports (Ethernet ports of the HCAs not counted)")
+    nvlink_domain: bool = Field(
+        False, description="Multi-node NVLink (NVL72): every GPU's fabric Completed/Success "
+        "with a non-zero ClusterUUID")
+    nvlink_domain_nodes: int | None = Field(
+        None, ge=1, description="Nodes per NVLink domain: the domain waits for that many "
+        "passed nodes (e.g. 18 on an NVL72 rack)")
+    require_dcgm: bool = Field(
+        False, description="A passing `dcgmi diag -r 1` must be in the facts (a failing one "
+        "always fails the node)")
+
+    @field_validator("nvlink_domain_nodes")
+    @classmethod
+    def _check_domain_nodes(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("nvlink_domain"):
+            raise ValueError("nvlink_domain_nodes needs nvlink_domain = true")
+        return value
+
+
+class ValidationSettings(_Section):
+    """The validation gate between ``joining`` and ``registering``."""
+
+    profiles: dict[str, ValidationProfile] = Field(
+        default_factory=dict, description="Checks per profile name; a profile without an "
+        "entry passes unchecked (its NVLink domain is still gated)")
+    domain_poll_interval_s: float = Field(
+        10.0, gt=0, description="How often a node that passed re-reads the store for the "
+        "rest of its NVLink domain")
+    domain_wait_timeout_s: float | None = Field(
+        None, gt=0, description="Give up waiting for the NVLink domain after this long "
+        "(validate_failed); unset: wait until it is complete or aborted")
 
 
 class LogSettings(_Section):
@@ -347,10 +612,27 @@ class Settings(BaseSettings):
     boot: BootSettings = BootSettings()
     bmc: BmcSettings = BmcSettings()
     kube: KubeSettings = KubeSettings()
+    slurm: SlurmSettings = SlurmSettings()
     install: InstallSettings = InstallSettings()
+    topology: TopologySettings = TopologySettings()
     images: dict[str, ImageSettings] = Field(
         default_factory=dict, description="Per profile: [images.<profile>] url, sha256, "
         "format, root_disk, root_disk_min_gb, root_disk_nonrotational")
+    deploy: DeploySettings = DeploySettings()
+    installers: dict[str, InstallerSettings] = Field(
+        default_factory=dict, description="Per profile installed by an installer instead of "
+        "an image: [installers.<profile>] method, kernel, initrd, repo_url, ...")
+
+    @field_validator("installers")
+    @classmethod
+    def _check_one_method(cls, value: dict[str, InstallerSettings],
+                          info: ValidationInfo) -> dict[str, InstallerSettings]:
+        both = sorted(set(value) & set(info.data.get("images", {})))
+        if both:
+            raise ValueError(f"profile {both[0]!r} has both [images.{both[0]}] and "
+                             f"[installers.{both[0]}]: pick one")
+        return value
+    validation: ValidationSettings = ValidationSettings()
     log: LogSettings = LogSettings()
     daemon: DaemonSettings = DaemonSettings()
 

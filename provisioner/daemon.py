@@ -11,6 +11,7 @@ import logging
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
+from dataclasses import dataclass
 
 from aiohttp import web
 
@@ -26,35 +27,58 @@ from provisioner.errors import ConfigError, NotFound, SchemaError
 from provisioner.install.base import (
     AgentEndpoint,
     ComposedInstaller,
-    Configurer,
-    ImageWriter,
     InstallEvent,
     OnEvent,
 )
-from provisioner.install.images import AgentImageWriter, AgentJobs
+from provisioner.install.images import AgentImageWriter, AgentJobs, SeedSource
 from provisioner.install.installer import AnsibleInstaller
 from provisioner.kube.client import KubeClient
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
+from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.ports import KubeJoiner, Ports
+from provisioner.lifecycle.ports import (
+    BootWaiter,
+    Inspector,
+    Installer,
+    KubeJoiner,
+    NoBootWait,
+    Ports,
+    SlurmRegistrar,
+    Validator,
+)
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
     RoutedKube,
     RoutedSlurm,
+    RoutedValidator,
     Unavailable,
 )
 from provisioner.lifecycle.stagger import PowerOnStagger
+from provisioner.lifecycle.validation import FactsValidator
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
-from provisioner.simulation.drivers import FakeInspector, FakeInstaller, FakeKube, FakeSlurm
+from provisioner.simulation.drivers import (
+    FakeInspector,
+    FakeInstaller,
+    FakeKube,
+    FakeSlurm,
+    FakeValidator,
+)
 from provisioner.simulation.rack import simulated_nodes
 from provisioner.simulation.world import SimWorld
+from provisioner.slurm.client import make_slurm_client
+from provisioner.slurm.handoff import SlurmHandoff
+from provisioner.slurm.maintenance import SlurmFirstKube
+from provisioner.slurm.model import SlurmClient
+from provisioner.slurm.sync import SlurmSync
 from provisioner.store.store import Store, open_store
+from provisioner.topology_live.build import build_live_topology
+from provisioner.topology_live.live import LiveTopology
 
 log = logging.getLogger(__name__)
 
@@ -86,26 +110,35 @@ def build_bmc(settings: Settings, world: SimWorld, pool: ThreadPoolExecutor) -> 
     return BmcManager(registry, bmc)
 
 
-def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, mailbox: FactsMailbox,
-                kube: KubeJoiner, configurer: Configurer | None = None,
-                images: ImageWriter | None = None) -> Ports:
+@dataclass(frozen=True, slots=True)
+class RealDrivers:
+    """The drivers for real (not simulated) nodes; ``Unavailable`` where not configured."""
+
+    inspector: Inspector
+    installer: Installer
+    kube: KubeJoiner
+    validator: Validator
+    slurm: SlurmRegistrar
+
+
+def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
+                boots: BootWaiter | None = None) -> Ports:
     """Pick the drivers per node: simulated nodes (fake BMC) act on the simulated rack, real
-    ones use the real drivers (inspection: the agent's reports) or fail saying the driver is
-    not in this build yet."""
+    ones use ``real``."""
     delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
     return Ports(
         bmc=bmc,
         stagger=PowerOnStagger(settings.bmc.power_on_per_rack_per_s,
                                exempt={"fake"}),  # simulated nodes have no PDUs
         inspector=RoutedInspector(
-            FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), mailbox),
+            FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), real.inspector),
         installer=RoutedInstaller(
-            FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate),
-            Unavailable("OS installation") if configurer is None else
-            ComposedInstaller(images or Unavailable("OS image deploy"), configurer)),
-        kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate), kube),
-        slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate),
-                          Unavailable("Slurm registration")),
+            FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate), real.installer),
+        kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate), real.kube),
+        validator=RoutedValidator(
+            FakeValidator(world, delay_s=delay_s, fail_rate=fail_rate), real.validator),
+        slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate), real.slurm),
+        boots=boots or NoBootWait(),
     )
 
 
@@ -133,6 +166,21 @@ def _kube_to_conductor(store: Store, conductor: Conductor) -> OnChange:
     return on_change
 
 
+def _slurm_to_conductor(store: Store, conductor: Conductor) -> OnChange:
+    """Slurm -> daemon: a node drained (or resumed) in Slurm by someone else becomes the
+    maintenance flag with Slurm's reason, without draining again."""
+
+    async def on_change(hostname: str, maintenance: bool, reason: str) -> None:
+        try:
+            node = await store.nodes.find(hostname)
+        except NotFound:
+            return  # a Slurm node that is not ours
+        await conductor.set_maintenance(node.id, maintenance, actor="slurm", reason=reason,
+                                        propagate=False)
+
+    return on_change
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -155,20 +203,32 @@ class Daemon:
                                        ttl_s=self._settings.boot.agent_token_ttl_s)
             # ConfigError (exit 2) without ansible-playbook
             ansible = self._ansible(stack, agent_tokens)
-            kube: KubeJoiner = Unavailable("Kubernetes join")
+            joiner = None
             if kube_client is not None:
-                kube = KubeNodeJoiner(kube_client, self._settings.kube, run_join=ansible.run_join)
+                joiner = KubeNodeJoiner(kube_client, self._settings.kube,
+                                        run_join=ansible.run_join)
+            topology = build_live_topology(self._settings, store, kube_client)
+            stack.push_async_callback(topology.aclose)
+            slurm_client = await self._connect_slurm(stack)
             jobs = AgentJobs()
+            callbacks = BootCallbacks(timeout_s=self._settings.deploy.callback_timeout_s,
+                                      installer_profiles=frozenset(self._settings.installers))
+            images = self._image_writer(jobs, agent_tokens) or Unavailable("OS image deploy")
+            kube, slurm = self._kube_and_slurm(joiner, kube_client, slurm_client, topology)
+            real = RealDrivers(
+                inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
+                validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm)
             bmc = self._bmc(stack, world)
-            ports = build_ports(self._settings, world, bmc, mailbox, kube, ansible,
-                                self._image_writer(jobs))
+            ports = build_ports(self._settings, world, bmc, real, callbacks)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
                                   observer=metrics.observe_transition)
+            conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
-            runner = await self._start_api(store, conductor, metrics)
+            runner = await self._start_api(store, conductor, metrics, topology)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
-            await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs)
+            await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs,
+                                   callbacks)
             resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
             log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
@@ -184,6 +244,12 @@ class Daemon:
                                     grace_s=self._settings.kube.not_ready_grace_s,
                                     interval_s=self._settings.kube.sync_interval_s)
                     children.append(group.create_task(sync.run(), name="kube-sync"))
+                if slurm_client is not None and self._settings.slurm.sync_interval_s > 0:
+                    slurm_sync = SlurmSync(slurm_client, _slurm_to_conductor(store, conductor),
+                                           interval_s=self._settings.slurm.sync_interval_s,
+                                           reason_prefix=self._settings.slurm.reason_prefix)
+                    children.append(group.create_task(slurm_sync.run(), name="slurm-sync"))
+                children.append(group.create_task(topology.run(), name="topology"))
                 await self._stop.wait()
                 for child in children:
                     child.cancel()
@@ -200,6 +266,28 @@ class Daemon:
         bmc = build_bmc(self._settings, world, pool)
         stack.push_async_callback(bmc.aclose)
         return bmc
+
+    async def _connect_slurm(self, stack: AsyncExitStack) -> SlurmClient | None:
+        if not self._settings.slurm.enabled:
+            return None
+        client = make_slurm_client(self._settings.slurm)
+        stack.push_async_callback(client.aclose)
+        return client
+
+    def _kube_and_slurm(self, joiner: KubeNodeJoiner | None, kube_client: KubeClient | None,
+                        slurm_client: SlurmClient | None,
+                        topology: LiveTopology) -> tuple[KubeJoiner, SlurmRegistrar]:
+        """The ``kube`` and ``slurm`` drivers of real nodes. With Slurm, the hand-off
+        releases the GPU operands (through the joiner) and maintenance drains in Slurm
+        before Kubernetes evicts."""
+        kube: KubeJoiner = joiner or Unavailable("Kubernetes join")
+        if slurm_client is None:
+            return kube, Unavailable("Slurm registration")
+        handoff = SlurmHandoff(
+            slurm_client, self._settings.slurm, kube=kube_client,
+            topology_spec=lambda node: topology.spec_for(node.hostname or ""),
+            gpu_ready=joiner.release_operands if joiner is not None else None)
+        return SlurmFirstKube(kube, handoff), handoff
 
     async def _connect_kube(self, stack: AsyncExitStack) -> KubeClient | None:
         settings = self._settings.kube
@@ -227,29 +315,34 @@ class Daemon:
         log.info("received %s", sig.name)
         self._stop.set()
 
-    async def _start_api(self, store: Store, conductor: Conductor,
-                         metrics: Metrics) -> web.AppRunner:
+    async def _start_api(self, store: Store, conductor: Conductor, metrics: Metrics,
+                         topology: LiveTopology) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                       metrics=metrics, settings=self._settings.api)
+                       metrics=metrics, settings=self._settings.api, topology=topology)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self._settings.api.host_port
         await web.TCPSite(runner, host, port, reuse_address=True).start()
         return runner
 
-    def _image_writer(self, jobs: AgentJobs) -> AgentImageWriter | None:
-        """Images are written by the nodes' agents, which need the boot HTTP server."""
+    def _image_writer(self, jobs: AgentJobs,
+                      agent_tokens: AgentTokens) -> AgentImageWriter | None:
+        """Images are written by the nodes' agents, which need the boot HTTP server; the
+        cloud-init seed's callback goes there too, with the node's agent token."""
         if self._settings.http.listen is None:
             return None
-        return AgentImageWriter(jobs, self._settings.images,
-                                f"{base_url(self._settings)}/artefacts")
+        url = base_url(self._settings)
+        return AgentImageWriter(jobs, self._settings.images, f"{url}/artefacts",
+                                seeds=SeedSource(self._settings.deploy, url,
+                                                 agent_tokens.issue_token))
 
     async def _start_boot(self, stack: AsyncExitStack, store: Store, conductor: Conductor,
                           mailbox: FactsMailbox, agent_tokens: AgentTokens,
-                          jobs: AgentJobs) -> None:
+                          jobs: AgentJobs, callbacks: BootCallbacks) -> None:
         """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
         TFTP. Each binds before READY=1; a port in use stops the start."""
-        boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens, jobs)
+        boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens, jobs,
+                          callbacks)
         for server in boot:
             await server.start()
             stack.push_async_callback(server.stop)

@@ -29,6 +29,8 @@ APT_PACKAGES=(
   slurmctld
   slurmd
   slurm-client     # scontrol
+  slurmrestd       # Slurm REST API (tests/integration/test_slurm.py, PEERS.md §7)
+  slurm-wlm-jwt-plugin # auth/jwt for slurmctld and slurmrestd
   ibsim-utils      # ibsim + umad2sim: a simulated InfiniBand fabric (PEERS.md §8)
   infiniband-diags # ibnetdiscover, iblinkinfo, sminfo
   rdma-core
@@ -36,9 +38,24 @@ APT_PACKAGES=(
   openssh-server   # sshd of the Ansible target (tests/peers/sshd.py, PEERS.md §9)
   openssh-client   # ssh, ssh-keygen: Ansible's connection
   debootstrap      # the Debian root the playbooks run against (cached, tests/peers/debootstrap.py)
+  debconf          # debconf-set-selections --checkonly: rendered preseeds (always on Debian)
+  debian-installer-12-netboot-amd64 # d-i kernel + initrd: the installer fetches our preseed (qemu)
   socat            # ssh ProxyCommand into the target's network namespace
   openipmi         # ipmi_sim: a real IPMI BMC on loopback (tests/peers/ipmi_sim.py, PEERS.md §4)
   ipmitool         # ipmi_sim's readiness probe
+  qemu-system-x86  # the e2e VMs (tests/e2e/*qemu*)
+  qemu-utils       # qemu-img: qcow2 images the agent's converter is checked against
+  linux-image-amd64 # the kernel of the inspection ramdisk and of the e2e test's disk image
+  cpio             # pxe/ramdisk/build.sh and the e2e disk image's initramfs
+  kmod             # modprobe --show-depends (ramdisk modules)
+  fdisk            # sfdisk: MBR/GPT images and --dump checks of the grown partition table
+  gdisk            # sgdisk -v: the GPT the agent rewrote
+  genisoimage      # isoinfo: reads the cloud-init seed back
+  syslinux         # the e2e test's bootable disk image (MBR code, ldlinux)
+  syslinux-common
+  extlinux
+  mtools           # files into that image's FAT partition without a loop mount
+  dosfstools       # mkfs.vfat
 )
 MIN_PYTHON=(3 11)
 

@@ -17,7 +17,13 @@ from provisioner.domain import NewNode, Node
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
-from provisioner.simulation.drivers import FakeInspector, FakeInstaller, FakeKube, FakeSlurm
+from provisioner.simulation.drivers import (
+    FakeInspector,
+    FakeInstaller,
+    FakeKube,
+    FakeSlurm,
+    FakeValidator,
+)
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store, open_store
 
@@ -49,7 +55,7 @@ def fake_ports(world: SimWorld, *, delay_s: float = 0.0, fail_rate: float = 0.0)
     kw = {"delay_s": delay_s, "fail_rate": fail_rate}
     return Ports(bmc=fake_bmc_factory(world), inspector=FakeInspector(world, **kw),
                  installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
-                 slurm=FakeSlurm(world, **kw))
+                 slurm=FakeSlurm(world, **kw), validator=FakeValidator(world, **kw))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.agent.collect import collect
-from provisioner.agent.deploy import DeployError, wipe_boot_area, write_image
+from provisioner.agent.deploy import wipe_boot_area, write_image
 
 log = logging.getLogger("provisioner.agent")
 
@@ -41,6 +41,10 @@ class AgentClient:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """Retry until the daemon answers; a 4xx with a reason is final (raises)."""
+        return json.loads(self.fetch(method, path, body) or b"{}")
+
+    def fetch(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
+        """``call`` without JSON decoding of the answer (the cloud-init seed)."""
         delay = 1.0
         while True:
             try:
@@ -55,12 +59,13 @@ class AgentClient:
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
 
-    def _call_once(self, method: str, path: str, body: dict[str, Any] | None) -> Any:
+    def _call_once(self, method: str, path: str, body: dict[str, Any] | None) -> bytes:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(self.url + path, data=data, method=method, headers={
             "Authorization": f"Bearer {self.token}", "Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as response:
-            return json.loads(response.read() or b"{}")
+            answer = response.read()
+            return answer if isinstance(answer, bytes) else b""
 
 
 def run(
@@ -82,7 +87,12 @@ def run(
         elif name == "report":  # the daemon restarted while its step waited for facts
             _report(client, args, gather)
         elif name in ("deploy", "wipe"):
-            client.call("POST", "/agent/v1/result", _job(command, done, device_dir))
+            result = _job(client, command, done, device_dir)
+            client.call("POST", "/agent/v1/result", result)
+            if result["ok"] and command.get("reboot"):  # no BMC: boot the disk ourselves
+                log.info("reboot to the written disk")
+                (power or _power)("reboot")
+                return 0
         elif name in ("poweroff", "reboot"):
             client.call("POST", "/agent/v1/result", {"command": name, "ok": True})
             log.info("%s", name)
@@ -93,7 +103,8 @@ def run(
             time.sleep(5)
 
 
-def _job(command: dict[str, Any], done: set[str], device_dir: Path) -> dict[str, Any]:
+def _job(client: AgentClient, command: dict[str, Any], done: set[str],
+         device_dir: Path) -> dict[str, Any]:
     """Run a deploy or wipe job; the result names its generation."""
     generation = str(command.get("generation", ""))
     result: dict[str, Any] = {"command": command["command"], "generation": generation}
@@ -101,12 +112,14 @@ def _job(command: dict[str, Any], done: set[str], device_dir: Path) -> dict[str,
         return result | {"ok": True, "note": "already done"}
     try:
         if command["command"] == "deploy":
-            written = write_image(command, device_dir=device_dir)
-            log.info("wrote %d bytes to %s", written, command["disk"])
+            report = write_image(command, device_dir=device_dir, fetch_seed=lambda: client.fetch(
+                "GET", f"/agent/v1/seed?generation={generation}"))
+            log.info("wrote %d bytes to %s (sha256 verified)", report["bytes"], command["disk"])
+            result |= report
         else:
             for disk in command.get("disks", []):
                 wipe_boot_area(device_dir / disk)
-    except (DeployError, OSError, ValueError, KeyError) as exc:
+    except (RuntimeError, OSError, ValueError, KeyError) as exc:  # DeployError included
         log.error("%s failed: %s", command["command"], exc)
         return result | {"ok": False, "error": str(exc)}
     done.add(generation)

@@ -15,6 +15,8 @@ MAX_DISK_BYTES = 1 << 50  # 1 PiB: a bigger single disk is a lie
 MAX_MEMORY_MIB = 64 << 20  # 64 TiB
 MAX_CPUS = 4096
 MAX_ITEMS = 512
+MAX_NVIDIA_SMI_XML_BYTES = 8 << 20  # 8 MiB: a GB200/HGX node's full report is well under 1
+MAX_DCGM_SUMMARY = 4096
 
 
 class FactsError(ValueError):
@@ -136,11 +138,26 @@ def _hca(value: object, where: str) -> None:
 
 def _hca_port(value: object, where: str) -> None:
     _obj(value, where, {"port": _num(1, 255), "state": _text(32), "phys_state": _text(32),
-                        "rate": _text(64), "lid": _num(0, 65535)}, ("port",))
+                        "rate": _text(64), "lid": _num(0, 65535), "link_layer": _text(32)},
+         ("port",))
 
 
 def _bmc(value: object, where: str) -> None:
     _obj(value, where, {"ip": _text(45), "mac": _pattern(MAC_RE)}, ())
+
+
+def _nvidia_smi_xml(value: object, where: str) -> None:
+    """``nvidia-smi -q -x`` verbatim (the validation gate and the live topology parse it)."""
+    if not isinstance(value, str):
+        raise FactsError(f"{where}: must be a string")
+    if len(value) > MAX_NVIDIA_SMI_XML_BYTES or len(value.encode()) > MAX_NVIDIA_SMI_XML_BYTES:
+        raise FactsError(f"{where}: larger than {MAX_NVIDIA_SMI_XML_BYTES} bytes")
+
+
+def _dcgm_diag(value: object, where: str) -> None:
+    """``dcgmi diag -r 1`` as the node judged it: whether it ran, passed, and why not."""
+    _obj(value, where, {"ran": _bool, "passed": _bool, "summary": _text(MAX_DCGM_SUMMARY)},
+         ("ran", "passed"))
 
 
 _SECTIONS: dict[str, Any] = {
@@ -153,4 +170,6 @@ _SECTIONS: dict[str, Any] = {
     "gpus": lambda v, w: _list(v, w, _gpu),
     "infiniband": lambda v, w: _list(v, w, _hca),
     "bmc": _bmc,
+    "nvidia_smi_xml": _nvidia_smi_xml,
+    "dcgm_diag": _dcgm_diag,
 }

@@ -16,12 +16,14 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.metrics import Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
+from provisioner.topology_live.live import LiveTopology
 
 CONDUCTOR: Final = web.AppKey("conductor", Conductor)
 NODES: Final = web.AppKey("nodes", NodeRepo)
 TOKENS: Final = web.AppKey("tokens", TokenRepo)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", ApiSettings)
+TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

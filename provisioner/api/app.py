@@ -18,13 +18,14 @@ from typing import Final
 from aiohttp import hdrs, web
 from pydantic import ValidationError
 
-from provisioner.api import CONDUCTOR, METRICS, NODES, PRINCIPAL, SETTINGS, TOKENS
+from provisioner.api import CONDUCTOR, METRICS, NODES, PRINCIPAL, SETTINGS, TOKENS, TOPOLOGY
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
 from provisioner.api.openapi import Handler, Route, openapi_document
 from provisioner.api.power import ROUTES as POWER_ROUTES
 from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
+from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
 from provisioner.config import ApiSettings
 from provisioner.domain import Role
 from provisioner.errors import (
@@ -38,6 +39,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
+from provisioner.topology_live.live import LiveTopology
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +57,14 @@ _MAX_TOKEN_CHARS: Final = 512
 
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
-             settings: ApiSettings) -> web.Application:
-    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *_OWN_ROUTES)
+             settings: ApiSettings, topology: LiveTopology | None = None) -> web.Application:
+    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
     app[METRICS], app[SETTINGS] = metrics, settings
+    if topology is not None:
+        app[TOPOLOGY] = topology
     roles: Mapping[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[ROLES] = roles
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)

@@ -14,12 +14,15 @@ from pathlib import Path
 
 from aiohttp import web
 
+from provisioner.agent.facts import MAX_NVIDIA_SMI_XML_BYTES
+from provisioner.boot.install_http import InstallerHttp
 from provisioner.boot.render import Renderer
 from provisioner.domain import Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.discovery import Discovery
+from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricReports
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.tokens import TokenRepo
 
@@ -27,7 +30,8 @@ log = logging.getLogger(__name__)
 
 _NETBOOT_STATES = {NodeState.DISCOVERED: "inspect", NodeState.INSPECTING: "inspect",
                    NodeState.DEPLOYING: "deploy", NodeState.RETIRING: "wipe"}
-_MAX_AGENT_BODY = 1 << 20
+# A report may carry nvidia-smi -q -x verbatim; JSON escapes its tabs and newlines.
+_MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +46,13 @@ class BootHttpConfig:
 
 class BootHttp:
     def __init__(self, config: BootHttpConfig, *, discovery: Discovery, agents: AgentService,
-                 tokens: TokenRepo, renderer: Renderer) -> None:
+                 tokens: TokenRepo, renderer: Renderer, fabrics: FabricReports | None = None,
+                 max_fabric_bytes: int = 32 << 20,
+                 installer: InstallerHttp | None = None) -> None:
         self._config = config
+        self._installer = installer
+        self._fabrics = fabrics
+        self._max_fabric_bytes = max_fabric_bytes
         self._discovery = discovery
         self._agents = agents
         self._tokens = tokens
@@ -58,6 +67,12 @@ class BootHttp:
         app.router.add_post("/agent/v1/facts", self.agent_facts)
         app.router.add_get("/agent/v1/command", self.agent_command)
         app.router.add_post("/agent/v1/result", self.agent_result)
+        app.router.add_get("/agent/v1/seed", self.agent_seed)
+        app.router.add_post("/agent/v1/callback", self.agent_callback)
+        if self._fabrics is not None:
+            app.router.add_post("/agent/v1/fabric", self.agent_fabric)
+        if self._installer is not None:
+            self._installer.add_routes(app)
         return app
 
     # -- iPXE scripts -----------------------------------------------------------------------
@@ -80,7 +95,13 @@ class BootHttp:
             reason = "in maintenance" if node.maintenance else f"node is {node.state}"
             log.info("node %s: served local boot (%s)", node.id, reason)
             return _script(self._renderer.render("local", reason=reason))
+        if purpose == "deploy" and await self._agents.image_written(node.id):
+            log.info("node %s: image written; served local boot", node.id)
+            return _script(self._renderer.render("local", reason="image written, boot disk"))
         token = await self._agents.issue_token(node.id)
+        if purpose == "deploy" and self._installer is not None and \
+                (script := await self._installer.script(node, token, mac)) is not None:
+            return _script(script)  # the profile uses an installer, not the agent
         log.info("node %s: served %s script to %s", node.id, purpose, mac)
         cfg = self._config
         return _script(self._renderer.render(
@@ -125,6 +146,49 @@ class BootHttp:
         await self._agents.result(node_id, body)
         return web.json_response({"recorded": True})
 
+    async def agent_seed(self, request: web.Request) -> web.Response:
+        """The cloud-init seed of the node's pending deploy (``?generation=``), as bytes."""
+        node_id = await self._authenticate(request)
+        seed = self._agents.seed(node_id, request.query.get("generation", ""))
+        if seed is None:
+            raise web.HTTPNotFound(text="no pending deploy with a seed for this node")
+        return web.Response(body=seed, content_type="application/octet-stream")
+
+    async def agent_callback(self, request: web.Request) -> web.Response:
+        """``{"event": "booted" | "installed", "hostname": ...}`` from the deployed OS (its
+        cloud-init seed) or from an installer's last step."""
+        node_id = await self._authenticate(request)
+        body = await _json_body(request)
+        try:
+            waited = await self._agents.callback(node_id, body)
+        except InvalidRequest as exc:
+            raise _problem(422, str(exc)) from None
+        log.info("node %s: OS callback %s (hostname %r)%s", node_id, body.get("event"),
+                 body.get("hostname"), "" if waited else "; no step was waiting")
+        return web.json_response({"recorded": True, "waiting": waited})
+
+    async def agent_fabric(self, request: web.Request) -> web.Response:
+        """``{"fabric": NAME, "ibnetdiscover": TEXT}`` from one node per fabric (the Ansible
+        ``facts`` role). Bigger than other agent bodies: read here, under its own cap."""
+        node_id = await self._authenticate(request)
+        assert self._fabrics is not None
+        body = await _json_body(request, await _capped_body(request, self._max_fabric_bytes))
+        fabric, text = body.get("fabric", DEFAULT_FABRIC), body.get("ibnetdiscover")
+        if not isinstance(fabric, str):
+            raise _problem(422, "fabric: must be a string")
+        if not isinstance(text, str) or not text.strip():
+            raise _problem(422, "ibnetdiscover: must be the tool's output, a non-empty string")
+        try:
+            accepted = await self._fabrics.report(node_id, fabric, text)
+        except InvalidRequest as exc:
+            log.warning("node %s: fabric scan refused: %s", node_id, exc)
+            raise _problem(422, str(exc)) from None
+        log.info("node %s: fabric %s scan accepted (%d switches, %d CAs)", node_id,
+                 accepted.fabric, accepted.switches, accepted.cas)
+        return web.json_response({"accepted": True, "fabric": accepted.fabric,
+                                  "switches": accepted.switches, "cas": accepted.cas,
+                                  "links": accepted.links, "sha256": accepted.sha256})
+
     async def _authenticate(self, request: web.Request) -> str:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         info = await self._tokens.lookup(token) if scheme == "Bearer" and token else None
@@ -149,9 +213,26 @@ def _problem(status: int, detail: str) -> web.HTTPException:
     return error_class(text=body, content_type="application/problem+json")
 
 
-async def _json_body(request: web.Request) -> dict[str, object]:
+async def _capped_body(request: web.Request, limit: int) -> bytes:
+    """The body, refused (413) past ``limit`` bytes whatever Content-Length claims."""
+    if request.content_length is not None and request.content_length > limit:
+        raise _too_large(limit, request.content_length)
+    data = await request.content.read(limit + 1)
+    if len(data) > limit:
+        raise _too_large(limit, len(data))
+    return data
+
+
+def _too_large(limit: int, size: int) -> web.HTTPException:
+    body = json.dumps({"title": "Request Entity Too Large", "status": 413,
+                       "detail": f"body larger than {limit} bytes"})
+    return web.HTTPRequestEntityTooLarge(limit, size, text=body,
+                                         content_type="application/problem+json")
+
+
+async def _json_body(request: web.Request, raw: bytes | None = None) -> dict[str, object]:
     try:
-        body = await request.json()
+        body = json.loads(raw) if raw is not None else await request.json()
     except ValueError:
         raise _problem(400, "body is not valid JSON") from None
     if not isinstance(body, dict):

@@ -10,13 +10,17 @@ from typing import Protocol
 from aiohttp import web
 
 from provisioner.boot.http import BootHttp, BootHttpConfig
+from provisioner.boot.install_http import InstallerHttp
 from provisioner.boot.render import Renderer
 from provisioner.config import Settings, parse_host_port
 from provisioner.errors import ConfigError
 from provisioner.install.images import AgentJobs
+from provisioner.install.unattended import UnattendedInstalls
 from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
+from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
+from provisioner.lifecycle.fabrics import FabricReports
 from provisioner.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -59,7 +63,7 @@ def base_url(settings: Settings) -> str:
 
 def build_boot(settings: Settings, store: Store, conductor: Conductor,
                mailbox: FactsMailbox, agent_tokens: AgentTokens,
-               jobs: AgentJobs) -> list[Server]:
+               jobs: AgentJobs, callbacks: BootCallbacks | None = None) -> list[Server]:
     servers: list[Server] = []
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
@@ -68,15 +72,25 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
                               token_ttl_s=settings.boot.agent_token_ttl_s,
-                              agent_tokens=agent_tokens, jobs=jobs)
+                              agent_tokens=agent_tokens, jobs=jobs, callbacks=callbacks)
         config = BootHttpConfig(
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",
             assets_dir=assets, kernel=settings.boot.inspection_kernel,
             initrd=settings.boot.inspection_initrd, kernel_args=settings.boot.kernel_args)
         _check_ramdisk(config)
+        renderer = Renderer()
+        installer = None
+        if settings.installers:  # profiles installed by autoinstall, preseed, kickstart
+            installer = InstallerHttp(
+                UnattendedInstalls(settings.installers, base_url=config.base_url,
+                                   site_keys=settings.deploy.ssh_authorized_keys),
+                base_url=config.base_url, nodes=store.nodes, tokens=store.tokens,
+                renderer=renderer)
         http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,
-                        renderer=Renderer())
+                        renderer=renderer, installer=installer,
+                        fabrics=FabricReports(conductor, store.topology),
+                        max_fabric_bytes=settings.topology.max_fabric_bytes)
         servers.append(HttpServer(http.app(), settings.http.listen))
     servers += _network_servers(settings, store, discovery, assets)
     return servers

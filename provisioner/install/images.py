@@ -1,6 +1,7 @@
 """Image deploy driven by the node's agent: the daemon queues a ``deploy`` (or ``wipe``) job
 for the node, the agent in the ramdisk fetches it, streams the image to the chosen disk,
-checks its sha256 and reports back. Implements ``ImageWriter``.
+checks its sha256, grows the last partition, writes the cloud-init seed built here (served
+to it at ``/agent/v1/seed``) and reports back. Implements ``ImageWriter``.
 
 Idempotent: a job names the deployment (the step's run id); after a daemon restart the step
 queues the same job again, and an agent that already wrote that deployment reports success
@@ -11,22 +12,35 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from provisioner.config import ImageSettings
+from provisioner.config import DeploySettings, ImageSettings, InstallerSettings
 from provisioner.domain import Node
 from provisioner.errors import FatalError, RetryableError
+from provisioner.install.seed import CALLBACK_PATH, SeedSpec, build_seed
 
 log = logging.getLogger(__name__)
-_FORMATS = {".raw": "raw", ".img": "raw", ".gz": "raw.gz", ".zst": "raw.zst"}
+_FORMATS = {".raw": "raw", ".img": "raw", ".gz": "raw.gz", ".zst": "raw.zst",
+            ".qcow2": "qcow2"}
 
 
 @dataclass
 class _Job:
     body: dict[str, Any]
     done: asyncio.Future[None]
+    seed: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class SeedSource:
+    """What the cloud-init seeds need: settings, the boot server's URL (the callback goes
+    there) and the node's agent token (``AgentTokens.issue_token``)."""
+
+    settings: DeploySettings
+    base_url: str
+    issue_token: Callable[[str], Awaitable[str]]
 
 
 class AgentJobs:
@@ -39,6 +53,13 @@ class AgentJobs:
         job = self._jobs.get(node_id)
         return None if job is None or job.done.done() else job.body
 
+    def seed(self, node_id: str, generation: str) -> bytes | None:
+        """The cloud-init seed of the node's pending deploy job, if it names ``generation``."""
+        job = self._jobs.get(node_id)
+        if job is None or job.done.done() or job.body.get("generation") != generation:
+            return None
+        return job.seed or None
+
     def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
         job = self._jobs.get(node_id)
         if job is None or job.body.get("generation") != generation or job.done.done():
@@ -49,8 +70,8 @@ class AgentJobs:
             job.done.set_exception(FatalError(f"agent: {error or 'failed without a reason'}"))
         return True
 
-    async def run(self, node_id: str, body: dict[str, Any]) -> None:
-        job = _Job(body, asyncio.get_running_loop().create_future())
+    async def run(self, node_id: str, body: dict[str, Any], *, seed: bytes = b"") -> None:
+        job = _Job(body, asyncio.get_running_loop().create_future(), seed)
         self._jobs[node_id] = job
         try:
             await job.done
@@ -59,7 +80,8 @@ class AgentJobs:
                 del self._jobs[node_id]
 
 
-def choose_disk(disks: list[Mapping[str, Any]], image: ImageSettings) -> str:
+def choose_disk(disks: list[Mapping[str, Any]],
+                image: ImageSettings | InstallerSettings) -> str:
     """The device name the rule picks from the inspected disks; FatalError naming the rule."""
     rule, _, value = image.root_disk.partition(":")
     fit = [d for d in disks if d.get("size_bytes", 0) >= image.root_disk_min_gb * 1e9
@@ -83,10 +105,11 @@ def choose_disk(disks: list[Mapping[str, Any]], image: ImageSettings) -> str:
 
 class AgentImageWriter:
     def __init__(self, jobs: AgentJobs, images: Mapping[str, ImageSettings],
-                 artefacts_url: str) -> None:
+                 artefacts_url: str, *, seeds: SeedSource | None = None) -> None:
         self._jobs = jobs
         self._images = images
         self._artefacts_url = artefacts_url.rstrip("/")
+        self._seeds = seeds
 
     async def deploy_image(self, node: Node, generation: str) -> None:
         image = self._images.get(node.profile or "")
@@ -99,9 +122,24 @@ class AgentImageWriter:
         url = image.url if "://" in image.url else f"{self._artefacts_url}/{image.url}"
         body = {"command": "deploy", "generation": generation, "url": url,
                 "sha256": image.sha256, "format": image.format or _format_of(image.url),
-                "disk": disk, "hostname": node.hostname or ""}
+                "disk": disk, "hostname": node.hostname or "",
+                # no BMC to power-cycle it: the agent reboots into the disk itself
+                "reboot": node.bmc is None}
+        seed = await self._seed(node, generation)
+        body["seed"] = bool(seed)
         log.info("node %s: deploying %s to %s (%s)", node.id, url, disk, generation)
-        await self._jobs.run(node.id, body)
+        await self._jobs.run(node.id, body, seed=seed)
+
+    async def _seed(self, node: Node, generation: str) -> bytes:
+        if self._seeds is None:
+            return b""
+        spec = SeedSpec(
+            instance_id=f"{node.id}-{generation.rpartition(':')[2]}",
+            hostname=node.hostname or node.id, mac=node.macs[0] if node.macs else None,
+            ssh_authorized_keys=tuple(self._seeds.settings.ssh_authorized_keys),
+            callback_url=self._seeds.base_url.rstrip("/") + CALLBACK_PATH,
+            token=await self._seeds.issue_token(node.id))
+        return await asyncio.to_thread(build_seed, spec)  # a few ms of CPU
 
     async def wipe(self, node: Node) -> None:
         disks = [str(d["name"]) for d in node.facts.get("disks", []) if "name" in d]

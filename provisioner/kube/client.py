@@ -31,6 +31,7 @@ from provisioner.kube.model import (
     ClientStats,
     ClusterInfo,
     Condition,
+    ConfigMapInfo,
     EvictionBlocked,
     KubeConflict,
     KubeForbidden,
@@ -181,6 +182,34 @@ class KubeClient:
         for name in names:
             await self.delete_secret(namespace, name)
         return names
+
+    async def get_config_map(self, namespace: str, name: str) -> ConfigMapInfo | None:
+        """The ConfigMap, or None when there is none."""
+        try:
+            data = await self._json(lambda **kw: self._core.read_namespaced_config_map(
+                name, namespace, **kw), what=f"configmap {namespace}/{name}")
+        except KubeNotFound:
+            return None
+        return _config_map(data)
+
+    async def put_config_map(self, namespace: str, name: str, data: Mapping[str, str], *,
+                             annotations: Mapping[str, str] | None = None,
+                             resource_version: str | None = None) -> ConfigMapInfo:
+        """Create the ConfigMap (``resource_version`` None) or replace the one at that
+        version (KubeConflict when someone changed it since it was read)."""
+        body = k8s.V1ConfigMap(
+            metadata=k8s.V1ObjectMeta(name=name, namespace=namespace,
+                                      annotations=dict(annotations or {}),
+                                      resource_version=resource_version),
+            data=dict(data))
+        what = f"configmap {namespace}/{name}"
+        if resource_version is None:
+            made = await self._json(lambda **kw: self._core.create_namespaced_config_map(
+                namespace, body, **kw), what=what)
+        else:
+            made = await self._json(lambda **kw: self._core.replace_namespaced_config_map(
+                name, namespace, body, **kw), what=what)
+        return _config_map(made)
 
     async def cluster_info(self) -> ClusterInfo:
         """The API endpoint and CA from ``kube-public/cluster-info`` (kubeadm publishes it)."""
@@ -370,6 +399,14 @@ def _pod(obj: Mapping[str, Any]) -> PodInfo:
         deleting=meta.get("deletionTimestamp") is not None,
         phase=(obj.get("status") or {}).get("phase") or "",
     )
+
+
+def _config_map(obj: Mapping[str, Any]) -> ConfigMapInfo:
+    meta = obj.get("metadata", {})
+    return ConfigMapInfo(namespace=meta.get("namespace", ""), name=meta["name"],
+                         resource_version=meta.get("resourceVersion", ""),
+                         data={k: str(v) for k, v in (obj.get("data") or {}).items()},
+                         annotations=dict(meta.get("annotations") or {}))
 
 
 def _cluster_info(configmap: Mapping[str, Any]) -> ClusterInfo:

@@ -2,9 +2,10 @@
 
 join(node): unless the node's Node object already exists, create a bootstrap token, run the
 ``kubeadm join`` playbook (injected ``run_join``) and delete the token; wait for the Node;
-label/annotate/taint it from its profile (GPU operands held until validation); wait for
-``Ready``; once validated, release the operands and wait for the GPU stack. Every part is
-idempotent, so running the step again on a joined, labelled node succeeds at once.
+label/annotate/taint it from its profile (GPU operands held until the node passed validation,
+which comes after ``joining``); wait for ``Ready``. The Slurm hand-off releases the operands
+and waits for the GPU stack (``release_operands``). Every part is idempotent, so running the
+step again on a joined, labelled node succeeds at once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from provisioner.kube.join import BootstrapTokens, RunJoin, SecretStore
 from provisioner.kube.labels import apply_metadata, desired_metadata
 from provisioner.kube.model import NodeInfo
 from provisioner.kube.wait import NodeWaiter, exists, gpu_stack_ready, node_name, ready
+from provisioner.validation.record import passed_now
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +34,15 @@ class JoinClient(DrainClient, SecretStore, Protocol):
     async def delete_node(self, name: str) -> bool: ...
 
 
-def validated_fact(node: Node) -> bool:
-    """Default validation gate: the node's facts say ``validated: true`` (burn-in passed)."""
-    return node.facts.get("validated") is True
+def validation_passed(node: Node) -> bool:
+    """Default validation gate: the validating step's record says the node passed in its
+    current provisioning (a record left from an earlier one does not count)."""
+    return passed_now(node.state, node.facts, node.checkpoint)
 
 
 class KubeNodeJoiner:
     def __init__(self, client: JoinClient, settings: KubeSettings, run_join: RunJoin, *,
-                 validated: Callable[[Node], bool] = validated_fact,
+                 validated: Callable[[Node], bool] = validation_passed,
                  topology_labels: Callable[[Node], Mapping[str, str]] = lambda node: {},
                  now: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
@@ -74,8 +77,6 @@ class KubeNodeJoiner:
         await self.label(node, info)
         await self._waiter.until(name, ready, what="Ready",
                                  timeout_s=self._settings.ready_timeout_s)
-        if self._validated(node):
-            await self.wait_gpu_stack(node)
 
     async def label(self, node: Node, info: NodeInfo | None = None) -> NodeInfo:
         """Apply the node's labels/annotations/taints (operands held unless validated)."""

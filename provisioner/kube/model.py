@@ -61,6 +61,15 @@ class Condition:
 
 
 @dataclass(frozen=True, slots=True)
+class ConfigMapInfo:
+    namespace: str
+    name: str
+    resource_version: str
+    data: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     name: str
     resource_version: str

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -21,8 +21,10 @@ from provisioner.domain import Node, Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.install.images import AgentJobs
+from provisioner.lifecycle.callbacks import BootCallbacks, Callback
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import IN_FLIGHT, NodeState
+from provisioner.lifecycle.steps import IMAGE_WRITTEN
 from provisioner.store.repo import NodeChange, NodeRepo
 from provisioner.store.tokens import TokenRepo
 
@@ -80,8 +82,15 @@ class AgentTokens:
         self._ttl = timedelta(seconds=ttl_s)
         self._clock = clock
         self._issued: dict[str, tuple[str, datetime]] = {}
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def issue_token(self, node_id: str) -> str:
+        # one at a time per node: two callers at once (the iPXE script and the deploy
+        # step's cloud-init seed) would each revoke the other's fresh token
+        async with self._locks[node_id]:
+            return await self._issue(node_id)
+
+    async def _issue(self, node_id: str) -> str:
         now = self._clock()
         cached = self._issued.get(node_id)
         if cached is not None and cached[1] - now > self._ttl / 2:
@@ -102,9 +111,11 @@ class AgentService:
                  mailbox: FactsMailbox, *, token_ttl_s: int,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  agent_tokens: AgentTokens | None = None,
-                 jobs: AgentJobs | None = None) -> None:
+                 jobs: AgentJobs | None = None,
+                 callbacks: BootCallbacks | None = None) -> None:
         self._conductor = conductor
         self._jobs = jobs or AgentJobs()
+        self._callbacks = callbacks
         self._repo = repo
         self._mailbox = mailbox
         self._agent_tokens = agent_tokens or AgentTokens(tokens, ttl_s=token_ttl_s,
@@ -153,9 +164,33 @@ class AgentService:
         command, generation = body.get("command"), body.get("generation")
         if command in ("deploy", "wipe") and isinstance(generation, str):
             ok, error = body.get("ok") is True, str(body.get("error", ""))[:1000]
+            if command == "deploy" and ok and self._jobs.pending(node_id) is not None:
+                await self._conductor.record(node_id, "image_written", actor="agent",
+                                             reason=_written(body))
             if not self._jobs.complete(node_id, generation, ok, error):
                 log.info("node %s: stale %s result for %s ignored", node_id, command,
                          generation)
+
+    async def image_written(self, node_id: str) -> bool:
+        """The deploying node's image is on its disk: it must boot that, not the ramdisk
+        again (a firmware that ignored the one-time disk boot, a node without a BMC)."""
+        node = await self._repo.get(node_id)  # fresh: checkpoints do not clear boot caches
+        return node.state is NodeState.DEPLOYING and IMAGE_WRITTEN in node.checkpoint
+
+    def seed(self, node_id: str, generation: str) -> bytes | None:
+        """The cloud-init seed of the node's pending deploy (``generation``), if any."""
+        return self._jobs.seed(node_id, generation)
+
+    async def callback(self, node_id: str, body: dict[str, Any]) -> bool:
+        """The deployed OS (or an installer) says it is up: a history row, and the waiting
+        deploy step's answer. True when a step was waiting for it."""
+        callback = Callback.parse(body)  # InvalidRequest: 422
+        node = await self._repo.get(node_id)
+        await self._conductor.record(node_id, callback.event, actor="node",
+                                     reason=f"hostname {callback.hostname!r}")
+        if self._callbacks is None or node.state not in IN_FLIGHT:
+            return False
+        return self._callbacks.deliver(node_id, callback)
 
     def _check(self, node: Node, mac: str, facts: object) -> dict[str, Any]:
         try:
@@ -177,3 +212,15 @@ class AgentService:
                                  f"({node.serial!r})")
         return checked
 
+
+
+def _written(body: dict[str, Any]) -> str:
+    """The history line of a written image: what the agent checked and changed."""
+    if body.get("note"):
+        return str(body["note"])[:500]
+    size = body.get("bytes")
+    parts = [f"sha256 {str(body.get('sha256', '?'))[:64]} verified",
+             f"{size if isinstance(size, int) else '?'} bytes written"]
+    if body.get("layout"):
+        parts.append(str(body["layout"])[:300])
+    return "; ".join(parts)

@@ -10,7 +10,7 @@ import asyncio
 import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, nullcontext
 from typing import Final, TypeVar
 
 from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
@@ -31,7 +31,7 @@ from provisioner.lifecycle.states import (
     allowed_events,
     next_state,
 )
-from provisioner.lifecycle.steps import STEPS, Step
+from provisioner.lifecycle.steps import STEPS, WAITING_STEPS, Step
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
 
@@ -344,14 +344,16 @@ class Conductor:
                 await self._follow_up(node)
 
     async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
-        async with self._budgets.slot(state):
+        waits = state in WAITING_STEPS  # bounds its own wait; holds no budget slot
+        async with nullcontext() if waits else self._budgets.slot(state):
             node = await self._repo.get(node_id)
             if node.state != state:
                 return None  # a stale start: the node moved on
             self._status[node_id] = "running"
-            ctx = RunContext(node, self._ports, self._repo, self._gate)
+            ctx = RunContext(node, self._ports, self._repo, self._gate,
+                             recorder=self._step_record)
             try:
-                async with asyncio.timeout(self._settings.step_timeout_s):
+                async with asyncio.timeout(None if waits else self._settings.step_timeout_s):
                     await self._steps[state](ctx)
             except TimeoutError:
                 return Event.FAIL, f"{state} timed out after {self._settings.step_timeout_s:g} s"
@@ -363,6 +365,9 @@ class Conductor:
             finally:
                 await ctx.aclose()
         return Event.DONE, ""
+
+    async def _step_record(self, node_id: str, event: str, reason: str) -> None:
+        await self.record(node_id, event, actor=SYSTEM_ACTOR, reason=reason)
 
     @asynccontextmanager
     async def _gate(self, node_id: str) -> AsyncIterator[None]:

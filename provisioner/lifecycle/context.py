@@ -14,6 +14,9 @@ from provisioner.store.repo import NodeRepo
 
 _RUN_PREFIX = "run:"
 
+Recorder = Callable[[str, str, str], Awaitable[object]]
+"""(node id, event, reason) -> one history row that changes no state (``Conductor.record``)."""
+
 
 class RunContext:
     def __init__(
@@ -22,11 +25,14 @@ class RunContext:
         ports: Ports,
         repo: NodeRepo,
         gate: Callable[[str], AbstractAsyncContextManager[None]],
+        *,
+        recorder: Recorder,
     ) -> None:
         self._node = node
         self._ports = ports
         self._repo = repo
         self._gate = gate
+        self._recorder = recorder
         self._done = list(node.checkpoint)
         self._bmc: Bmc | None = None
         run = next((item for item in self._done if item.startswith(_RUN_PREFIX)), None)
@@ -64,8 +70,14 @@ class RunContext:
             await action()
             await self._save(name)
 
+    def finished(self, name: str) -> bool:
+        return name in self._done
+
     async def merge_facts(self, facts: dict[str, Any]) -> None:
         self._node = await self._repo.merge_facts(self._node.id, facts)
+
+    async def record(self, event: str, reason: str) -> None:
+        await self._recorder(self._node.id, event, reason)
 
     async def note_power(self, state: str) -> None:
         await self._repo.note_power(self._node.id, state)

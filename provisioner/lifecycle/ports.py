@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from provisioner.bmc.base import BmcFactory
 from provisioner.domain import Node
 from provisioner.lifecycle.stagger import PowerOnStagger
+from provisioner.validation.record import ValidationRecord
 
 
 class Inspector(Protocol):
@@ -42,6 +45,61 @@ class SlurmRegistrar(Protocol):
     async def remove(self, node: Node) -> None: ...
 
 
+Note = Callable[[str, str], Awaitable[None]]
+"""Writes one history row for the node whose step runs: (event, reason)."""
+
+
+class Validator(Protocol):
+    """The ``validating`` step's seam (see ``lifecycle/validation.py``)."""
+
+    async def check(self, node: Node) -> ValidationRecord:
+        """The node's own checks against its profile; never waits for other nodes."""
+        ...
+
+    async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
+        """Return once every node of ``record.clique`` passed; ``note`` the wait."""
+        ...
+
+
+class AcceptAll:
+    """Passes every node without looking: the Validator where none is wired (tests of the
+    other steps); daemon.py wires the real one."""
+
+    async def check(self, node: Node) -> ValidationRecord:
+        return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat())
+
+    async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
+        return None
+
+
+class BootWaiter(Protocol):
+    """Waits for a deployed OS to report that it is up (``lifecycle/callbacks.py``)."""
+
+    def uses_installer(self, node: Node) -> bool:
+        """The node's profile is installed by an installer (autoinstall, preseed,
+        kickstart), which calls back ``installed``, rather than written as an image."""
+        ...
+
+    async def forget(self, node: Node) -> None:
+        """Drop a report from an earlier boot: the node is about to be rebooted."""
+        ...
+
+    async def wait_booted(self, node: Node) -> None: ...
+
+
+class NoBootWait:
+    """For wirings where no OS calls back (the simulated rack, tests): nothing to wait for."""
+
+    def uses_installer(self, node: Node) -> bool:
+        return False
+
+    async def forget(self, node: Node) -> None:
+        return None
+
+    async def wait_booted(self, node: Node) -> None:
+        return None
+
+
 @dataclass(frozen=True, slots=True)
 class Ports:
     bmc: BmcFactory
@@ -51,3 +109,7 @@ class Ports:
     slurm: SlurmRegistrar
     stagger: PowerOnStagger = field(default_factory=PowerOnStagger.unlimited)
     """Per-rack power-on stagger (inrush); the default waits for nothing."""
+    boots: BootWaiter = field(default_factory=NoBootWait)
+    """The deployed OS's "booted"/"installed" callback (``BootCallbacks`` in the daemon)."""
+    validator: Validator = field(default_factory=AcceptAll)
+    """The validation gate; the default passes every node."""

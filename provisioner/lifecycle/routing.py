@@ -7,7 +7,15 @@ from typing import Any
 
 from provisioner.domain import Node
 from provisioner.errors import FatalError
-from provisioner.lifecycle.ports import Inspector, Installer, KubeJoiner, SlurmRegistrar
+from provisioner.lifecycle.ports import (
+    Inspector,
+    Installer,
+    KubeJoiner,
+    Note,
+    SlurmRegistrar,
+    Validator,
+)
+from provisioner.validation.record import ValidationRecord
 
 
 def is_simulated(node: Node) -> bool:
@@ -98,3 +106,19 @@ class RoutedSlurm:
 
     async def remove(self, node: Node) -> None:
         await (self._simulated if is_simulated(node) else self._real).remove(node)
+
+
+class RoutedValidator:
+    """Simulated nodes pass the simulation's validator; real ones face the real checks."""
+
+    def __init__(self, simulated: Validator, real: Validator) -> None:
+        self._simulated, self._real = simulated, real
+
+    def _pick(self, node: Node) -> Validator:
+        return self._simulated if is_simulated(node) else self._real
+
+    async def check(self, node: Node) -> ValidationRecord:
+        return await self._pick(node).check(node)
+
+    async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
+        await self._pick(node).wait_domain(node, record, note)

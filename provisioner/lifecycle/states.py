@@ -25,6 +25,7 @@ class NodeState(StrEnum):
     DEPLOYING = "deploying"
     CONFIGURING = "configuring"
     JOINING = "joining"
+    VALIDATING = "validating"
     REGISTERING = "registering"
     RETIRING = "retiring"
     # failed twins (stable)
@@ -32,6 +33,7 @@ class NodeState(StrEnum):
     DEPLOY_FAILED = "deploy_failed"
     CONFIGURE_FAILED = "configure_failed"
     JOIN_FAILED = "join_failed"
+    VALIDATE_FAILED = "validate_failed"
     REGISTER_FAILED = "register_failed"
     RETIRE_FAILED = "retire_failed"
 
@@ -54,6 +56,7 @@ FAILED_TWIN: Final[Mapping[NodeState, NodeState]] = {
     S.DEPLOYING: S.DEPLOY_FAILED,
     S.CONFIGURING: S.CONFIGURE_FAILED,
     S.JOINING: S.JOIN_FAILED,
+    S.VALIDATING: S.VALIDATE_FAILED,
     S.REGISTERING: S.REGISTER_FAILED,
     S.RETIRING: S.RETIRE_FAILED,
 }
@@ -66,7 +69,8 @@ _DONE: Final[Mapping[NodeState, NodeState]] = {
     S.INSPECTING: S.INSPECTED,
     S.DEPLOYING: S.CONFIGURING,
     S.CONFIGURING: S.JOINING,
-    S.JOINING: S.REGISTERING,
+    S.JOINING: S.VALIDATING,
+    S.VALIDATING: S.REGISTERING,  # the node and its whole NVLink domain passed
     S.REGISTERING: S.ACTIVE,
     S.RETIRING: S.RETIRED,
 }

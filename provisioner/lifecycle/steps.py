@@ -8,8 +8,13 @@ from typing import Any, Final, Protocol
 
 from provisioner.bmc.base import Bmc, BootDevice, PowerState
 from provisioner.domain import Node
+from provisioner.errors import FatalError
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
+from provisioner.validation.record import KEY as VALIDATION_KEY
+from provisioner.validation.record import NODE_CHECKED, ValidationRecord
+
+DOMAIN_COMPLETE: Final = "nvlink-domain-complete"
 
 
 class StepContext(Protocol):
@@ -30,7 +35,15 @@ class StepContext(Protocol):
         """Run ``action`` unless the checkpoint says it finished; then checkpoint it."""
         ...
 
+    def finished(self, name: str) -> bool:
+        """Whether sub-step ``name`` is checkpointed (a wait outside a sub-step skips)."""
+        ...
+
     async def merge_facts(self, facts: dict[str, Any]) -> None: ...
+
+    async def record(self, event: str, reason: str) -> None:
+        """One history row for this node that changes no state."""
+        ...
 
     async def note_power(self, state: str) -> None:
         """Remember the power state this step set (the power sync then sees no change)."""
@@ -75,13 +88,43 @@ async def inspect(ctx: StepContext) -> None:
         await ctx.substep("power-off", lambda: _power(ctx, PowerState.OFF))
 
 
+#: Deploy sub-steps others look at: once the image is written the node boots its disk,
+#: never the ramdisk again (boot/http.py); ``installed`` is the installer path's wait
+#: (install/unattended.py serves a local boot once it is checkpointed).
+IMAGE_WRITTEN: Final = "write-image"
+BOOTED: Final = "booted"
+INSTALLED: Final = "installed"
+
+
 async def deploy(ctx: StepContext) -> None:
+    """Image path: netboot the agent, which writes the image, the seed and reports; next
+    boot disk, power-cycle; wait for the OS's ``booted`` callback. Installer path: netboot
+    the installer and wait for its ``installed`` callback (it reboots itself, into a local
+    boot), then next boot disk. A node without a BMC is rebooted by its agent."""
+    boots = ctx.ports.boots
+    await ctx.substep("forget-callback", lambda: boots.forget(ctx.node))  # a stale one
     await _netboot(ctx)
+    if boots.uses_installer(ctx.node):
+        await _wait_callback(ctx, INSTALLED)
+        if ctx.node.bmc is not None:
+            await ctx.substep("bootdev-disk", lambda: _boot_from(ctx, BootDevice.DISK))
+        return
     await ctx.substep(
-        "write-image", lambda: ctx.ports.installer.deploy_image(ctx.node, ctx.run_id)
+        IMAGE_WRITTEN, lambda: ctx.ports.installer.deploy_image(ctx.node, ctx.run_id)
     )
     if ctx.node.bmc is not None:
         await ctx.substep("bootdev-disk", lambda: _boot_from(ctx, BootDevice.DISK))
+        await ctx.substep("power-off-for-disk", lambda: _power(ctx, PowerState.OFF))
+        await ctx.substep("power-on-disk", lambda: _power(ctx, PowerState.ON))
+    await _wait_callback(ctx, BOOTED)
+
+
+async def _wait_callback(ctx: StepContext, name: str) -> None:
+    """Wait for the OS's callback outside a sub-step (a parked wait must not hold up a
+    graceful stop), then checkpoint it: a resumed step does not wait twice."""
+    if not ctx.finished(name):
+        await ctx.ports.boots.wait_booted(ctx.node)
+        await ctx.substep(name, _nothing)
 
 
 async def configure(ctx: StepContext) -> None:
@@ -90,6 +133,30 @@ async def configure(ctx: StepContext) -> None:
 
 async def join(ctx: StepContext) -> None:
     await ctx.substep("kube-join", lambda: ctx.ports.kube.join(ctx.node))
+
+
+async def validate(ctx: StepContext) -> None:
+    """Hold the node out unless its hardware matches its profile (every reason at once),
+    then wait until its whole NVLink domain passed: a partial NVL72 rack never goes to
+    Slurm. The wait runs outside a sub-step (a parked wait must not hold up a graceful
+    stop) and is checkpointed once over, so a resumed step does not wait again."""
+
+    async def check() -> None:
+        record = await ctx.ports.validator.check(ctx.node)
+        await ctx.merge_facts({VALIDATION_KEY: record.to_facts()})
+        if not record.passed:
+            raise FatalError(f"validation failed: {record.reason}")
+
+    await ctx.substep(NODE_CHECKED, check)
+    if not ctx.finished(DOMAIN_COMPLETE):
+        record = ValidationRecord.from_facts(ctx.node.facts)
+        if record is not None and record.clique is not None:
+            await ctx.ports.validator.wait_domain(ctx.node, record, ctx.record)
+        await ctx.substep(DOMAIN_COMPLETE, _nothing)
+
+
+async def _nothing() -> None:
+    return None
 
 
 async def register(ctx: StepContext) -> None:
@@ -110,6 +177,12 @@ STEPS: Final[Mapping[NodeState, Step]] = {
     NodeState.DEPLOYING: deploy,
     NodeState.CONFIGURING: configure,
     NodeState.JOINING: join,
+    NodeState.VALIDATING: validate,
     NodeState.REGISTERING: register,
     NodeState.RETIRING: retire,
 }
+
+#: Steps that wait for other nodes: they bound their own waits (no step timeout) and hold no
+#: in-flight budget slot while they wait (a slot held by a waiting node could starve the very
+#: nodes it waits for).
+WAITING_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.VALIDATING})

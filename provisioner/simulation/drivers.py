@@ -11,11 +11,14 @@ import asyncio
 import hashlib
 import random
 import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.domain import Node
 from provisioner.errors import RetryableError
+from provisioner.lifecycle.ports import Note
 from provisioner.simulation.world import SimWorld
+from provisioner.validation.record import ValidationRecord
 
 H100_SXM = {"vendor": "0x10de", "device": "0x2330", "name": "NVIDIA H100 80GB HBM3"}
 
@@ -82,6 +85,19 @@ class FakeSlurm(_Sim):
 
     async def remove(self, node: Node) -> None:
         await self._world.ensure(machine_key(node), "slurm_remove", "slurm", "")
+
+
+class FakeValidator(_Sim):
+    """Simulated machines are what their profile asks for: they pass (after the simulated
+    delay, or fail at ``fail_rate`` to rehearse a held node). No NVLink domain: HGX."""
+
+    async def check(self, node: Node) -> ValidationRecord:
+        await self._work("validation", node)
+        return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat(),
+                                checks=("simulated",))
+
+    async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
+        return None
 
 
 def simulated_facts(key: str, serial: str | None) -> dict[str, Any]:

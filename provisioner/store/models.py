@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import Index, UniqueConstraint
+from sqlalchemy import Column, Index, Text, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -89,3 +89,17 @@ class LeaseRow(SQLModel, table=True):
     state: str = Field(max_length=16)
     expires_at: datetime
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+class FabricScanRow(SQLModel, table=True):
+    """The latest ``ibnetdiscover`` of one fabric, as a node posted it (one row per fabric:
+    a new scan replaces the old one). The live topology recomputes from these."""
+
+    __tablename__ = "fabric_scan"
+
+    name: str = Field(primary_key=True, max_length=64)
+    text: str = Field(sa_column=Column(Text, nullable=False))
+    sha256: str = Field(max_length=64)
+    reporter_node_id: str | None = Field(default=None, foreign_key="node.id",
+                                         ondelete="SET NULL")
+    received_at: datetime = Field(default_factory=utcnow)

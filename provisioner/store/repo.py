@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, or_, update
@@ -105,6 +106,18 @@ class NodeRepo:
             rows = s.exec(select(NodeRow).where(col(NodeRow.state).in_(wanted))).all()
             macs = _macs_for(s, [r.id for r in rows])
             return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def stamps(self, states: Iterable[NodeState]) -> dict[str, tuple[str, datetime]]:
+        """``{id: (state, updated_at)}`` of the nodes in ``states``, without their facts: a
+        poller re-reads (``get``) only the nodes whose stamp changed since it last looked."""
+        wanted = [str(st) for st in states]
+
+        def work(s: Session) -> dict[str, tuple[str, datetime]]:
+            rows = s.exec(select(NodeRow.id, NodeRow.state, NodeRow.updated_at)
+                          .where(col(NodeRow.state).in_(wanted))).all()
+            return {node_id: (state, updated) for node_id, state, updated in rows}
 
         return await self._run(work)
 

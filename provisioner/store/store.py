@@ -12,6 +12,7 @@ from provisioner.store import db
 from provisioner.store.repo import NodeRepo
 from provisioner.store.secretbox import SecretBox
 from provisioner.store.tokens import TokenRepo
+from provisioner.store.topology import TopologyRepo
 
 
 @dataclass
@@ -20,6 +21,7 @@ class Store:
     pool: ThreadPoolExecutor
     nodes: NodeRepo
     tokens: TokenRepo
+    topology: TopologyRepo
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -40,4 +42,4 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
     box = SecretBox.from_key_file(settings.state_dir / "secret.key")
     return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box),
-                 tokens=TokenRepo(engine, pool))
+                 tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool))

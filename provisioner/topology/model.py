@@ -261,6 +261,7 @@ class Code(StrEnum):
     NO_LEAF = "no-leaf"                  # a GPU host that is not in the fabric
     NVLINK = "nvlink"                    # no clique, with GFD's reason
     BLOCK_TOO_SMALL = "block-too-small"
+    UNREADABLE = "unreadable"             # a stored report that does not parse: left out
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,11 +25,14 @@ VM = Vm("ipmi", "52:54:00:77:00:20", "TEST-0100", 1, 768, uefi=False)
 CHASSIS = Path(__file__).resolve().parents[1] / "peers" / "chassis_vm.py"
 
 
-def start_ipmi_sim(ns: Namespace, work: Path, tap: str) -> subprocess.Popen[bytes]:
+def start_ipmi_sim(ns: Namespace, work: Path, tap: str, vm: Vm = VM,
+                   extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
+    """ipmi_sim whose chassis runs ``vm`` (``extra``: more qemu arguments, e.g. a disk)."""
     (work / "state").mkdir(parents=True)
-    command = qemu_command(ns, VM, tap, work)[len(ns.exec_prefix()):]
+    command = qemu_command(ns, vm, tap, work)[len(ns.exec_prefix()):]
     nic = command.pop()  # "-device" "<nic>": the chassis adds the boot order to it
     command.pop()
+    command += extra
     command.remove("-nographic")  # qemu refuses it with -daemonize; the chassis adds
     # -display none and a serial log file instead
     (work / "vm.json").write_text(json.dumps({"qemu": command, "nic": nic.replace(

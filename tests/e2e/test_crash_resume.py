@@ -19,8 +19,9 @@ pytestmark = pytest.mark.e2e
 NODES = 50
 KILLS = 10
 PATH = ["enrolled", "inspecting", "inspected", "deploying", "configuring", "joining",
-        "registering", "active"]
-EFFECTS = {"bootdev": 2, "power_on": 2, "power_off": 1, "image_write": 1, "configure": 1,
+        "validating", "registering", "active"]
+# inspect: on, off; deploy: on (netboot), then off and on into the written disk
+EFFECTS = {"bootdev": 2, "power_on": 3, "power_off": 2, "image_write": 1, "configure": 1,
            "kube_join": 1, "slurm_register": 1}
 
 

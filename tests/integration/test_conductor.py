@@ -41,10 +41,11 @@ async def test_full_lifecycle_by_policy(store: Store, world: SimWorld, make_node
     history = await store.nodes.history(node.id)
     assert [h.to_state for h in history] == [
         "enrolled", "inspecting", "inspected", "deploying", "configuring", "joining",
-        "registering", "active"]
-    assert [h.seq for h in history] == list(range(1, 9))
+        "validating", "registering", "active"]
+    assert [h.seq for h in history] == list(range(1, 10))
     assert {h.actor for h in history[1:]} == {"policy", "conductor"}
-    assert effects(world, "A1") == {"bootdev": 2, "power_on": 2, "power_off": 1,
+    # inspect: on, off; deploy: on (netboot), then off and on into the written disk
+    assert effects(world, "A1") == {"bootdev": 2, "power_on": 3, "power_off": 2,
                                     "image_write": 1, "configure": 1, "kube_join": 1,
                                     "slurm_register": 1}
     done = await store.nodes.get(node.id)
@@ -71,7 +72,9 @@ async def test_resume_skips_checkpointed_substeps(store, world, make_node) -> No
     cond = Conductor(store.nodes, fake_ports(world), MANUAL)
     assert await cond.recover() == 1
     await wait_for_state(store, node.id, S.ACTIVE)
-    assert calls(world, "R1")["power_on"] == 1  # not called again on resume
+    # the netboot's power-on is not called again on resume; the one more is the power-on
+    # into the written disk
+    assert calls(world, "R1")["power_on"] == 2
     assert "bootdev" not in calls(world, "R1") or calls(world, "R1")["bootdev"] == 1
     assert effects(world, "R1")["image_write"] == 1
     assert await world.get("R1", "disk") == "earlier"  # the run id survived the restart
@@ -92,7 +95,7 @@ async def test_abort_cancels_step_and_retry_runs_it_again(store, world, make_nod
     await wait_for_state(store, node.id, S.ACTIVE, timeout_s=20)
     history = await store.nodes.history(node.id)
     assert [h.event for h in history] == ["enroll", "deploy", "abort", "retry", "done", "done",
-                                          "done", "done"]
+                                          "done", "done", "done"]
     await cond.stop()
 
 

@@ -14,6 +14,7 @@ from provisioner.errors import FatalError
 from provisioner.kube.join import NODE_GROUP, BootstrapTokens, JoinTicket, ca_cert_hashes
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.model import ANNOTATION_MANAGED, LABEL_OPERANDS, KubeTimeout
+from provisioner.lifecycle.states import NodeState
 from tests.integration.kube_support import (
     connected,
     create_kubelet_csr,
@@ -26,6 +27,7 @@ from tests.peers.kube import KubeCluster
 from tests.peers.kube_admin import KubeAdmin, wait_until
 
 pytestmark = pytest.mark.timeout(120)
+PASSED = {"passed": True, "at": "2026-01-01T00:00:00+00:00", "failures": []}
 
 
 @pytest.fixture
@@ -118,11 +120,15 @@ async def test_join_token_labels_and_gpu_readiness(kube_cluster: KubeCluster,
                                 {"metadata": {"labels": {"nvidia.com/gpu.count": "8"}}})
         await asyncio.wait_for(release, 10)
 
-        # Idempotent: joining again finds the labelled Node; no token, no playbook.
+        # Idempotent: joining a node that passed validation again finds the labelled Node;
+        # no token, no playbook, no patch (its operands stay released), no GPU-stack wait.
         before = kube.stats.requests
-        await joiner.join(dataclasses.replace(node, facts={"validated": True}))
+        await joiner.join(dataclasses.replace(node, state=NodeState.ACTIVE,
+                                              facts={"validation": PASSED}))
         assert len(kubeadm.tickets) == 1
-        assert kube.stats.requests - before <= 4  # find, (no patch), ready, gpu check
+        assert kube.stats.requests - before <= 3  # find, (no patch), ready
+        labels = (await asyncio.to_thread(admin.node, "gpu-join-1")).metadata.labels
+        assert LABEL_OPERANDS not in labels
         assert kube.stats.failures == 0
 
 
@@ -147,17 +153,20 @@ async def test_timeout_names_the_missing_gpu_condition(kube_cluster: KubeCluster
                                                        admin: KubeAdmin) -> None:
     settings = kube_settings(kube_cluster, gpu_ready_timeout_s=1.0)
     await asyncio.to_thread(admin.create_node, "nvl-join-1")
-    node = domain_node("nvl-join-1", profile="nvl72", facts={"validated": True})
+    node = domain_node("nvl-join-1", profile="nvl72")
     async with connected(settings) as kube:
         joiner = KubeNodeJoiner(kube, settings, FakeKubeadm(kube_cluster, admin))
+        await joiner.join(node)  # joining never waits for the GPU stack: not validated yet
+        labels = (await asyncio.to_thread(admin.node, "nvl-join-1")).metadata.labels
+        assert labels[LABEL_OPERANDS] == "false"
         with pytest.raises(KubeTimeout) as info:
-            await joiner.join(node)
+            await joiner.release_operands(node)  # the Slurm hand-off, after validation
     message = str(info.value)
     assert "not GPU-ready after 1 s" in message
     assert 'status.allocatable["nvidia.com/gpu"] > 0' in message
     assert "label nvidia.com/gpu.count" in message and "label nvidia.com/gpu.clique" in message
     labels = (await asyncio.to_thread(admin.node, "nvl-join-1")).metadata.labels
-    assert LABEL_OPERANDS not in labels  # validated: nothing held
+    assert LABEL_OPERANDS not in labels  # released: nothing held
 
 
 async def test_same_hostname_other_machine_is_refused(kube_cluster: KubeCluster,

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,9 +85,10 @@ def running_munged() -> Iterator[Path]:
 
 @contextmanager
 def running_slurmctld(workdir: Path, node_lines: Sequence[str], topology_conf: str | None,
-                      munge_socket: Path, plugin: str = "topology/tree") -> Iterator[Slurm]:
+                      munge_socket: Path, plugin: str = "topology/tree",
+                      extra: Mapping[str, str] | None = None) -> Iterator[Slurm]:
     """slurmctld -D in the foreground with ``node_lines`` (``NodeName=...``) and, when given,
-    ``topology.conf`` next to slurm.conf."""
+    ``topology.conf`` next to slurm.conf; ``extra`` adds or overrides slurm.conf keys."""
     (workdir / "state").mkdir(parents=True, exist_ok=True)
     conf = workdir / "slurm.conf"
     settings = {
@@ -102,6 +104,7 @@ def running_slurmctld(workdir: Path, node_lines: Sequence[str], topology_conf: s
         "SelectTypeParameters": "CR_Core", "TopologyPlugin": plugin,
         "ReturnToService": "2",
     }
+    settings.update(extra or {})
     lines = [f"{k}={v}" for k, v in settings.items()] + list(node_lines)
     lines.append("PartitionName=all Nodes=ALL Default=YES State=UP")
     conf.write_text("\n".join(lines) + "\n")
@@ -146,3 +149,82 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(5)
+
+
+# --- dynamic slurmd and slurmrestd with JWT (PEERS.md §7) ----------------------------------
+# slurmrestd refuses to run as root, so it runs as ``nobody``: the directory holding
+# slurm.conf must be world-readable (pytest's tmp_path is not), hence ``open_workdir``.
+
+JWT_SETTINGS = ("AuthAltTypes", "AuthAltParameters")
+
+
+@contextmanager
+def open_workdir(prefix: str = "slurm-") -> Iterator[Path]:
+    """A 0755 directory under /tmp (slurm.conf there is readable by ``nobody``)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    directory.chmod(0o755)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def jwt_extra(workdir: Path) -> dict[str, str]:
+    """slurm.conf keys for ``auth/jwt`` beside munge, with a fresh HS256 key (mode 0600)."""
+    key = workdir / "jwt_hs256.key"
+    key.write_bytes(os.urandom(32))
+    key.chmod(0o600)
+    return {"AuthAltTypes": "auth/jwt", "AuthAltParameters": f"jwt_key={key}",
+            "SlurmdSpoolDir": str(workdir / "spool" / "%n"),
+            "SlurmdPidFile": str(workdir / "slurmd-%n.pid"),
+            "SlurmdLogFile": str(workdir / "slurmd-%n.log"), "MaxNodeCount": "16"}
+
+
+def slurm_token(slurm: Slurm, user: str = "root", lifespan_s: int = 3600) -> str:
+    out = slurm.scontrol("token", f"username={user}", f"lifespan={lifespan_s}").strip()
+    return out.partition("SLURM_JWT=")[2]
+
+
+@contextmanager
+def running_slurmd(slurm: Slurm, workdir: Path, name: str,
+                   conf: str = "CPUs=2 RealMemory=2000 Feature=h100,ib") -> Iterator[
+                       subprocess.Popen[bytes]]:
+    """A dynamic ``slurmd -D -Z`` (one per host: it binds SlurmdPort); deleted after."""
+    (workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
+    out = open(workdir / f"slurmd-{name}.out", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(["slurmd", "-D", "-Z", "-N", name, "--conf", conf],
+                            env=slurm.env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            _stop(proc)
+        out.close()
+        with suppress(RuntimeError):  # deleted by the test, or never registered
+            slurm.scontrol("delete", f"nodename={name}")
+
+
+@contextmanager
+def running_slurmrestd(slurm: Slurm, workdir: Path,
+                       plugins: str = "openapi/v0.0.38,openapi/v0.0.37") -> Iterator[str]:
+    """slurmrestd as ``nobody`` on a free loopback port, JWT auth; yields its base URL."""
+    port = free_tcp_port()
+    slurm.conf.chmod(0o644)
+    out = open(workdir / "slurmrestd.out", "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        ["slurmrestd", "-a", "rest_auth/jwt", "-s", plugins, f"127.0.0.1:{port}"],
+        env=dict(slurm.env(), SLURM_JWT="daemon"), user="nobody", group="nogroup",
+        stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait(lambda: _listening(port), proc, 20,
+              lambda: (workdir / "slurmrestd.out").read_text(errors="replace")[-2000:])
+        yield url
+    finally:
+        _stop(proc)
+        out.close()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

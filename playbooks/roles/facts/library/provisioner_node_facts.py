@@ -2,12 +2,15 @@
 """Ansible module: a node's hardware facts in the shape of provisioner's agent reports.
 
 Runs on the node with its own Python (standard library only). Reads DMI, /proc, /sys and
-``nvidia-smi -q -x`` (when the driver is up); never changes anything.
+``nvidia-smi -q -x`` (when the driver is up; the report carries it verbatim for the validation
+gate and the live topology), and runs ``dcgmi diag -r 1`` when DCGM is installed (a quick,
+non-destructive diagnostic); changes nothing.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
 import platform
 import re
@@ -31,9 +34,23 @@ options:
     type: list
     elements: str
     default: []
+  dcgmi:
+    description: dcgmi to run `dcgmi diag -r 1 -j` with; missing means no dcgm_diag in the report.
+    type: str
+    default: dcgmi
+  dcgm_diag:
+    description: Run the DCGM diagnostic when dcgmi is present.
+    type: bool
+    default: true
+  dcgm_timeout_s:
+    description: Seconds `dcgmi diag -r 1` may take.
+    type: int
+    default: 600
 """
 
 MAX_ITEMS = 512
+MAX_XML_BYTES = 8 << 20  # provisioner.agent.facts.MAX_NVIDIA_SMI_XML_BYTES
+MAX_SUMMARY = 4000
 NVIDIA = "0x10de"
 MAC_RE = re.compile(r"^[0-9a-f]{2}(:[0-9a-f]{2}){5}$")
 
@@ -117,16 +134,17 @@ def disks():
 
 
 def gpus_from_nvidia_smi(binary):
-    """(gpus, nvidia info) from ``nvidia-smi -q -x``; (None, {}) when it cannot run."""
+    """(gpus, nvidia info, XML) from ``nvidia-smi -q -x``; (None, {}, None) when it cannot
+    run. The XML is None when larger than provisioner accepts."""
     path = shutil.which(binary)
     if path is None:
-        return None, {}
+        return None, {}, None
     try:
         out = subprocess.run([path, "-q", "-x"], capture_output=True, text=True, timeout=60,
                              check=True).stdout
         root = ET.fromstring(out)
-    except (OSError, subprocess.SubprocessError, ET.ParseError):
-        return None, {}
+    except (OSError, subprocess.SubprocessError, ET.ParseError, ValueError):
+        return None, {}, None
     gpus = []
     for gpu in root.findall("gpu")[:MAX_ITEMS]:
         device_id = (gpu.findtext("pci/pci_device_id") or "").lower()
@@ -138,7 +156,66 @@ def gpus_from_nvidia_smi(binary):
     info = {"driver_version": (root.findtext("driver_version") or "").strip(),
             "cuda_version": (root.findtext("cuda_version") or "").strip(),
             "count": len(gpus)}
-    return gpus, info
+    if len(out.encode()) > MAX_XML_BYTES:
+        info["xml_omitted"] = f"larger than {MAX_XML_BYTES} bytes"
+        return gpus, info, None
+    return gpus, info, out
+
+
+def dcgm_diag(binary, timeout_s):
+    """``dcgmi diag -r 1 -j`` judged here: {"ran", "passed", "summary"}; None without dcgmi."""
+    path = shutil.which(binary)
+    if path is None:
+        return None
+    try:
+        proc = subprocess.run([path, "diag", "-r", "1", "-j"], capture_output=True, text=True,
+                              timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"ran": False, "passed": False,
+                "summary": f"dcgmi diag -r 1 timed out after {timeout_s} s"}
+    except (OSError, ValueError) as exc:
+        return {"ran": False, "passed": False, "summary": f"dcgmi cannot run: {exc}"[:MAX_SUMMARY]}
+    return judge_dcgm(proc.returncode, proc.stdout, proc.stderr)
+
+
+def judge_dcgm(returncode, out, err):
+    """Passed: exit status 0 and no test with status Fail. No JSON at all: dcgmi did not get
+    to run the diagnostic (no nv-hostengine, say); its own words are the summary."""
+    start, end = out.find("{"), out.rfind("}")
+    try:
+        doc = json.loads(out[start:end + 1]) if 0 <= start < end else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        words = " ".join((err or out).split()[-60:])
+        return {"ran": returncode == 0, "passed": returncode == 0,
+                "summary": (words or f"exit status {returncode}")[:MAX_SUMMARY]}
+    failed = sorted(set(failed_tests(doc, "")))
+    passed = returncode == 0 and not failed
+    if passed:
+        summary = "all tests passed"
+    elif failed:
+        summary = "failed: " + ", ".join(failed)
+    else:
+        summary = f"exit status {returncode}"
+    return {"ran": True, "passed": passed, "summary": summary[:MAX_SUMMARY]}
+
+
+def failed_tests(value, name):
+    """Names of the tests whose status is Fail, anywhere in DCGM's JSON (its layout differs
+    between DCGM 2, 3 and 4; a status sits under the test that owns it)."""
+    if isinstance(value, list):
+        for item in value:
+            yield from failed_tests(item, name)
+    elif isinstance(value, dict):
+        here = value.get("name") or value.get("test_name") or name
+        here = here if isinstance(here, str) else name
+        status = value.get("status")
+        if isinstance(status, str) and status.strip().lower() in ("fail", "failed", "error"):
+            yield here or "unnamed test"
+        for item in value.values():
+            if isinstance(item, (dict, list)):
+                yield from failed_tests(item, here)
 
 
 def pci_address(text):
@@ -189,6 +266,9 @@ def ib_port(path):
     rate = read(os.path.join(path, "rate"))
     if rate:
         port["rate"] = rate[:64]
+    link_layer = read(os.path.join(path, "link_layer"))
+    if link_layer:
+        port["link_layer"] = link_layer[:32]
     lid = read(os.path.join(path, "lid"))
     if re.match(r"^0x[0-9a-f]+$", lid) and int(lid, 16) <= 65535:
         port["lid"] = int(lid, 16)
@@ -198,13 +278,22 @@ def ib_port(path):
 def main():
     module = AnsibleModule(
         argument_spec={"nvidia_smi": {"type": "str", "default": "nvidia-smi"},
-                       "extra_interfaces": {"type": "list", "elements": "str", "default": []}},
+                       "extra_interfaces": {"type": "list", "elements": "str", "default": []},
+                       "dcgmi": {"type": "str", "default": "dcgmi"},
+                       "dcgm_diag": {"type": "bool", "default": True},
+                       "dcgm_timeout_s": {"type": "int", "default": 600}},
         supports_check_mode=True)
-    gpus, nvidia = gpus_from_nvidia_smi(module.params["nvidia_smi"])
+    gpus, nvidia, xml = gpus_from_nvidia_smi(module.params["nvidia_smi"])
     report = {"system": system(), "cpu": cpu(), "memory_mib": memory_mib(),
               "nics": nics(set(module.params["extra_interfaces"])), "disks": disks(),
               "gpus": gpus if gpus is not None else gpus_from_pci(),
               "infiniband": infiniband()}
+    if xml is not None:
+        report["nvidia_smi_xml"] = xml
+    if module.params["dcgm_diag"]:
+        diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"])
+        if diag is not None:
+            report["dcgm_diag"] = diag
     module.exit_json(changed=False, report=report, nvidia=nvidia, driver_up=gpus is not None)
 
 

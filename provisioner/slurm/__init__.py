@@ -1,0 +1,1 @@
+"""Slurm hand-off (Slinky), slurmrestd and scontrol clients, the drain sync both ways."""

@@ -1,0 +1,141 @@
+"""TopologyRepo: what the live topology reads. The latest ``ibnetdiscover`` scan of each
+fabric (table ``fabric_scan``, one row per fabric: a new scan replaces the old one), and the
+member nodes' versions and facts, read in two steps so that a recompute loads the (large)
+facts only of nodes that changed since the last one. Blocking work runs in the ``store`` pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from provisioner.store.models import FabricScanRow, NodeRow, utcnow
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class FabricScan:
+    name: str
+    text: str
+    sha256: str
+    reporter_node_id: str | None
+    received_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRow:
+    node_id: str
+    hostname: str
+    version: str       # changes whenever the node's row does (facts included)
+
+
+class TopologyRepo:
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor) -> None:
+        self._engine = engine
+        self._pool = pool
+
+    async def _run(self, fn: Callable[[Session], T]) -> T:
+        def work() -> T:
+            with Session(self._engine, expire_on_commit=False) as session:
+                return fn(session)
+
+        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
+
+    async def save(self, name: str, text: str, *, reporter_node_id: str | None) -> FabricScan:
+        """Store ``text`` as fabric ``name``'s scan (replacing any earlier one)."""
+        digest = hashlib.sha256(text.encode()).hexdigest()
+
+        def work(s: Session) -> FabricScan:
+            reporter = reporter_node_id
+            if reporter is not None and s.get(NodeRow, reporter) is None:
+                reporter = None  # the node went away meanwhile: keep the scan anyway
+            row = s.get(FabricScanRow, name)
+            if row is None:
+                row = FabricScanRow(name=name, text=text, sha256=digest)
+            row.text, row.sha256 = text, digest
+            row.reporter_node_id, row.received_at = reporter, utcnow()
+            s.add(row)
+            s.commit()
+            return _to_scan(row)
+
+        return await self._run(work)
+
+    async def all(self) -> list[FabricScan]:
+        def work(s: Session) -> list[FabricScan]:
+            rows = s.exec(select(FabricScanRow).order_by(col(FabricScanRow.name))).all()
+            return [_to_scan(row) for row in rows]
+
+        return await self._run(work)
+
+    async def infos(self) -> list[FabricScan]:
+        """Every fabric's scan without its text (``text`` is "")."""
+
+        def work(s: Session) -> list[FabricScan]:
+            rows = s.exec(select(FabricScanRow.name, FabricScanRow.sha256,
+                                 FabricScanRow.reporter_node_id, FabricScanRow.received_at)
+                          .order_by(col(FabricScanRow.name))).all()
+            return [FabricScan(name, "", digest, reporter, _aware(moment))
+                    for name, digest, reporter, moment in rows]
+
+        return await self._run(work)
+
+    async def digests(self) -> dict[str, str]:
+        """{fabric: sha256}: cheap, to tell whether any scan changed without reading them."""
+
+        def work(s: Session) -> dict[str, str]:
+            rows = s.exec(select(FabricScanRow.name, FabricScanRow.sha256)).all()
+            return {name: digest for name, digest in rows}
+
+        return await self._run(work)
+
+
+    async def members(self, states: Iterable[str]) -> list[MemberRow]:
+        """Nodes with a hostname in ``states``: ids, hostnames and versions, no facts."""
+        wanted = list(states)
+
+        def work(s: Session) -> list[MemberRow]:
+            query = (select(NodeRow.id, NodeRow.hostname, NodeRow.updated_at)
+                     .where(col(NodeRow.state).in_(wanted), col(NodeRow.hostname).is_not(None))
+                     .order_by(col(NodeRow.id)))
+            return [MemberRow(node_id, hostname, moment.isoformat())
+                    for node_id, hostname, moment in s.exec(query).all() if hostname]
+
+        return await self._run(work)
+
+    async def facts(self, node_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """{node id: facts} of these nodes (those still present)."""
+        ids = list(node_ids)
+
+        def work(s: Session) -> dict[str, dict[str, Any]]:
+            found: dict[str, dict[str, Any]] = {}
+            for start in range(0, len(ids), 500):
+                rows = s.exec(select(NodeRow.id, NodeRow.facts)
+                              .where(col(NodeRow.id).in_(ids[start:start + 500]))).all()
+                for node_id, text in rows:
+                    try:
+                        value = json.loads(text)
+                    except ValueError:
+                        value = {}
+                    found[node_id] = value if isinstance(value, dict) else {}
+            return found
+
+        return await self._run(work)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _to_scan(row: FabricScanRow) -> FabricScan:
+    return FabricScan(name=row.name, text=row.text, sha256=row.sha256,
+                      reporter_node_id=row.reporter_node_id, received_at=_aware(row.received_at))

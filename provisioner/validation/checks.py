@@ -1,0 +1,268 @@
+"""A node's facts against what its profile expects: GPU count and model, InfiniBand ports
+Active at the expected rate, the NVLink fabric (GFD's rule), the DCGM diagnostic. Pure.
+
+Every check returns failure lines that name the check and what was seen against what was
+expected; ``evaluate`` runs them all, so a failed node is held out with every reason at once,
+not the first one only. Input is a facts report (``provisioner.agent.facts``'s shape); any
+shape gives a verdict, never an exception.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from provisioner.topology.model import (
+    Gpu,
+    GpuReport,
+    LinkRate,
+    LocalCa,
+    LocalPort,
+    NvlinkScope,
+    PortState,
+    TopologyParseError,
+    nvlink_domain,
+)
+from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
+
+_UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+_RATE_TOLERANCE = 0.01  # 1 %: 4X NDR is 400 Gb/s whether it is written 400 or 400.0
+_SUMMARY_CHARS = 300
+
+
+@dataclass(frozen=True, slots=True)
+class Expectation:
+    """What a profile expects (``[validation.profiles.<name>]``); None/False: not checked."""
+
+    gpu_count: int | None = None
+    gpu_model: str | None = None
+    ib_rate_gbps: float | None = None
+    ib_port_count: int | None = None
+    nvlink_domain: bool = False
+    nvlink_domain_nodes: int | None = None
+    require_dcgm: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    failures: tuple[str, ...]
+    checks: tuple[str, ...]
+    clique: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "") -> Verdict:
+    """Every check the expectation asks for, on one facts report. The NVLink clique is
+    reported whenever the GPUs name one (even unasked: a domain is only handed on whole)."""
+    failures: list[str] = []
+    checks: list[str] = []
+    gpus, parse_error = gpu_report(report, hostname)
+    if parse_error is not None and (expect.nvlink_domain or expect.gpu_count is not None
+                                    or expect.gpu_model is not None):
+        failures.append(f"nvidia-smi: {parse_error}")
+    if expect.gpu_count is not None or expect.gpu_model is not None:
+        checks.append("gpus")
+        failures += check_gpus(gpus, _facts_gpus(report), expect)
+    if expect.nvlink_domain:
+        checks.append("nvlink-fabric")
+        failures += check_fabric(gpus, expect, missing=parse_error is None)
+    if expect.ib_rate_gbps is not None or expect.ib_port_count is not None:
+        checks.append("infiniband")
+        failures += check_infiniband(facts_cas(report), expect)
+    dcgm = report.get("dcgm_diag")
+    if expect.require_dcgm or isinstance(dcgm, Mapping):
+        checks.append("dcgm")
+        failures += check_dcgm(dcgm if isinstance(dcgm, Mapping) else None, expect)
+    return Verdict(tuple(failures), tuple(checks), _clique(gpus, failed=bool(failures)))
+
+
+def _clique(gpus: GpuReport | None, *, failed: bool) -> str | None:
+    """GFD's clique; for a node that failed, also the one its GPUs merely claim (all name
+    the same non-zero ClusterUUID and CliqueId, fabric not done): the rest of that domain
+    must learn that one of theirs failed."""
+    if gpus is None or not gpus.gpus:
+        return None
+    domain = nvlink_domain(gpus.gpus)
+    if domain.scope is NvlinkScope.MULTI_NODE:
+        return domain.clique
+    if not failed:
+        return None
+    claimed = {(g.cluster_uuid.strip().lower(), g.clique_id.strip()) for g in gpus.gpus}
+    if len(claimed) != 1:
+        return None
+    ((uuid, clique),) = claimed
+    if not _UUID.match(uuid) or uuid.replace("-", "").strip("0") == "" or not clique.isdigit():
+        return None
+    return f"{uuid}.{clique}"
+
+
+def gpu_report(report: Mapping[str, Any], hostname: str = "") -> tuple[GpuReport | None,
+                                                                        str | None]:
+    """The parsed ``nvidia_smi_xml`` of a report: (report, None), (None, parse error) or
+    (None, None) when the report has none (driver not up, or an inspection report)."""
+    text = report.get("nvidia_smi_xml")
+    if text is None:
+        return None, None
+    if not isinstance(text, str):
+        return None, "nvidia_smi_xml is not text"
+    try:
+        return parse_nvidia_smi_xml(text, hostname), None
+    except TopologyParseError as exc:
+        return None, str(exc)
+
+
+# -- GPUs -----------------------------------------------------------------------------------
+
+
+def check_gpus(gpus: GpuReport | None, pci_names: Sequence[str | None],
+               expect: Expectation) -> list[str]:
+    """Count and model. The driver's view (nvidia-smi) wins over PCI: a GPU that fell off
+    the bus or failed to initialise is on PCI but not usable."""
+    names: list[str | None] = ([g.product for g in gpus.gpus] if gpus is not None
+                               else list(pci_names))
+    source = "nvidia-smi" if gpus is not None else "PCI"
+    failures: list[str] = []
+    if expect.gpu_count is not None and len(names) != expect.gpu_count:
+        failures.append(f"gpu-count: saw {len(names)} GPUs ({source}), "
+                        f"expected {expect.gpu_count}")
+    if expect.gpu_model is not None:
+        wanted = expect.gpu_model.lower()
+        wrong = Counter(name or "(no model name)" for name in names
+                        if not name or wanted not in name.lower())
+        for name, count in sorted(wrong.items()):
+            failures.append(f"gpu-model: saw {name!r} on {count} of {len(names)} GPUs "
+                            f"({source}), expected a model containing {expect.gpu_model!r}")
+    return failures
+
+
+def _facts_gpus(report: Mapping[str, Any]) -> list[str | None]:
+    listed = report.get("gpus")
+    if not isinstance(listed, list):
+        return []
+    return [str(g["name"]) if isinstance(g, Mapping) and g.get("name") else None
+            for g in listed]
+
+
+def check_fabric(gpus: GpuReport | None, expect: Expectation, *, missing: bool = True
+                 ) -> list[str]:
+    """GFD's rule on every GPU: fabric state Completed, status Success, a non-zero
+    ClusterUUID, all GPUs agreeing. ``missing``: say so when there is no report at all."""
+    want = "expected fabric state Completed, status Success and a non-zero ClusterUUID"
+    if gpus is None:
+        return [f"nvlink-fabric: no nvidia-smi -q -x report (NVIDIA driver not up?), {want}"
+                ] if missing else []
+    if not gpus.gpus:
+        return [f"nvlink-fabric: nvidia-smi lists no GPU, {want}"]
+    failures = [f"nvlink-fabric: GPU {_gpu_name(g)}: fabric state {g.fabric_state or 'absent'}"
+                f", status {g.fabric_status or 'absent'}, expected Completed, Success"
+                for g in gpus.gpus if not _fabric_done(g)]
+    domain = nvlink_domain(gpus.gpus)
+    if not failures and domain.scope is not NvlinkScope.MULTI_NODE:
+        failures.append(f"nvlink-fabric: {domain.reason}, expected a multi-node NVLink "
+                        "domain (non-zero ClusterUUID, one CliqueId)")
+    return failures
+
+
+def _fabric_done(gpu: Gpu) -> bool:
+    return (gpu.fabric_state.strip().lower() == "completed"
+            and gpu.fabric_status.strip().lower() == "success")
+
+
+def _gpu_name(gpu: Gpu) -> str:
+    return f"{gpu.index} ({gpu.uuid})" if gpu.index is not None else gpu.uuid
+
+
+# -- InfiniBand -----------------------------------------------------------------------------
+
+
+def check_infiniband(cas: Sequence[LocalCa], expect: Expectation) -> list[str]:
+    """Every InfiniBand port (Ethernet ports of the same HCAs are not) Active, LinkUp, at
+    ``ib_rate_gbps``; ``ib_port_count`` of them. No port at all fails when IB is expected."""
+    ports = [(ca.name, port) for ca in cas for port in ca.ports if _is_ib(port)]
+    failures: list[str] = []
+    if expect.ib_port_count is not None and len(ports) != expect.ib_port_count:
+        names = ", ".join(f"{name}/{port.number}" for name, port in ports) or "none"
+        failures.append(f"ib-ports: saw {len(ports)} InfiniBand ports ({names}), "
+                        f"expected {expect.ib_port_count}")
+    elif not ports:
+        failures.append(f"ib-ports: no InfiniBand port found, expected ports at "
+                        f"{expect.ib_rate_gbps:g} Gb/s")
+    for name, port in ports:
+        physical = port.physical.split(":")[-1].strip()
+        if port.state is not PortState.ACTIVE or (physical and physical.lower() != "linkup"):
+            failures.append(f"ib-ports: {name} port {port.number} is {port.state.capitalize()}"
+                            f" ({physical or 'physical state unknown'}), expected Active "
+                            "(LinkUp)")
+        if expect.ib_rate_gbps is not None and not _rate_ok(port.rate, expect.ib_rate_gbps):
+            seen = f"runs at {_rate_text(port.rate)}" if port.rate else "reports no rate"
+            failures.append(f"ib-rate: {name} port {port.number} {seen}, expected "
+                            f"{expect.ib_rate_gbps:g} Gb/s")
+    return failures
+
+
+def _is_ib(port: LocalPort) -> bool:
+    """InfiniBand unless the port says Ethernet (older reports carry no link layer)."""
+    return port.link_layer.strip().lower() != "ethernet"
+
+
+def _rate_ok(rate: LinkRate | None, want: float) -> bool:
+    return rate is not None and abs(rate.gbps - want) <= want * _RATE_TOLERANCE
+
+
+def _rate_text(rate: LinkRate) -> str:
+    named = f" ({rate})" if rate.width is not None else ""
+    return f"{rate.gbps:g} Gb/s{named}"
+
+
+def facts_cas(report: Mapping[str, Any]) -> tuple[LocalCa, ...]:
+    """The report's ``infiniband`` HCAs as topology records. An HCA listed without ports
+    (an older or simulated report) stands for its one port, with the HCA's state and rate."""
+    listed = report.get("infiniband")
+    if not isinstance(listed, list):
+        return ()
+    cas: list[LocalCa] = []
+    for hca in listed:
+        if not isinstance(hca, Mapping):
+            continue
+        raw_ports = hca.get("ports")
+        if isinstance(raw_ports, list) and raw_ports:
+            ports = tuple(_port(p) for p in raw_ports if isinstance(p, Mapping))
+        else:
+            rate = hca.get("rate_gbps")
+            ports = (LocalPort(1, PortState.parse(str(hca.get("state", ""))), "",
+                               LinkRate(float(rate)) if isinstance(rate, int | float)
+                               and not isinstance(rate, bool) else None),)
+        cas.append(LocalCa(str(hca.get("device", "?")), ports))
+    return tuple(cas)
+
+
+def _port(raw: Mapping[str, Any]) -> LocalPort:
+    number = raw.get("port")
+    return LocalPort(
+        number if isinstance(number, int) and not isinstance(number, bool) else 0,
+        PortState.parse(str(raw.get("state", ""))), str(raw.get("phys_state", "")),
+        LinkRate.from_sysfs(str(raw.get("rate", ""))),
+        link_layer=str(raw.get("link_layer", "")))
+
+
+# -- DCGM -----------------------------------------------------------------------------------
+
+
+def check_dcgm(dcgm: Mapping[str, Any] | None, expect: Expectation) -> list[str]:
+    """A diagnostic that ran and failed always fails the node; one that did not run fails it
+    only when the profile requires it."""
+    ran = dcgm is not None and dcgm.get("ran") is True
+    summary = " ".join(str(dcgm.get("summary", "")).split())[:_SUMMARY_CHARS] if dcgm else ""
+    if ran and dcgm is not None and dcgm.get("passed") is not True:
+        return [f"dcgm: dcgmi diag -r 1 failed: {summary or 'no summary'}, expected a pass"]
+    if not ran and expect.require_dcgm:
+        why = f" ({summary})" if summary else " (dcgmi not installed?)"
+        return [f"dcgm: no DCGM diagnostic ran{why}, the profile requires a passing "
+                "dcgmi diag -r 1"]
+    return []
