@@ -160,7 +160,7 @@ class BootHttp:
         node_id = await self._authenticate(request)
         body = await _json_body(request)
         try:
-            waited = await self._agents.callback(node_id, body)
+            waited = await self._agents.callback(node_id, body, remote=request.remote)
         except InvalidRequest as exc:
             raise _problem(422, str(exc)) from None
         log.info("node %s: OS callback %s (hostname %r)%s", node_id, body.get("event"),

@@ -8,6 +8,7 @@ that also goes into the node's history.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import secrets
 from collections import OrderedDict, defaultdict
@@ -181,13 +182,20 @@ class AgentService:
         """The cloud-init seed of the node's pending deploy (``generation``), if any."""
         return self._jobs.seed(node_id, generation)
 
-    async def callback(self, node_id: str, body: dict[str, Any]) -> bool:
+    async def callback(self, node_id: str, body: dict[str, Any], *,
+                       remote: str | None = None) -> bool:
         """The deployed OS (or an installer) says it is up: a history row, and the waiting
-        deploy step's answer. True when a step was waiting for it."""
+        deploy step's answer. True when a step was waiting for it. ``remote``, the address
+        the call came from, is where the OS can be reached: it becomes ``facts.address``
+        (what Ansible connects to at ``configuring``)."""
         callback = Callback.parse(body)  # InvalidRequest: 422
         node = await self._repo.get(node_id)
+        address = _ip(remote)
+        if address is not None and node.facts.get("address") != address:
+            node = await self._repo.merge_facts(node_id, {"address": address})
+        where = f" from {address}" if address is not None else ""
         await self._conductor.record(node_id, callback.event, actor="node",
-                                     reason=f"hostname {callback.hostname!r}")
+                                     reason=f"hostname {callback.hostname!r}{where}")
         if self._callbacks is None or node.state not in IN_FLIGHT:
             return False
         return self._callbacks.deliver(node_id, callback)
@@ -212,6 +220,17 @@ class AgentService:
                                  f"({node.serial!r})")
         return checked
 
+
+
+def _ip(text: str | None) -> str | None:
+    """An IP address in its canonical form (IPv4-mapped IPv6 unwrapped), else None."""
+    try:
+        address = ipaddress.ip_address(text or "")
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return str(address)
 
 
 def _written(body: dict[str, Any]) -> str:

@@ -14,6 +14,7 @@ in the seed. TCG on a busy 2-core machine is slow: the timeouts are generous.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import sqlite3
@@ -110,7 +111,13 @@ def test_deploy_boots_the_disk_and_calls_back(tmp_path: Path) -> None:
     written = [reason for event, reason in history if event == "image_written"]
     assert len(written) == 1 and f"sha256 {hashlib.sha256(good).hexdigest()} verified" in \
         written[0] and "seed partition 2" in written[0], history
-    assert ("booted", f"hostname '{HOSTNAME}'") in history, _logs(tmp_path)
+    booted = [reason for event, reason in history if event == "booted"]
+    prefix = f"hostname '{HOSTNAME}' from "
+    assert len(booted) == 1 and booted[0].startswith(prefix), (history, _logs(tmp_path))
+    address = booted[0].removeprefix(prefix)  # the disk OS's own DHCP lease, from our pool
+    assert ipaddress.IPv4Address("10.77.0.100") <= ipaddress.IPv4Address(address) <= \
+        ipaddress.IPv4Address("10.77.0.199"), booted
+    assert _facts(state / "provisioner.sqlite")["address"] == address  # Ansible's target
     assert events.index("image_written") < events.index("booted")
     # no netboot after the reboot: one deploy script per deploy attempt, the disk booted
     assert deploys_before == 1 and after_reboot == 2, _logs(tmp_path)
@@ -150,6 +157,13 @@ def _history(db: Path) -> list[tuple[str, str]]:
     with sqlite3.connect(db) as conn:
         return [(event, reason or "") for event, reason in conn.execute(
             "SELECT event, reason FROM transition ORDER BY id")]
+
+
+def _facts(db: Path) -> dict[str, object]:
+    with sqlite3.connect(db) as conn:
+        (facts,) = conn.execute("SELECT facts FROM node").fetchone()
+    loaded: dict[str, object] = json.loads(facts)
+    return loaded
 
 
 def _served_deploy_scripts(tmp_path: Path) -> int:

@@ -195,7 +195,9 @@ async def test_image_streamed_grown_seeded_and_booted(make_rig: MakeRig, name: s
     assert f"sha256 {sha(served()[name])} verified" in written.reason
     assert "partition 1 grown" in written.reason and "seed partition 2" in written.reason
     booted = next(h for h in history if h.event == "booted")
-    assert booted.reason == "hostname 'gpu-img'" and booted.actor == "node"
+    assert booted.reason == "hostname 'gpu-img' from 127.0.0.1" and booted.actor == "node"
+    # where the OS called from is where Ansible finds it at configuring
+    assert (await rig.store.nodes.get(node_id)).facts["address"] == "127.0.0.1"
 
 
 @needs_tools
