@@ -8,12 +8,12 @@ unreachable controller is retryable, a refused user is fatal.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from provisioner.commands import run_command
 from provisioner.errors import DriverError
 from provisioner.slurm.model import (
     SlurmAuthFailed,
@@ -76,22 +76,15 @@ class ScontrolSlurm:
     async def _run(self, args: Sequence[str]) -> str:
         what = "scontrol " + " ".join(args[:3])
         try:
-            proc = await asyncio.create_subprocess_exec(
-                self._scontrol, *args, env=self._env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+            result = await run_command([self._scontrol, *args], timeout_s=self._timeout_s,
+                                       env=self._env)
         except OSError as exc:
             raise SlurmRejected(f"{what}: cannot run {self._scontrol}: {exc.strerror}") from exc
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                out, err = await proc.communicate()
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise SlurmUnavailable(f"{what}: no answer after {self._timeout_s:g} s") from None
-        if proc.returncode != 0:
-            raise _error(what, err.decode(errors="replace").strip() or
-                         out.decode(errors="replace").strip())
-        return out.decode(errors="replace")
+        if result.returncode != 0:
+            raise _error(what, result.stderr.strip() or result.stdout.strip())
+        return result.stdout
 
 
 def _error(what: str, detail: str) -> DriverError:

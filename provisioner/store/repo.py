@@ -6,11 +6,10 @@ same transaction, so a crash can never leave a state without its history or vice
 
 from __future__ import annotations
 
-import asyncio
 import builtins
 import dataclasses
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -40,6 +39,7 @@ from provisioner.store.models import (
     utcnow,
 )
 from provisioner.store.secretbox import SecretBox
+from provisioner.store.session import SessionRepo
 
 T = TypeVar("T")
 
@@ -57,18 +57,10 @@ class NodeChange:
     bmc_password: str | None = None
 
 
-class NodeRepo:
+class NodeRepo(SessionRepo):
     def __init__(self, engine: Engine, pool: ThreadPoolExecutor, box: SecretBox) -> None:
-        self._engine = engine
-        self._pool = pool
+        super().__init__(engine, pool)
         self._box = box
-
-    async def _run(self, fn: Callable[[Session], T]) -> T:
-        def work() -> T:
-            with Session(self._engine, expire_on_commit=False) as session:
-                return fn(session)
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
 
     # -- reads ------------------------------------------------------------------------------
 

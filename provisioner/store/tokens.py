@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from sqlalchemy import Engine, delete
+from sqlalchemy import delete
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
@@ -18,6 +16,7 @@ from provisioner.domain import Role, TokenInfo
 from provisioner.errors import Conflict
 from provisioner.ids import NodeId
 from provisioner.store.models import ApiTokenRow
+from provisioner.store.session import SessionRepo
 
 T = TypeVar("T")
 TOKEN_PREFIX = "pvt_"
@@ -27,18 +26,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class TokenRepo:
-    def __init__(self, engine: Engine, pool: ThreadPoolExecutor) -> None:
-        self._engine = engine
-        self._pool = pool
-
-    async def _run(self, fn: Callable[[Session], T]) -> T:
-        def work() -> T:
-            with Session(self._engine, expire_on_commit=False) as session:
-                return fn(session)
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
-
+class TokenRepo(SessionRepo):
     def create_blocking(
         self, name: str, role: Role, *, node_id: str | None = None,
         expires_at: datetime | None = None,

@@ -6,19 +6,17 @@ facts only of nodes that changed since the last one. Blocking work runs in the `
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
 from provisioner.store.models import FabricScanRow, NodeRow, utcnow
+from provisioner.store.session import SessionRepo
 
 T = TypeVar("T")
 
@@ -39,18 +37,7 @@ class MemberRow:
     version: str       # changes whenever the node's row does (facts included)
 
 
-class TopologyRepo:
-    def __init__(self, engine: Engine, pool: ThreadPoolExecutor) -> None:
-        self._engine = engine
-        self._pool = pool
-
-    async def _run(self, fn: Callable[[Session], T]) -> T:
-        def work() -> T:
-            with Session(self._engine, expire_on_commit=False) as session:
-                return fn(session)
-
-        return await asyncio.get_running_loop().run_in_executor(self._pool, work)
-
+class TopologyRepo(SessionRepo):
     async def save(self, name: str, text: str, *, reporter_node_id: str | None) -> FabricScan:
         """Store ``text`` as fabric ``name``'s scan (replacing any earlier one)."""
         digest = hashlib.sha256(text.encode()).hexdigest()

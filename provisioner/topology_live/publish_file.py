@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 
+from provisioner.commands import run_command
 from provisioner.errors import RetryableError
 from provisioner.topology.snapshot import Snapshot
 
@@ -82,24 +83,15 @@ class FilePublisher:
     async def _run_reload(self) -> None:
         command = " ".join(self._reload)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self._reload, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+            result = await run_command(self._reload, timeout_s=self._timeout_s,
+                                       merge_stderr=True)
         except OSError as exc:
             raise PublishFailed(f"reload command {command!r}: {exc.strerror or exc}") from None
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                output, _ = await proc.communicate()
         except TimeoutError:
-            proc.kill()
-            await proc.wait()
             raise PublishFailed(f"reload command {command!r} killed after "
                                 f"{self._timeout_s:g} s") from None
-        except asyncio.CancelledError:
-            proc.kill()  # shutdown: leave no child behind
-            raise
-        text = output.decode(errors="replace").strip()[-_OUTPUT_CHARS:]
-        if proc.returncode != 0:
-            raise PublishFailed(f"reload command {command!r} exited {proc.returncode}: "
+        text = result.stdout.strip()[-_OUTPUT_CHARS:]
+        if result.returncode != 0:
+            raise PublishFailed(f"reload command {command!r} exited {result.returncode}: "
                                 f"{text or 'no output'}")
         log.info("topology: ran %s", command)
