@@ -103,6 +103,8 @@ async def deploy(ctx: StepContext) -> None:
     boot), then next boot disk. A node without a BMC is rebooted by its agent."""
     boots = ctx.ports.boots
     await ctx.substep("forget-callback", lambda: boots.forget(ctx.node))  # a stale one
+    if VALIDATION_KEY in ctx.node.facts:  # re-provisioning a node that was handed on
+        await _take_out_of_service(ctx)
     await _netboot(ctx)
     if boots.uses_installer(ctx.node):
         await _wait_callback(ctx, INSTALLED)
@@ -163,9 +165,15 @@ async def register(ctx: StepContext) -> None:
     await ctx.substep("slurm-register", lambda: ctx.ports.slurm.register(ctx.node))
 
 
-async def retire(ctx: StepContext) -> None:
+async def _take_out_of_service(ctx: StepContext) -> None:
+    """Drain and remove the node from Slurm, then from Kubernetes, before its disk goes:
+    running jobs end first, and the reinstalled OS joins as a new Node."""
     await ctx.substep("slurm-remove", lambda: ctx.ports.slurm.remove(ctx.node))
     await ctx.substep("kube-remove", lambda: ctx.ports.kube.remove(ctx.node))
+
+
+async def retire(ctx: StepContext) -> None:
+    await _take_out_of_service(ctx)
     await _netboot(ctx)
     await ctx.substep("wipe", lambda: ctx.ports.installer.wipe(ctx.node))
     if ctx.node.bmc is not None:

@@ -245,6 +245,25 @@ async def test_retire_from_active(store, world, make_node) -> None:  # type: ign
     await cond.stop()
 
 
+async def test_reprovisioning_an_active_node_takes_it_out_of_service_first(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    """Re-deploying an active node (handed to Slurm and Kubernetes) drains and removes it
+    from both before its disk is rewritten; a first deploy has nothing to remove."""
+    cond = Conductor(store.nodes, fake_ports(world), MANUAL)
+    node = await make_node(S.INSPECTED, profile="gpu", serial="P1", **fake_bmc("P1"))
+    await cond.fire(node.id, E.DEPLOY, actor="op")
+    await wait_for_state(store, node.id, S.ACTIVE)
+    assert "slurm_remove" not in calls(world, "P1") and "kube_remove" not in calls(world, "P1")
+    assert await world.get("P1", "slurm") != "" and await world.get("P1", "kube") != ""
+    await cond.fire(node.id, E.DEPLOY, actor="op", reason="new image")
+    await wait_for_state(store, node.id, S.ACTIVE)
+    assert (effects(world, "P1")["slurm_remove"], effects(world, "P1")["kube_remove"]) == (1, 1)
+    assert effects(world, "P1")["image_write"] == 2  # one per deployment
+    history = [h.to_state for h in await store.nodes.history(node.id)]
+    assert history.count("deploying") == 2 and history[-1] == "active"
+    await cond.stop()
+
+
 async def test_a_stale_start_never_blocks_the_next_step(  # type: ignore[no-untyped-def]
     store, world, make_node, monkeypatch
 ) -> None:
