@@ -177,6 +177,9 @@ class BmcSettings(_Section):
     power_sync_interval_s: float = Field(
         300.0, ge=0, description="Power-state sync period; 0 disables it")
     power_sync_concurrency: int = Field(16, ge=1, description="BMCs polled at once in a sync")
+    discovered_driver: Literal["ipmi", "redfish", "none"] = Field(
+        "ipmi", description="Driver for a BMC learned from an inspection report (zero-touch "
+        "linking, with the site default credentials); none: never link")
     default_username: str | None = Field(None, description="Site default BMC user")
     default_password: SecretStr | None = Field(None, description="Site default BMC password")
     redfish_verify_tls: bool = Field(

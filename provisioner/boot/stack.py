@@ -12,11 +12,12 @@ from aiohttp import web
 from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.install_http import InstallerHttp
 from provisioner.boot.render import Renderer
-from provisioner.config import Settings, parse_host_port
+from provisioner.config import BmcSettings, Settings, parse_host_port
 from provisioner.errors import ConfigError
 from provisioner.install.images import AgentJobs
 from provisioner.install.unattended import UnattendedInstalls
 from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
+from provisioner.lifecycle.bmclink import BmcLinkPolicy
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
@@ -72,7 +73,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
                               token_ttl_s=settings.boot.agent_token_ttl_s,
-                              agent_tokens=agent_tokens, jobs=jobs, callbacks=callbacks)
+                              agent_tokens=agent_tokens, jobs=jobs, callbacks=callbacks,
+                              bmc_link=bmc_link_policy(settings.bmc))
         config = BootHttpConfig(
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",
@@ -131,3 +133,9 @@ def _network_servers(settings: Settings, store: Store, discovery: Discovery,
 
         servers.append(TftpServer(settings.tftp, assets))
     return servers
+
+
+def bmc_link_policy(bmc: BmcSettings) -> BmcLinkPolicy:
+    """Zero-touch BMC linking as configured (``lifecycle/bmclink.py``)."""
+    driver = None if bmc.discovered_driver == "none" else bmc.discovered_driver
+    return BmcLinkPolicy(driver=driver, has_default_credentials=bmc.default_username is not None)

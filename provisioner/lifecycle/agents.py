@@ -22,6 +22,7 @@ from provisioner.domain import Node, Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.install.images import AgentJobs
+from provisioner.lifecycle.bmclink import BmcLinkPolicy, reported_bmc
 from provisioner.lifecycle.callbacks import BootCallbacks, Callback
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import IN_FLIGHT, NodeState
@@ -113,8 +114,10 @@ class AgentService:
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  agent_tokens: AgentTokens | None = None,
                  jobs: AgentJobs | None = None,
-                 callbacks: BootCallbacks | None = None) -> None:
+                 callbacks: BootCallbacks | None = None,
+                 bmc_link: BmcLinkPolicy | None = None) -> None:
         self._conductor = conductor
+        self._bmc_link = bmc_link
         self._jobs = jobs or AgentJobs()
         self._callbacks = callbacks
         self._repo = repo
@@ -144,11 +147,28 @@ class AgentService:
                 token = await self.issue_token(target.id)
             else:
                 await self._repo.update_meta(node.id, NodeChange(serial=serial))
+        if self._bmc_link is not None:
+            target = await self._link_bmc(target, checked, self._bmc_link)
         target = await self._repo.merge_facts(target.id, {"last_report": checked})
         if target.state is NodeState.INSPECTING:  # a later report (OS up) inspects nothing
             self._mailbox.deliver(target.id, checked)
         log.info("node %s: facts accepted (serial %s)", target.id, serial)
         return ReportResult(node_id=target.id, token=token)
+
+    async def _link_bmc(self, node: Node, facts: dict[str, Any],
+                        policy: BmcLinkPolicy) -> Node:
+        """Zero-touch: the BMC the report names becomes the node's (``bmclink``)."""
+        link = reported_bmc(node, facts, policy)
+        if link is None:
+            return node
+        if link.endpoint is not None or link.mac is not None:
+            node = await self._repo.update_meta(node.id, NodeChange(bmc=link.endpoint,
+                                                                    bmc_mac=link.mac))
+        if link.reason:
+            await self._conductor.record(node.id, "bmc_linked" if link.endpoint else "bmc",
+                                         actor="agent", reason=link.reason)
+            log.info("node %s: %s", node.id, link.reason)
+        return node
 
     async def command(self, node_id: str) -> dict[str, Any]:
         node = await self._repo.get(node_id)

@@ -55,6 +55,7 @@ class NodeChange:
     position: str | None = None
     bmc: BmcEndpoint | None = None
     bmc_password: str | None = None
+    bmc_mac: str | None = None
 
 
 class NodeRepo(SessionRepo):
@@ -174,6 +175,8 @@ class NodeRepo(SessionRepo):
                     setattr(row, name, value)
             if change.bmc is not None:
                 self._apply_bmc(row, change.bmc, change.bmc_password)
+            if change.bmc_mac is not None:
+                row.bmc_mac = change.bmc_mac
             row.updated_at = utcnow()
             s.add(row)
             _commit_unique(s, "node")

@@ -37,8 +37,8 @@ def start_ipmi_sim(ns: Namespace, work: Path, tap: str, vm: Vm = VM,
     # -display none and a serial log file instead
     (work / "vm.json").write_text(json.dumps({"qemu": command, "nic": nic.replace(
         ",bootindex=1", "")}))
-    lan = _LAN.format(port=623, d=work, user=USER, password=PASSWORD).replace(
-        "addr 127.0.0.1 623", "addr 10.77.0.1 623").replace(
+    lan = _LAN.format(address="10.77.0.1", port=623, d=work, user=USER,
+                      password=PASSWORD).replace(
         f'"{work}/chassisctl.sh 0x20"', f'"{sys.executable} {CHASSIS} {work} 0x20"')
     (work / "lan.conf").write_text(lan)
     (work / "bmc.emu").write_text(_EMU)

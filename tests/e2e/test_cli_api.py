@@ -72,6 +72,7 @@ def running_daemon(root: Path, settings: str = CLI_SETTINGS) -> Iterator[Daemon]
     """``provisioner serve`` on a free loopback port with ``settings`` (TOML sections),
     stopped with SIGTERM at the end."""
     port = free_tcp_port()
+    root.mkdir(parents=True, exist_ok=True)
     config = root / "provisioner.toml"
     config.write_text(f'state_dir = "{root / "state"}"\n\n'
                       f'[api]\nlisten = "127.0.0.1:{port}"\n\n{settings}')

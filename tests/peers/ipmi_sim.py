@@ -54,7 +54,7 @@ exit 0
 _LAN = """name "bmc1"
 set_working_mc 0x20
   startlan 1
-    addr 127.0.0.1 {port}
+    addr {address} {port}
     priv_limit admin
     allowed_auths_callback none md2 md5 straight
     allowed_auths_user none md2 md5 straight
@@ -101,31 +101,35 @@ def ipmi_sim_unavailable_reason() -> str | None:
 
 
 @contextmanager
-def running_ipmi_sim(workdir: Path) -> Iterator[IpmiSimBmc]:
+def running_ipmi_sim(workdir: Path, address: str = "127.0.0.1",
+                     port: int | None = None) -> Iterator[IpmiSimBmc]:
+    """``address``/``port``: a BMC at the standard port 623 needs its own loopback address
+    (any of 127.0.0.0/8) so it cannot clash with another."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "state").mkdir(exist_ok=True)
     script = workdir / "chassisctl.sh"
     script.write_text(_CHASSIS.format(d=workdir))
     script.chmod(0o755)
-    port = free_udp_port()
-    (workdir / "lan.conf").write_text(_LAN.format(port=port, d=workdir, user=USER,
-                                                  password=PASSWORD))
+    port = port or free_udp_port()
+    (workdir / "lan.conf").write_text(_LAN.format(address=address, port=port, d=workdir,
+                                                  user=USER, password=PASSWORD))
     (workdir / "bmc.emu").write_text(_EMU)
     log = (workdir / "ipmi_sim.log").open("wb")
     proc = subprocess.Popen(["ipmi_sim", "-c", str(workdir / "lan.conf"), "-f",
                              str(workdir / "bmc.emu"), "-s", str(workdir / "state"), "-n"],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(proc, port, workdir)
+        _wait_ready(proc, address, port, workdir)
         yield IpmiSimBmc(port, workdir, proc)
     finally:
         stop_process(proc)
         log.close()
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], port: int, workdir: Path) -> None:
+def _wait_ready(proc: subprocess.Popen[bytes], address: str, port: int,
+                workdir: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
-    probe = ["ipmitool", "-I", "lanplus", "-C", "3", "-H", "127.0.0.1", "-p", str(port),
+    probe = ["ipmitool", "-I", "lanplus", "-C", "3", "-H", address, "-p", str(port),
              "-U", USER, "-P", PASSWORD, "-N", "1", "-R", "1", "mc", "info"]
     while time.monotonic() < deadline:
         if proc.poll() is not None:
