@@ -277,8 +277,8 @@ class SlurmSettings(_Section):
     """The hand-off to Slurm (``registering``) and the drain sync both ways."""
 
     enabled: bool = Field(
-        False, description="Hand nodes to Slurm at registering; false: the step fails with "
-        "\"not available\"")
+        False, description="Hand nodes to Slurm at registering; false: registering only "
+        "releases the GPU operand hold (a Kubernetes-only cluster)")
     restd_url: str | None = Field(
         None, description="slurmrestd base URL (http://host:6820); unset: scontrol only")
     user: str | None = Field(

@@ -34,6 +34,7 @@ from provisioner.install.images import AgentImageWriter, AgentJobs, SeedSource
 from provisioner.install.installer import AnsibleInstaller
 from provisioner.kube.client import KubeClient
 from provisioner.kube.joiner import KubeNodeJoiner
+from provisioner.kube.release import KubeOnlyHandoff
 from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
@@ -281,8 +282,8 @@ class Daemon:
         releases the GPU operands (through the joiner) and maintenance drains in Slurm
         before Kubernetes evicts."""
         kube: KubeJoiner = joiner or Unavailable("Kubernetes join")
-        if slurm_client is None:
-            return kube, Unavailable("Slurm registration")
+        if slurm_client is None:  # no Slurm: registering hands the node to Kubernetes only
+            return kube, KubeOnlyHandoff(joiner)
         handoff = SlurmHandoff(
             slurm_client, self._settings.slurm, kube=kube_client,
             topology_spec=lambda node: topology.spec_for(node.hostname or ""),
