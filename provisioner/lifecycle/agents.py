@@ -150,8 +150,12 @@ class AgentService:
         if self._bmc_link is not None:
             target = await self._link_bmc(target, checked, self._bmc_link)
         target = await self._repo.merge_facts(target.id, {"last_report": checked})
-        if target.state is NodeState.INSPECTING:  # a later report (OS up) inspects nothing
+        if target.state is NodeState.INSPECTING:
             self._mailbox.deliver(target.id, checked)
+        else:  # a later report (the OS is up: the facts role) inspects nothing; recorded,
+            # so the topology and operators see fresh GPU and fabric facts
+            await self._conductor.record(target.id, "facts_reported", actor="agent",
+                                         reason=_report_summary(checked))
         log.info("node %s: facts accepted (serial %s)", target.id, serial)
         return ReportResult(node_id=target.id, token=token)
 
@@ -240,6 +244,16 @@ class AgentService:
                                  f"({node.serial!r})")
         return checked
 
+
+
+def _report_summary(facts: dict[str, Any]) -> str:
+    ports = sum(len(hca.get("ports", [])) for hca in facts.get("infiniband", []))
+    parts = [f"{len(facts.get('gpus', []))} GPUs", f"{ports} InfiniBand ports"]
+    if facts.get("nvidia_smi_xml"):
+        parts.append("nvidia-smi -q -x")
+    if isinstance(diag := facts.get("dcgm_diag"), dict) and diag.get("ran"):
+        parts.append("DCGM diag " + ("passed" if diag.get("passed") else "failed"))
+    return "facts report: " + ", ".join(parts)
 
 
 def _ip(text: str | None) -> str | None:

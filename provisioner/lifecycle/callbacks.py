@@ -65,6 +65,9 @@ class BootCallbacks:
             self._pending.popitem(last=False)
         return False
 
+    def waits(self, node: Node) -> bool:
+        return not is_simulated(node) and self._timeout_s > 0
+
     async def forget(self, node: Node) -> None:
         """Drop a callback from an earlier boot (called before the node is rebooted)."""
         self._pending.pop(node.id, None)
@@ -72,7 +75,7 @@ class BootCallbacks:
     async def wait_booted(self, node: Node) -> None:
         """Wait for the callback; FatalError after the timeout, or when the OS reports
         another hostname than the node's (the seed was not applied)."""
-        if is_simulated(node) or self._timeout_s <= 0:
+        if not self.waits(node):
             return
         callback = self._pending.pop(node.id, None)
         if callback is None:

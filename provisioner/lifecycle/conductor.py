@@ -31,7 +31,7 @@ from provisioner.lifecycle.states import (
     allowed_events,
     next_state,
 )
-from provisioner.lifecycle.steps import STEPS, WAITING_STEPS, Step
+from provisioner.lifecycle.steps import KEYED_STEPS, STEPS, WAITING_STEPS, Step
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
 
@@ -351,7 +351,7 @@ class Conductor:
                 return None  # a stale start: the node moved on
             self._status[node_id] = "running"
             ctx = RunContext(node, self._ports, self._repo, self._gate,
-                             recorder=self._step_record)
+                             recorder=self._step_record, keyed=state in KEYED_STEPS)
             try:
                 async with asyncio.timeout(None if waits else self._settings.step_timeout_s):
                     await self._steps[state](ctx)

@@ -27,7 +27,10 @@ class RunContext:
         gate: Callable[[str], AbstractAsyncContextManager[None]],
         *,
         recorder: Recorder,
+        keyed: bool = True,
     ) -> None:
+        """``keyed``: the step's drivers key their work by the run id, so it is
+        checkpointed before the first sub-step (other steps save that write)."""
         self._node = node
         self._ports = ports
         self._repo = repo
@@ -37,7 +40,8 @@ class RunContext:
         self._bmc: Bmc | None = None
         run = next((item for item in self._done if item.startswith(_RUN_PREFIX)), None)
         self._run_id = run.removeprefix(_RUN_PREFIX) if run else f"{node.id}:{node.history_seq}"
-        self._run_saved = run is not None
+        self._run_saved = run is not None or not keyed
+        self._power: str | None = None  # set by the running sub-step, saved with its end
 
     @property
     def node(self) -> Node:
@@ -80,13 +84,19 @@ class RunContext:
         await self._recorder(self._node.id, event, reason)
 
     async def note_power(self, state: str) -> None:
-        await self._repo.note_power(self._node.id, state)
+        """Kept until the sub-step's checkpoint, which stores it in the same write."""
+        self._power = state
 
     async def aclose(self) -> None:
+        if self._power is not None:  # the sub-step failed after it set the power
+            power, self._power = self._power, None
+            await self._repo.note_power(self._node.id, power)
         if self._bmc is not None:
             bmc, self._bmc = self._bmc, None
             await bmc.aclose()
 
     async def _save(self, item: str) -> None:
         self._done.append(item)
-        self._node = await self._repo.save_checkpoint(self._node, self._done)
+        self._node = await self._repo.save_checkpoint(self._node, self._done,
+                                                      power_state=self._power)
+        self._power = None  # saved (a failed save leaves it to aclose)

@@ -80,6 +80,11 @@ class BootWaiter(Protocol):
         kickstart), which calls back ``installed``, rather than written as an image."""
         ...
 
+    def waits(self, node: Node) -> bool:
+        """Whether ``wait_booted`` waits for this node (not for simulated nodes, nor with
+        the wait turned off); a step that will not wait checkpoints nothing for it."""
+        ...
+
     async def forget(self, node: Node) -> None:
         """Drop a report from an earlier boot: the node is about to be rebooted."""
         ...
@@ -91,6 +96,9 @@ class NoBootWait:
     """For wirings where no OS calls back (the simulated rack, tests): nothing to wait for."""
 
     def uses_installer(self, node: Node) -> bool:
+        return False
+
+    def waits(self, node: Node) -> bool:
         return False
 
     async def forget(self, node: Node) -> None:

@@ -26,7 +26,8 @@ class StepContext(Protocol):
 
     @property
     def run_id(self) -> str:
-        """Names this run of the step; stable across a restart, new after a retry."""
+        """Names this run of the step; new after a retry, and stable across a restart in
+        the ``KEYED_STEPS`` (the only ones that may use it)."""
         ...
 
     async def bmc(self) -> Bmc: ...
@@ -102,11 +103,13 @@ async def deploy(ctx: StepContext) -> None:
     the installer and wait for its ``installed`` callback (it reboots itself, into a local
     boot), then next boot disk. A node without a BMC is rebooted by its agent."""
     boots = ctx.ports.boots
-    await ctx.substep("forget-callback", lambda: boots.forget(ctx.node))  # a stale one
+    installer = boots.uses_installer(ctx.node)
+    if installer or boots.waits(ctx.node):
+        await ctx.substep("forget-callback", lambda: boots.forget(ctx.node))  # a stale one
     if VALIDATION_KEY in ctx.node.facts:  # re-provisioning a node that was handed on
         await _take_out_of_service(ctx)
     await _netboot(ctx)
-    if boots.uses_installer(ctx.node):
+    if installer:
         await _wait_callback(ctx, INSTALLED)
         if ctx.node.bmc is not None:
             await ctx.substep("bootdev-disk", lambda: _boot_from(ctx, BootDevice.DISK))
@@ -118,7 +121,8 @@ async def deploy(ctx: StepContext) -> None:
         await ctx.substep("bootdev-disk", lambda: _boot_from(ctx, BootDevice.DISK))
         await ctx.substep("power-off-for-disk", lambda: _power(ctx, PowerState.OFF))
         await ctx.substep("power-on-disk", lambda: _power(ctx, PowerState.ON))
-    await _wait_callback(ctx, BOOTED)
+    if boots.waits(ctx.node):
+        await _wait_callback(ctx, BOOTED)
 
 
 async def _wait_callback(ctx: StepContext, name: str) -> None:
@@ -150,10 +154,9 @@ async def validate(ctx: StepContext) -> None:
             raise FatalError(f"validation failed: {record.reason}")
 
     await ctx.substep(NODE_CHECKED, check)
-    if not ctx.finished(DOMAIN_COMPLETE):
-        record = ValidationRecord.from_facts(ctx.node.facts)
-        if record is not None and record.clique is not None:
-            await ctx.ports.validator.wait_domain(ctx.node, record, ctx.record)
+    record = ValidationRecord.from_facts(ctx.node.facts)
+    if record is not None and record.clique is not None and not ctx.finished(DOMAIN_COMPLETE):
+        await ctx.ports.validator.wait_domain(ctx.node, record, ctx.record)
         await ctx.substep(DOMAIN_COMPLETE, _nothing)
 
 
@@ -189,6 +192,11 @@ STEPS: Final[Mapping[NodeState, Step]] = {
     NodeState.REGISTERING: register,
     NodeState.RETIRING: retire,
 }
+
+#: Steps whose drivers key their work by ``run_id`` (the image written, the Ansible run):
+#: the run id is checkpointed before their first sub-step, so a restart keeps it.
+KEYED_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.DEPLOYING,
+                                                      NodeState.CONFIGURING})
 
 #: Steps that wait for other nodes: they bound their own waits (no step timeout) and hold no
 #: in-flight budget slot while they wait (a slot held by a waiting node could starve the very

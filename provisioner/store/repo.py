@@ -265,21 +265,29 @@ class NodeRepo(SessionRepo):
 
         return await self._run(work)
 
-    async def save_checkpoint(self, node: Node, checkpoint: Sequence[str]) -> Node:
-        """Record finished sub-steps of the step running for ``node.state``.
+    async def save_checkpoint(self, node: Node, checkpoint: Sequence[str], *,
+                              power_state: str | None = None) -> Node:
+        """Record finished sub-steps of the step running for ``node.state`` (and the power
+        state the sub-step set, in the same write).
 
         Conditional on the state, not the version: a transition (abort) wins over a step."""
+        values: dict[str, Any] = {"checkpoint": json.dumps(list(checkpoint))}
+        if power_state is not None:
+            values |= {"power_state": power_state, "power_checked_at": utcnow()}
 
         def work(s: Session) -> Node:
             result = s.execute(
                 update(NodeRow)
                 .where(col(NodeRow.id) == node.id, col(NodeRow.state) == str(node.state))
-                .values(checkpoint=json.dumps(list(checkpoint)), updated_at=utcnow())
+                .values(**values, updated_at=utcnow())
             )
             if result.rowcount != 1:  # type: ignore[attr-defined]
                 s.rollback()
                 raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
             s.commit()
+            if power_state is not None:
+                return dataclasses.replace(node, checkpoint=tuple(checkpoint),
+                                           power_state=power_state)
             return dataclasses.replace(node, checkpoint=tuple(checkpoint))
 
         return await self._run(work)

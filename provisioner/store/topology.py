@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from sqlmodel import Session, col, select
 
@@ -34,7 +34,9 @@ class FabricScan:
 class MemberRow:
     node_id: str
     hostname: str
-    version: str       # changes whenever the node's row does (facts included)
+    version: str
+    """The node's version: bumped by every transition and history row (a facts report
+    outside inspection records ``facts_reported``), not by checkpoints."""
 
 
 class TopologyRepo(SessionRepo):
@@ -91,29 +93,27 @@ class TopologyRepo(SessionRepo):
         wanted = list(states)
 
         def work(s: Session) -> list[MemberRow]:
-            query = (select(NodeRow.id, NodeRow.hostname, NodeRow.updated_at)
+            query = (select(NodeRow.id, NodeRow.hostname, NodeRow.version)
                      .where(col(NodeRow.state).in_(wanted), col(NodeRow.hostname).is_not(None))
                      .order_by(col(NodeRow.id)))
-            return [MemberRow(node_id, hostname, moment.isoformat())
-                    for node_id, hostname, moment in s.exec(query).all() if hostname]
+            return [MemberRow(node_id, hostname, str(version))
+                    for node_id, hostname, version in s.exec(query).all() if hostname]
 
         return await self._run(work)
 
-    async def facts(self, node_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """{node id: facts} of these nodes (those still present)."""
+    async def gpu_xml(self, node_ids: Iterable[str]) -> dict[str, str | None]:
+        """{node id: its ``facts.last_report.nvidia_smi_xml``, or None} (nodes still
+        present). Facts without that key are not even parsed: a rack coming up re-reads
+        its members often, and most of their facts are inspection facts."""
         ids = list(node_ids)
 
-        def work(s: Session) -> dict[str, dict[str, Any]]:
-            found: dict[str, dict[str, Any]] = {}
+        def work(s: Session) -> dict[str, str | None]:
+            found: dict[str, str | None] = {}
             for start in range(0, len(ids), 500):
                 rows = s.exec(select(NodeRow.id, NodeRow.facts)
                               .where(col(NodeRow.id).in_(ids[start:start + 500]))).all()
                 for node_id, text in rows:
-                    try:
-                        value = json.loads(text)
-                    except ValueError:
-                        value = {}
-                    found[node_id] = value if isinstance(value, dict) else {}
+                    found[node_id] = _nvidia_smi_xml(text) if _XML_KEY in text else None
             return found
 
         return await self._run(work)
@@ -126,3 +126,16 @@ def _aware(moment: datetime) -> datetime:
 def _to_scan(row: FabricScanRow) -> FabricScan:
     return FabricScan(name=row.name, text=row.text, sha256=row.sha256,
                       reporter_node_id=row.reporter_node_id, received_at=_aware(row.received_at))
+
+
+_XML_KEY = '"nvidia_smi_xml"'
+
+
+def _nvidia_smi_xml(text: str) -> str | None:
+    try:
+        facts = json.loads(text)
+    except ValueError:
+        return None
+    report = facts.get("last_report") if isinstance(facts, dict) else None
+    xml = report.get("nvidia_smi_xml") if isinstance(report, dict) else None
+    return xml if isinstance(xml, str) and xml.strip() else None

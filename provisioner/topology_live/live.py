@@ -16,12 +16,13 @@ next recompute, with the same digest.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
 from provisioner.config import TopologySettings
 from provisioner.domain import Node
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 #: states of a node that belongs in the published topology (validating: issue 7's gate)
 MEMBER_STATES: Final = frozenset({"joining", "validating", "registering", "active"})
 #: history events that change an input without a state change
-INPUT_EVENTS: Final = frozenset({"fabric_reported", "adopt"})
+INPUT_EVENTS: Final = frozenset({"fabric_reported", "facts_reported", "adopt"})
 
 
 class Publisher(Protocol):
@@ -82,6 +83,8 @@ class _Inputs:
     scans: dict[str, tuple[str, IbScan | Finding]] = field(default_factory=dict)
     reports: dict[str, tuple[str, str, GpuReport | Finding | None]] = field(
         default_factory=dict)   # node id -> (version, hostname, report)
+    parsed: dict[str, tuple[str, GpuReport | Finding]] = field(
+        default_factory=dict)   # node id -> (sha256 of hostname + XML, parsed)
 
 
 class LiveTopology:
@@ -204,17 +207,32 @@ class LiveTopology:
         current = {row.node_id for row in rows}
         for node_id in [n for n in cache if n not in current]:
             del cache[node_id]
+        for node_id in [n for n in self._inputs.parsed if n not in current]:
+            del self._inputs.parsed[node_id]
         stale = [row for row in rows if cache.get(row.node_id, ("",))[0] != row.version]
         if stale:
-            facts = await self._repo.facts(row.node_id for row in stale)
-            loop = asyncio.get_running_loop()
+            xmls = await self._repo.gpu_xml(row.node_id for row in stale)
             for row in stale:
-                xml = _nvidia_smi_xml(facts.get(row.node_id, {}))
-                report = (await loop.run_in_executor(self._pool, read_gpu_report,
-                                                     row.hostname, xml)
-                          if xml is not None else None)
+                xml = xmls.get(row.node_id)
+                report = await self._gpu_report(row.node_id, row.hostname, xml)
                 cache[row.node_id] = (row.version, row.hostname, report)
         return {row.hostname for row in rows}
+
+    async def _gpu_report(self, node_id: str, hostname: str,
+                          xml: str | None) -> GpuReport | Finding | None:
+        """The parsed XML; parsed again only when the XML changed (a member's row changes
+        with every checkpoint, its XML rarely)."""
+        if xml is None:
+            self._inputs.parsed.pop(node_id, None)
+            return None
+        digest = hashlib.sha256(f"{hostname}\0{xml}".encode()).hexdigest()
+        known = self._inputs.parsed.get(node_id)
+        if known is not None and known[0] == digest:
+            return known[1]
+        report = await asyncio.get_running_loop().run_in_executor(
+            self._pool, read_gpu_report, hostname, xml)
+        self._inputs.parsed[node_id] = (digest, report)
+        return report
 
     async def _publish(self, snapshot: Snapshot) -> None:
         for publisher in self._publishers:
@@ -237,8 +255,3 @@ class LiveTopology:
             if complete and status.digest != snapshot.digest:
                 log.info("topology: published %s to %s", snapshot.digest[:12], publisher.name)
 
-
-def _nvidia_smi_xml(facts: Mapping[str, Any]) -> str | None:
-    report = facts.get("last_report")
-    xml = report.get("nvidia_smi_xml") if isinstance(report, dict) else None
-    return xml if isinstance(xml, str) and xml.strip() else None

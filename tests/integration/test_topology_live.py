@@ -25,6 +25,7 @@ from provisioner.store.store import Store
 from provisioner.topology.snapshot import Snapshot
 from provisioner.topology_live.live import LiveTopology
 from tests.conftest import fake_ports
+from tests.integration.test_boot_http import host_facts
 from tests.topology_support.nvsmi import FIXTURES, gpus, xml
 
 S = NodeState
@@ -178,6 +179,37 @@ async def test_publishes_once_per_change_and_never_when_unchanged(  # type: igno
     await live.aclose()
 
 
+async def test_a_facts_report_from_the_os_recomputes_the_topology(  # type: ignore[no-untyped-def]
+        env: Env, make_node) -> None:
+    """The ``facts`` role posts ``nvidia-smi -q -x`` once the driver is up: the report is a
+    ``facts_reported`` history row, which marks the topology for a recompute, and the node's
+    NVLink clique appears (checkpoints alone never trigger one)."""
+    host = await make_node(S.ACTIVE, hostname="gpu-node-01")
+    await env.store.topology.save("default", HEALTHY.read_text(), reporter_node_id=host.id)
+    recorder = Recorder()
+    live = LiveTopology(env.store.topology, TopologySettings(), [recorder])
+    env.conductor.add_observer(live.observe)
+    await live.refresh()
+    assert recorder.snapshots[0].fleet.node("gpu-node-01").clique is None  # type: ignore[union-attr]
+    await env.store.nodes.save_checkpoint(host, ["run:x"])
+    await live.refresh()
+    assert len(recorder.digests) == 1
+
+    facts = host_facts(host.macs[0], host.serial or "") | {"nvidia_smi_xml": xml(gpus(1))}
+    async with aiohttp.ClientSession() as http, http.post(
+            f"{env.url}/agent/v1/facts", json={"mac": "", "facts": facts},
+            headers={"Authorization": f"Bearer {await env.token(host.id)}"}) as response:
+        assert response.status == 200, await response.text()
+    last = (await env.store.nodes.history(host.id))[-1]
+    assert (last.event, last.actor) == ("facts_reported", "agent")
+    assert "nvidia-smi -q -x" in last.reason
+    assert live._dirty.is_set(), "the report did not mark the topology"
+    await live.refresh()
+    assert len(recorder.digests) == 2
+    assert recorder.snapshots[-1].fleet.node("gpu-node-01").clique is not None  # type: ignore[union-attr]
+    await live.aclose()
+
+
 async def test_a_failing_sink_is_retried_with_the_same_digest(env: Env, make_node) -> None:  # type: ignore[no-untyped-def]
     node = await make_node(S.ACTIVE, hostname="gpu-node-01")
     await env.store.topology.save("default", HEALTHY.read_text(), reporter_node_id=node.id)
@@ -223,5 +255,4 @@ async def test_topology_repo_on_both_backends(any_store: Store) -> None:
     assert await any_store.topology.digests() == {"default": second.sha256}
     (member,) = await any_store.topology.members({"active"})
     assert member.hostname == "gpu-node-01"
-    facts = await any_store.topology.facts([member.node_id, "nope"])
-    assert facts == {node.id: {"last_report": {"nvidia_smi_xml": "<x/>"}}}
+    assert await any_store.topology.gpu_xml([member.node_id, "nope"]) == {node.id: "<x/>"}
