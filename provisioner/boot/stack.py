@@ -86,7 +86,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
         if settings.installers:  # profiles installed by autoinstall, preseed, kickstart
             installer = InstallerHttp(
                 UnattendedInstalls(settings.installers, base_url=config.base_url,
-                                   site_keys=settings.deploy.ssh_authorized_keys),
+                                   site_keys=settings.deploy.ssh_authorized_keys,
+                                   login_user=settings.install.ssh_user),
                 base_url=config.base_url, nodes=store.nodes, tokens=store.tokens,
                 renderer=renderer)
         http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,

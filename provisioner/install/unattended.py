@@ -38,6 +38,7 @@ _LABEL = r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
 _HOSTNAME = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 _DEVICE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:+-]*(/[A-Za-z0-9_.:+-]+)*")
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
+_LOGIN_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
 _PLACEHOLDER_TOKEN = "0" * 43  # for check(): the real token is issued at boot
 
@@ -77,6 +78,7 @@ class InstallPlan:
     mirror_host: str
     mirror_dir: str
     ssh_keys: tuple[str, ...]
+    login_user: str  # Ansible's ``install.ssh_user``: root, or a user made with sudo rights
     time_server: str | None
     timezone: str
     token: str
@@ -92,8 +94,14 @@ class UnattendedInstalls:
     """Which profiles use an installer, and each node's ``InstallPlan``."""
 
     def __init__(self, installers: Mapping[str, InstallerSettings], *, base_url: str,
-                 site_keys: Sequence[str] = ()) -> None:
-        """``site_keys``: ``deploy.ssh_authorized_keys``, installed before each profile's own."""
+                 site_keys: Sequence[str] = (), login_user: str = "root") -> None:
+        """``site_keys``: ``deploy.ssh_authorized_keys``, installed before each profile's own.
+        ``login_user``: ``install.ssh_user``; other than root, the installed OS gets that
+        user, with the keys and password-less sudo (Ansible's ``become``)."""
+        if not _LOGIN_USER.fullmatch(login_user):
+            raise ConfigError(f"install.ssh_user: {login_user!r} is not a Linux user name "
+                              "an installer can create")
+        self._login_user = login_user
         base = base_url.rstrip("/")
         try:
             check_installer_url(base, paths=False)
@@ -143,6 +151,7 @@ class UnattendedInstalls:
             mirror_scheme=mirror.scheme, mirror_host=mirror.netloc,
             mirror_dir=mirror.path or "/", ssh_keys=tuple(dict.fromkeys(
                 self._site_keys + tuple(map(check_ssh_key, settings.ssh_authorized_keys)))),
+            login_user=self._login_user,
             time_server=settings.time_server, timezone=settings.timezone, token=token,
             seed_url=seed_url, callback_url=self._base_url + CALLBACK_PATH,
             callback_body=body)

@@ -29,6 +29,7 @@ from provisioner.boot.install_http import InstallerHttp
 from provisioner.boot.render import Renderer
 from provisioner.config import InstallerSettings, LifecycleSettings
 from provisioner.domain import NewNode, Node, Role
+from provisioner.errors import ConfigError
 from provisioner.install.unattended import (
     DOCUMENTS,
     INSTALLED_SUBSTEP,
@@ -285,9 +286,10 @@ async def callbacks() -> AsyncIterator[tuple[str, Callbacks]]:
     await runner.cleanup()
 
 
-def rendered(method: str, base_url: str, hostname: str) -> tuple[InstallPlan, str]:
+def rendered(method: str, base_url: str, hostname: str,
+             login_user: str = "root") -> tuple[InstallPlan, str]:
     profile = next(p for p, s in PROFILES.items() if s.method == method)
-    installs = UnattendedInstalls(PROFILES, base_url=base_url)
+    installs = UnattendedInstalls(PROFILES, base_url=base_url, login_user=login_user)
     plan = installs.plan(unit_node(profile=profile, hostname=hostname, facts={"disks": DISKS}),
                          token="pvt_" + "Zz9_" * 10 + "abc")
     name = {"autoinstall": "user-data", "preseed": "preseed.cfg", "kickstart": "ks.cfg"}[method]
@@ -329,3 +331,54 @@ async def test_the_final_step_posts_the_installed_callback(
         assert users == [{"name": "root", "lock_passwd": True, "ssh_authorized_keys": KEYS}]
     assert sink.received == [(f"Bearer {plan.token}", "application/json",
                               {"event": "installed", "hostname": "gpu-042.lab.example"})]
+
+
+@pytest.mark.parametrize("method", ["autoinstall", "preseed", "kickstart"])
+async def test_a_non_root_ssh_user_is_created_with_the_keys_and_sudo(
+        callbacks: tuple[str, Callbacks], method: str, tmp_path: Path) -> None:
+    """``install.ssh_user = "ansible"``: the installed OS has that user, the keys and
+    password-less sudo, so Ansible can log in and ``become``. The documents still pass their
+    validators; the shell parts run with ``useradd``/``chown`` recorded, not done."""
+    url, _sink = callbacks
+    _plan, text = rendered(method, url, "gpu-043", login_user="ansible")
+    name = {"autoinstall": "user-data", "preseed": "preseed.cfg", "kickstart": "ks.cfg"}[method]
+    await check_document(name, text, tmp_path)
+    if method == "autoinstall":
+        users = yaml.safe_load(text)["autoinstall"]["user-data"]["users"]
+        assert users[1] == {"name": "ansible", "lock_passwd": True, "shell": "/bin/bash",
+                            "sudo": "ALL=(ALL) NOPASSWD:ALL", "ssh_authorized_keys": KEYS}
+        return
+    target, bin_dir, calls = tmp_path / "target", tmp_path / "bin", tmp_path / "calls"
+    (target / "etc" / "sudoers.d").mkdir(parents=True)
+    bin_dir.mkdir()
+    for tool in ("useradd", "chown", "restorecon"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\n')
+    (bin_dir / "id").write_text("#!/bin/sh\nexit 1\n")  # no such user yet
+    (bin_dir / "in-target").write_text('#!/bin/sh\nexec "$@"\n')
+    (bin_dir / "curl").write_text("#!/bin/sh\nexit 0\n")  # the callback has its own test
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = os.environ | {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    if method == "preseed":
+        line = next(x for x in text.splitlines() if x.startswith("d-i preseed/late_command "))
+        rc, out = await run("sh", "-c", line.split(" string ", 1)[1].replace(
+            "/target/", f"{target}/"), env=env)
+    else:
+        post = text.split("%post", 1)[1].split("\n", 1)[1].split("%end", 1)[0]
+        for prefix in ("/root/", "/home/", "/etc/"):
+            post = post.replace(prefix, f"{target}{prefix}")
+        rc, out = await run("bash", "-e", "-c", post, env=env)
+    assert rc == 0, out
+    keys = target / "home" / "ansible" / ".ssh" / "authorized_keys"
+    assert keys.read_text().splitlines() == KEYS and keys.stat().st_mode & 0o777 == 0o600
+    sudoers = target / "etc" / "sudoers.d" / "90-provisioner"
+    assert sudoers.read_text() == "ansible ALL=(ALL) NOPASSWD:ALL\n"
+    assert sudoers.stat().st_mode & 0o777 == 0o440
+    recorded = calls.read_text().splitlines()
+    assert "useradd -m -s /bin/bash ansible" in recorded, recorded
+    assert any(c.startswith("chown -R ansible: ") for c in recorded), recorded
+
+
+def test_an_unusable_ssh_user_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="install.ssh_user"):
+        UnattendedInstalls(PROFILES, base_url="http://10.0.0.1:8080", login_user="bad user;")
