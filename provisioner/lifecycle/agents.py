@@ -107,6 +107,12 @@ class AgentTokens:
     def forget(self, node_id: str) -> None:
         self._issued.pop(node_id, None)
 
+    async def revoke(self, node_id: str) -> None:
+        """Revoke the node's tokens: the next caller gets a fresh one."""
+        async with self._locks[node_id]:
+            self._issued.pop(node_id, None)
+            await self._tokens.revoke_for_node(node_id)
+
 
 class AgentService:
     def __init__(self, conductor: Conductor, repo: NodeRepo, tokens: TokenRepo,
@@ -222,7 +228,10 @@ class AgentService:
                                      reason=f"hostname {callback.hostname!r}{where}")
         if self._callbacks is None or node.state not in IN_FLIGHT:
             return False
-        return self._callbacks.deliver(node_id, callback)
+        waited = self._callbacks.deliver(node_id, callback)
+        if waited:  # the token sits in the seed on the node's disk: used up now
+            await self._agent_tokens.revoke(node_id)
+        return waited
 
     def _check(self, node: Node, mac: str, facts: object) -> dict[str, Any]:
         try:

@@ -198,6 +198,15 @@ async def test_image_streamed_grown_seeded_and_booted(make_rig: MakeRig, name: s
     assert booted.reason == "hostname 'gpu-img' from 127.0.0.1" and booted.actor == "node"
     # where the OS called from is where Ansible finds it at configuring
     assert (await rig.store.nodes.get(node_id)).facts["address"] == "127.0.0.1"
+    # the token in the seed (plain text on the node's disk) is revoked once it was used
+    files = await asyncio.to_thread(rig.seed)
+    env = dict(line.split("=", 1) for line in files["provisioner.env"].splitlines())
+    async with aiohttp.ClientSession() as session, session.post(
+            env["PROVISIONER_CALLBACK_URL"].strip("'"),
+            json={"event": "booted", "hostname": "gpu-img"},
+            headers={"Authorization": f"Bearer {env['PROVISIONER_TOKEN'].strip(chr(39))}"},
+    ) as response:
+        assert response.status == 401
 
 
 @needs_tools
