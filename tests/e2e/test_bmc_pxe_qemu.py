@@ -7,11 +7,13 @@ over IPMI at the end."""
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -64,12 +66,46 @@ def cli(ns: Namespace, config: Path, *args: str, env: dict[str, str] | None = No
     return result.stdout
 
 
+@contextmanager
+def vm_and_daemon(ns: Namespace, tap: str, config: Path, tmp_path: Path, vm: Vm = VM,
+                  extra: Sequence[str] = ()) -> Iterator[dict[str, str]]:
+    """ipmi_sim (its chassis owns the qemu VM, its files in ``tmp_path/bmc``) and
+    ``provisioner serve`` in the namespace; yields the CLI's environment (an operator token).
+    At the end the VM is powered off and both are stopped."""
+    bmc_dir = tmp_path / "bmc"
+    bmc = start_ipmi_sim(ns, bmc_dir, tap, vm, extra)
+    token = cli(ns, config, "token", "create", "--role", "operator", "--name", "e2e")
+    env = dict(os.environ, PROVISIONER_TOKEN=token.strip().splitlines()[-1])
+    with (tmp_path / "daemon.log").open("wb") as log:
+        daemon = subprocess.Popen(
+            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
+             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            _wait_api(ns, daemon)
+            yield env
+        finally:
+            subprocess.run([sys.executable, str(CHASSIS), str(bmc_dir), "0x20", "set",
+                            "power", "0"], check=False)
+            bmc.terminate()
+            daemon.terminate()
+            daemon.wait(30)
+
+
+def enroll_vm(ns: Namespace, config: Path, env: dict[str, str], tmp_path: Path,
+              hostname: str, *more: str, vm: Vm = VM) -> None:
+    """``node enroll`` of the VM with its BMC (the password from a file, never argv)."""
+    password = tmp_path / "bmc-password"
+    password.write_text(PASSWORD + "\n")
+    cli(ns, config, "node", "enroll", "--hostname", hostname, "--mac", vm.mac, "--serial",
+        vm.serial, *more, "--bmc-driver", "ipmi", "--bmc-address", "10.77.0.1",
+        "--bmc-port", "623", "--bmc-username", USER, "--bmc-password-file", str(password),
+        env=env)
+
+
 def test_inspect_through_ipmi_powers_the_vm_on_and_off(tmp_path: Path) -> None:
     reason = _missing() or ipmi_sim_unavailable_reason()
     if reason:
         pytest.skip(reason)
-    import os
-
     state = tmp_path / "state"
     build_ramdisk(state / "artefacts")
     bmc_dir = tmp_path / "bmc"
@@ -82,30 +118,10 @@ def test_inspect_through_ipmi_powers_the_vm_on_and_off(tmp_path: Path) -> None:
             '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
             'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
             '[http]\nlisten = "10.77.0.1:8080"\n[bmc]\ntimeout_s = 10\n')
-        bmc = start_ipmi_sim(ns, bmc_dir, tap)
-        token = cli(ns, config, "token", "create", "--role", "operator", "--name", "e2e")
-        env = dict(os.environ, PROVISIONER_TOKEN=token.strip().splitlines()[-1])
-        log = (tmp_path / "daemon.log").open("wb")
-        daemon = subprocess.Popen(
-            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
-             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            _wait_api(ns, daemon)
-            password = tmp_path / "bmc-password"
-            password.write_text(PASSWORD + "\n")
-            cli(ns, config, "node", "enroll", "--hostname", "vm-ipmi", "--mac", VM.mac,
-                "--serial", VM.serial, "--bmc-driver", "ipmi", "--bmc-address", "10.77.0.1",
-                "--bmc-port", "623", "--bmc-username", USER, "--bmc-password-file",
-                str(password), env=env)
+        with vm_and_daemon(ns, tap, config, tmp_path) as env:
+            enroll_vm(ns, config, env, tmp_path, "vm-ipmi")
             cli(ns, config, "node", "action", "vm-ipmi", "inspect", env=env)
             shown = _wait_inspected(ns, config, env, tmp_path)
-        finally:
-            subprocess.run([sys.executable, str(CHASSIS), str(bmc_dir), "0x20", "set",
-                            "power", "0"], check=False)
-            bmc.terminate()
-            daemon.terminate()
-            daemon.wait(30)
-            log.close()
     calls = (bmc_dir / "chassis.log").read_text().splitlines()
     sets = [c for c in calls if c.startswith("set")]
     assert sets.index("set boot pxe") < sets.index("set power 1") < sets.index("set power 0")

@@ -18,17 +18,15 @@ import ipaddress
 import json
 import os
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.disk_image import build_disk_image, missing_tool
-from tests.e2e.test_bmc_pxe_qemu import CHASSIS, _wait_api, cli, start_ipmi_sim
+from tests.e2e.test_bmc_pxe_qemu import cli, enroll_vm, vm_and_daemon
 from tests.e2e.test_pxe_qemu import Vm, _missing, build_ramdisk
-from tests.peers.ipmi_sim import PASSWORD, USER, ipmi_sim_unavailable_reason
+from tests.peers.ipmi_sim import ipmi_sim_unavailable_reason
 from tests.peers.netns import Namespace, bridged_namespace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -68,22 +66,9 @@ def test_deploy_boots_the_disk_and_calls_back(tmp_path: Path) -> None:
         tap = ns.add_tap()
         config = tmp_path / "provisioner.toml"
         config.write_text(_config(state, hashlib.sha256(good).hexdigest()))
-        bmc = start_ipmi_sim(ns, bmc_dir, tap, VM, [
-            "-drive", f"file={disk},format=raw,if=virtio,cache=unsafe"])
-        token = cli(ns, config, "token", "create", "--role", "operator", "--name", "e2e")
-        env = dict(os.environ, PROVISIONER_TOKEN=token.strip().splitlines()[-1])
-        log = (tmp_path / "daemon.log").open("wb")
-        daemon = subprocess.Popen(
-            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
-             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        try:
-            _wait_api(ns, daemon)
-            password = tmp_path / "bmc-password"
-            password.write_text(PASSWORD + "\n")
-            cli(ns, config, "node", "enroll", "--hostname", HOSTNAME, "--mac", VM.mac,
-                "--serial", VM.serial, "--profile", "e2e", "--bmc-driver", "ipmi",
-                "--bmc-address", "10.77.0.1", "--bmc-port", "623", "--bmc-username", USER,
-                "--bmc-password-file", str(password), env=env)
+        with vm_and_daemon(ns, tap, config, tmp_path, VM, [
+                "-drive", f"file={disk},format=raw,if=virtio,cache=unsafe"]) as env:
+            enroll_vm(ns, config, env, tmp_path, HOSTNAME, "--profile", "e2e", vm=VM)
             cli(ns, config, "node", "action", HOSTNAME, "inspect", env=env)
             _wait_state(ns, config, env, tmp_path, {"inspected"}, 300)
             cli(ns, config, "node", "action", HOSTNAME, "deploy", env=env)
@@ -94,13 +79,6 @@ def test_deploy_boots_the_disk_and_calls_back(tmp_path: Path) -> None:
             cli(ns, config, "node", "action", HOSTNAME, "retry", env=env)
             _wait_booted(tmp_path, 600)
             after_reboot = _served_deploy_scripts(tmp_path)
-        finally:
-            subprocess.run([sys.executable, str(CHASSIS), str(bmc_dir), "0x20", "set",
-                            "power", "0"], check=False)
-            bmc.terminate()
-            daemon.terminate()
-            daemon.wait(30)
-            log.close()
     history = _history(state / "provisioner.sqlite")
     events = [event for event, _ in history]
     first_fail = events.index("fail")
