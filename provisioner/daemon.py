@@ -214,7 +214,9 @@ class Daemon:
             jobs = AgentJobs()
             callbacks = BootCallbacks(timeout_s=self._settings.deploy.callback_timeout_s,
                                       installer_profiles=frozenset(self._settings.installers))
-            images = self._image_writer(jobs, agent_tokens) or Unavailable("OS image deploy")
+            images = self._image_writer(jobs, agent_tokens) or Unavailable(
+                "OS image deploy", "set http.listen (the agent that writes images reaches "
+                "the daemon over the boot HTTP server)")
             kube, slurm = self._kube_and_slurm(joiner, kube_client, slurm_client, topology)
             real = RealDrivers(
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
@@ -281,7 +283,7 @@ class Daemon:
         """The ``kube`` and ``slurm`` drivers of real nodes. With Slurm, the hand-off
         releases the GPU operands (through the joiner) and maintenance drains in Slurm
         before Kubernetes evicts."""
-        kube: KubeJoiner = joiner or Unavailable("Kubernetes join")
+        kube: KubeJoiner = joiner or Unavailable("Kubernetes join", "set kube.kubeconfig")
         if slurm_client is None:  # no Slurm: registering hands the node to Kubernetes only
             return kube, KubeOnlyHandoff(joiner)
         handoff = SlurmHandoff(

@@ -1,5 +1,5 @@
 """Per-node driver choice: simulated nodes (fake BMC) use the simulation's drivers; real
-nodes use the real ones, or ``Unavailable`` where a real driver does not exist yet."""
+nodes use the real ones, or ``Unavailable`` where the configuration leaves one out."""
 
 from __future__ import annotations
 
@@ -23,13 +23,15 @@ def is_simulated(node: Node) -> bool:
 
 
 class Unavailable:
-    """Stands in for a driver this build does not have; fails the step saying so."""
+    """Stands in for a driver the configuration leaves out; fails the step saying what to
+    configure."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, fix: str) -> None:
         self._what = what
+        self._fix = fix
 
     def _fail(self) -> FatalError:
-        return FatalError(f"{self._what} is not available in this build of provisioner")
+        return FatalError(f"{self._what} is not configured: {self._fix}")
 
     async def inspect(self, node: Node) -> dict[str, Any]:
         raise self._fail()
