@@ -11,6 +11,7 @@ pyghmi's client for every BMC (dead logins timing out in its threads)."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import json
 import os
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -58,13 +60,35 @@ def closed_ports(count: int) -> list[int]:
 def baseline_in_a_fresh_process() -> float:
     """85 healthy BMCs and nothing else, in a process of its own: pyghmi's client keeps
     process-wide state (login cache, shared sockets), so a run before the faulty one in the
-    same process was seen to disturb it."""
-    done = subprocess.run([sys.executable, "-m", "tests.integration.test_bmc_faults"],
-                          capture_output=True, text=True, timeout=120, check=True, cwd=ROOT)
-    return float(json.loads(done.stdout.splitlines()[-1])["baseline_s"])
+    same process was seen to disturb it.
+
+    This is the reference, not the system under test, so a failed reference run is made once
+    more; both failures are shown. Seen twice in 7 CI runs, never in 20 runs by hand: a
+    healthy simulated BMC left a request unanswered ("no answer to boot device status"), and
+    the process then hung at exit on a pyghmi thread (hence the thread dump and ``os._exit``
+    in ``_baseline``)."""
+    failures = []
+    for _attempt in range(2):
+        done = subprocess.run([sys.executable, "-m", "tests.integration.test_bmc_faults"],
+                              capture_output=True, text=True, timeout=150, cwd=ROOT)
+        if done.returncode == 0:
+            return float(json.loads(done.stdout.splitlines()[-1])["baseline_s"])
+        failures.append(f"exit {done.returncode}:\n{done.stderr[-4000:]}")
+    pytest.fail("the fault-free reference run failed twice:\n" + "\n---\n".join(failures))
 
 
 async def _baseline() -> None:
+    # a wedged pyghmi thread must not hang the reference run: dump every thread, exit 1
+    faulthandler.dump_traceback_later(100, exit=True)
+    try:
+        await _measure_baseline()
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)  # do not wait for pyghmi's threads
+
+
+async def _measure_baseline() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = open_store(Settings(state_dir=Path(tmp) / "state"))
         world = SimWorld(Path(tmp) / "world.sqlite")
