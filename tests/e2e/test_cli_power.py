@@ -35,6 +35,17 @@ def bmc() -> Iterator[SimBmcs]:
         yield sim
 
 
+def enroll_ipmi(cli: Any, bmc: SimBmcs, port: int, serial: str, mac: str,
+                tmp_path: Path) -> Path:
+    """``node enroll`` with the simulated BMC on ``port``; returns the password file."""
+    secret = tmp_path / "bmc.pw"
+    secret.write_text(BMC_PASSWORD + "\n")
+    cli("node", "enroll", "--serial", serial, "--mac", mac, "--bmc-driver", "ipmi",
+        "--bmc-address", "127.0.0.1", "--bmc-port", str(port), "--bmc-username", bmc.user,
+        "--bmc-password-file", str(secret))
+    return secret
+
+
 def test_power_and_bootdev_on_a_fake_bmc(cli: Any) -> None:
     cli("node", "enroll", "--serial", "PWR1", "--mac", "52:54:00:aa:00:01", "--bmc-driver",
         "fake", "--bmc-address", "PWR1")
@@ -48,12 +59,8 @@ def test_power_and_bootdev_on_a_fake_bmc(cli: Any) -> None:
 
 
 def test_ipmi_enroll_power_bootdev_and_inspect(cli: Any, bmc: SimBmcs, tmp_path: Path) -> None:
-    secret = tmp_path / "bmc.pw"
-    secret.write_text(BMC_PASSWORD + "\n")
     port = bmc.ports[0]
-    cli("node", "enroll", "--serial", "IPMI1", "--mac", "52:54:00:aa:00:02", "--bmc-driver",
-        "ipmi", "--bmc-address", "127.0.0.1", "--bmc-port", str(port), "--bmc-username",
-        bmc.user, "--bmc-password-file", str(secret))
+    enroll_ipmi(cli, bmc, port, "IPMI1", "52:54:00:aa:00:02", tmp_path)
     assert "now on" in cli("node", "power", "IPMI1", "on").stdout
     assert bmc.stats()[port]["power"] == "on"
     assert "now off" in cli("node", "power", "IPMI1", "off").stdout
@@ -77,12 +84,8 @@ def test_power_sync_records_an_out_of_band_power_on(cli: Any, bmc: SimBmcs,
                                                     tmp_path: Path) -> None:
     """The daemon's periodic power sync (every second here) reads the BMC and records a
     change nobody asked the daemon for, with the power-sync actor."""
-    secret = tmp_path / "bmc.pw"
-    secret.write_text(BMC_PASSWORD + "\n")
     port = bmc.ports[1]
-    cli("node", "enroll", "--serial", "SYNC1", "--mac", "52:54:00:aa:00:03", "--bmc-driver",
-        "ipmi", "--bmc-address", "127.0.0.1", "--bmc-port", str(port), "--bmc-username",
-        bmc.user, "--bmc-password-file", str(secret))
+    secret = enroll_ipmi(cli, bmc, port, "SYNC1", "52:54:00:aa:00:03", tmp_path)
     assert "now off" in cli("node", "power", "SYNC1", "off").stdout
     subprocess.run(["ipmitool", "-I", "lanplus", "-H", "127.0.0.1", "-p", str(port), "-U",
                     bmc.user, "-f", str(secret), "chassis", "power", "on"],

@@ -54,8 +54,12 @@ async def test_another_hostname_fails_with_the_reason() -> None:
 
 async def test_no_wait_for_simulated_nodes_or_a_zero_timeout() -> None:
     fake = BmcEndpoint(driver="fake", address="sim-1")
-    await BootCallbacks(timeout_s=5).wait_booted(node(bmc=fake))
-    await BootCallbacks(timeout_s=0).wait_booted(node())
+    simulated, off = BootCallbacks(timeout_s=5), BootCallbacks(timeout_s=0)
+    assert not simulated.waits(node(bmc=fake)) and not off.waits(node())
+    assert BootCallbacks(timeout_s=5).waits(node())  # a real node does wait
+    async with asyncio.timeout(1):  # returns at once, no callback needed
+        await simulated.wait_booted(node(bmc=fake))
+        await off.wait_booted(node())
 
 
 def test_installer_profiles_and_body_checks() -> None:
