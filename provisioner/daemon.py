@@ -152,31 +152,17 @@ def _ansible_to_history(conductor: Conductor) -> OnEvent:
     return on_event
 
 
-def _kube_to_conductor(store: Store, conductor: Conductor) -> OnChange:
-    """Kubernetes -> daemon: a cordon or a long NotReady becomes the maintenance flag (and a
-    history row), without draining again."""
+def _maintenance_from(actor: str, store: Store, conductor: Conductor) -> OnChange:
+    """Kubernetes or Slurm -> daemon: a cordon, a long NotReady or a drain made there
+    becomes the maintenance flag (with its reason and a history row by ``actor``), without
+    draining again. Nodes that are not ours are ignored."""
 
     async def on_change(hostname: str, maintenance: bool, reason: str) -> None:
         try:
             node = await store.nodes.find(hostname)
         except NotFound:
-            return  # a Kubernetes node that is not ours
-        await conductor.set_maintenance(node.id, maintenance, actor="kubernetes",
-                                        reason=reason, propagate=False)
-
-    return on_change
-
-
-def _slurm_to_conductor(store: Store, conductor: Conductor) -> OnChange:
-    """Slurm -> daemon: a node drained (or resumed) in Slurm by someone else becomes the
-    maintenance flag with Slurm's reason, without draining again."""
-
-    async def on_change(hostname: str, maintenance: bool, reason: str) -> None:
-        try:
-            node = await store.nodes.find(hostname)
-        except NotFound:
-            return  # a Slurm node that is not ours
-        await conductor.set_maintenance(node.id, maintenance, actor="slurm", reason=reason,
+            return
+        await conductor.set_maintenance(node.id, maintenance, actor=actor, reason=reason,
                                         propagate=False)
 
     return on_change
@@ -243,12 +229,13 @@ class Daemon:
                                        self._settings.bmc)
                 children.append(group.create_task(power_sync.run(), name="power-sync"))
                 if kube_client is not None:
-                    sync = KubeSync(kube_client, _kube_to_conductor(store, conductor),
+                    sync = KubeSync(kube_client, _maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
                                     interval_s=self._settings.kube.sync_interval_s)
                     children.append(group.create_task(sync.run(), name="kube-sync"))
                 if slurm_client is not None and self._settings.slurm.sync_interval_s > 0:
-                    slurm_sync = SlurmSync(slurm_client, _slurm_to_conductor(store, conductor),
+                    from_slurm = _maintenance_from("slurm", store, conductor)
+                    slurm_sync = SlurmSync(slurm_client, from_slurm,
                                            interval_s=self._settings.slurm.sync_interval_s,
                                            reason_prefix=self._settings.slurm.reason_prefix)
                     children.append(group.create_task(slurm_sync.run(), name="slurm-sync"))
