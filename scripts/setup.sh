@@ -44,6 +44,12 @@ APT_PACKAGES=(
   openipmi         # ipmi_sim: a real IPMI BMC on loopback (tests/peers/ipmi_sim.py, PEERS.md §4)
   ipmitool         # ipmi_sim's readiness probe
   qemu-system-x86  # the e2e VMs (tests/e2e/*qemu*)
+  ovmf             # x86 UEFI firmware: OVMF's own PXE and HTTP boot (tests/e2e/test_pxe_qemu.py)
+  ndisc6           # rdisc6: solicits our router advertisements (test_router_advertisement.py)
+  qemu-system-arm  # qemu-system-aarch64: the Grace (arm64) e2e VMs
+  qemu-efi-aarch64 # AAVMF: arm64 UEFI firmware with PXE and HTTP boot
+  debian-installer-12-netboot-arm64 # signed grubaa64.efi + arm64 d-i: the Grace netboot chain
+  grub-common      # grub-mkimage (arm64 netboot image with an embedded grub.cfg for HTTP boot)
   qemu-utils       # qemu-img: qcow2 images the agent's converter is checked against
   linux-image-amd64 # the kernel of the inspection ramdisk and of the e2e test's disk image
   cpio             # pxe/ramdisk/build.sh and the e2e disk image's initramfs
