@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from provisioner import __version__, cli_format, cli_power, cli_topology
+from provisioner import __version__, cli_format, cli_power, cli_ramdisk, cli_topology
 from provisioner.client import ApiClient, ApiError, Json
 from provisioner.errors import ConfigError, ProvisionerError
 
@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.add_argument("--json", action="store_true", help="print the API's report as JSON")
     imp.set_defaults(command=cmd_import)
     cli_topology.add_topology_parser(sub)
+    cli_ramdisk.add_ramdisk_parser(sub, load)
     return parser
 
 

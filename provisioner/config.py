@@ -157,6 +157,21 @@ class BootSettings(_Section):
     inspection_kernel: str = Field("inspect/vmlinuz", description="Under artefacts_dir")
     inspection_initrd: str = Field("inspect/initrd.gz", description="Under artefacts_dir")
     kernel_args: str = Field("console=ttyS0", description="Extra kernel command line")
+    inspection_kernel_arm64: str = Field("inspect/arm64/vmlinuz",
+                                         description="arm64 (Grace) ramdisk kernel, under "
+                                         "artefacts_dir")
+    inspection_initrd_arm64: str = Field("inspect/arm64/initrd.gz",
+                                         description="arm64 (Grace) ramdisk, under "
+                                         "artefacts_dir")
+    kernel_args_arm64: str = Field("console=ttyAMA0", description="Extra kernel command "
+                                   "line of arm64 nodes (Grace and qemu virt: PL011 UART)")
+    ramdisk_build: Literal["auto", "off"] = Field(
+        "auto", description="auto: serve builds a missing or stale inspection ramdisk in the "
+        "background at start (when the Debian packages are present); off: never")
+    ramdisk_arches: list[Literal["x86_64", "arm64"]] = Field(
+        ["x86_64", "arm64"], description="Architectures whose ramdisk serve builds")
+    cache_dir: Path | None = Field(None, description="Downloaded .debs and unpacked sysroots "
+                                   "of foreign-architecture ramdisks; default <state_dir>/cache")
     agent_token_ttl_s: int = Field(3600, ge=60, description="Lifetime of a node's agent token")
 
 
@@ -489,6 +504,11 @@ class InstallerSettings(_Section):
                         "boot.artefacts_dir")
     repo_url: str = Field(description="autoinstall: the live-server ISO (url=); preseed: the "
                           "Debian mirror; kickstart: the BaseOS repository (inst.repo=)")
+    kernel_arm64: str | None = Field(None, description="arm64 (Grace) installer kernel: URL "
+                                     "or path; unset: arm64 nodes of the profile are refused")
+    initrd_arm64: str | None = Field(None, description="arm64 installer initrd: URL or path")
+    repo_url_arm64: str | None = Field(None, description="repo_url for arm64 nodes (e.g. "
+                                       "the arm64 live-server ISO); default repo_url")
     kernel_args: str = Field("", description="Extra kernel command line (e.g. console=ttyS0)")
     ssh_authorized_keys: list[str] = Field(
         default_factory=list, description="Public keys installed for root, after "
@@ -505,10 +525,20 @@ class InstallerSettings(_Section):
     def _check_artefact(cls, value: str) -> str:
         return check_installer_url(value)
 
+    @field_validator("kernel_arm64", "initrd_arm64")
+    @classmethod
+    def _check_arm64_artefact(cls, value: str | None) -> str | None:
+        return None if value is None else check_installer_url(value)
+
     @field_validator("repo_url")
     @classmethod
     def _check_repo(cls, value: str) -> str:
         return check_installer_url(value, paths=False)
+
+    @field_validator("repo_url_arm64")
+    @classmethod
+    def _check_arm64_repo(cls, value: str | None) -> str | None:
+        return None if value is None else check_installer_url(value, paths=False)
 
     @field_validator("kernel_args")
     @classmethod

@@ -50,6 +50,7 @@ APT_PACKAGES=(
   qemu-efi-aarch64 # AAVMF: arm64 UEFI firmware with PXE and HTTP boot
   debian-installer-12-netboot-arm64 # signed grubaa64.efi + arm64 d-i: the Grace netboot chain
   grub-common      # grub-mkimage (arm64 netboot image with an embedded grub.cfg for HTTP boot)
+  binutils         # readelf: the shared libraries of the arm64 ramdisk's python3 (no ldd for arm64)
   qemu-utils       # qemu-img: qcow2 images the agent's converter is checked against
   linux-image-amd64 # the kernel of the inspection ramdisk and of the e2e test's disk image
   cpio             # pxe/ramdisk/build.sh and the e2e disk image's initramfs
@@ -84,22 +85,35 @@ quietly() {
 
 is_installed() { dpkg -s "$1" 2>/dev/null | grep -qx 'Status: install ok installed'; }
 
+# Foreign architectures whose packages the tests download (the arm64 inspection ramdisk and
+# GRUB image are made from arm64 .debs: `apt-get download pkg:arm64`, never installed).
+FOREIGN_ARCHES=(arm64)
+
 install_debian_packages() {
   command -v dpkg >/dev/null || die "dpkg not found: this script targets Debian 12"
-  local missing=() pkg
+  local missing=() pkg arch update=0
+  for arch in "${FOREIGN_ARCHES[@]}"; do
+    if ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
+      log "dpkg --add-architecture $arch"
+      ((EUID == 0)) || die "adding dpkg architecture $arch needs root"
+      dpkg --add-architecture "$arch"
+      update=1
+    fi
+  done
   for pkg in "${APT_PACKAGES[@]}"; do
     is_installed "$pkg" || missing+=("$pkg")
   done
-  ((${#missing[@]})) || return 0
+  if ((${#missing[@]} == 0 && update == 0)); then return 0; fi
   local sudo=()
   if ((EUID != 0)); then
     command -v sudo >/dev/null && sudo -n true 2>/dev/null \
       || die "missing Debian packages (${missing[*]}); run as root or with passwordless sudo"
     sudo=(sudo -n)
   fi
-  log "apt-get install ${missing[*]}"
   local apt=("${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get -qq -o Dpkg::Use-Pty=0)
   quietly "${apt[@]}" update
+  ((${#missing[@]})) || return 0
+  log "apt-get install ${missing[*]}"
   quietly "${apt[@]}" install -y --no-install-recommends "${missing[@]}"
 }
 

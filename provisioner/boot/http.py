@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from aiohttp import web
@@ -34,6 +35,17 @@ _NETBOOT_STATES = {NodeState.DISCOVERED: "inspect", NodeState.INSPECTING: "inspe
 _MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
 
 
+class _Flavour(StrEnum):
+    """The boot loader that asks: iPXE (x86) or GRUB (arm64: Debian has no arm64 iPXE)."""
+
+    IPXE = "ipxe"
+    GRUB = "grub"
+
+    @property
+    def label(self) -> str:
+        return "script" if self is _Flavour.IPXE else "grub.cfg"
+
+
 @dataclass(frozen=True, slots=True)
 class BootHttpConfig:
     base_url: str
@@ -42,6 +54,9 @@ class BootHttpConfig:
     kernel: str
     initrd: str
     kernel_args: str
+    kernel_arm64: str = "inspect/arm64/vmlinuz"
+    initrd_arm64: str = "inspect/arm64/initrd.gz"
+    kernel_args_arm64: str = "console=ttyAMA0"
 
 
 class BootHttp:
@@ -62,6 +77,7 @@ class BootHttp:
         app = web.Application(client_max_size=_MAX_AGENT_BODY)
         app.router.add_get("/boot.ipxe", self.chain_script)
         app.router.add_get("/boot/{mac}.ipxe", self.node_script)
+        app.router.add_get("/boot/{mac}.grub", self.node_grub)
         app.router.add_get("/artefacts/{path:.+}", self.artefact)
         app.router.add_get("/ipxe/{path:.+}", self.asset)
         app.router.add_post("/agent/v1/facts", self.agent_facts)
@@ -81,32 +97,48 @@ class BootHttp:
         return _script(self._renderer.render("boot", base_url=self._config.base_url))
 
     async def node_script(self, request: web.Request) -> web.Response:
+        """The node's iPXE script (x86 BIOS and UEFI, through iPXE)."""
+        return _script(await self._node_boot(request, _Flavour.IPXE))
+
+    async def node_grub(self, request: web.Request) -> web.Response:
+        """The node's ``grub.cfg`` (arm64 UEFI: the GRUB image we serve asks for it)."""
+        return _script(await self._node_boot(request, _Flavour.GRUB))
+
+    async def _node_boot(self, request: web.Request, flavour: _Flavour) -> str:
+        """Inspection (unknown MACs too), the node's current step, or a local boot: the same
+        choice for iPXE and GRUB, rendered in the loader's language."""
         try:
             mac = normalize_mac(request.match_info["mac"])
         except InvalidRequest as exc:
             raise web.HTTPBadRequest(text=str(exc)) from None
-        node = await self._discovery.ensure_node(mac, "ipxe")
+        render = self._renderer.render_grub if flavour is _Flavour.GRUB \
+            else self._renderer.render
+        node = await self._discovery.ensure_node(mac, flavour.value)
         if node is None:
-            return _script(self._renderer.render(
-                "retry", base_url=self._config.base_url, mac=mac, seconds=10,
-                reason="discovery rate exceeded"))
+            return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
+                          reason="discovery rate exceeded")
         purpose = _NETBOOT_STATES.get(node.state)
         if purpose is None or node.maintenance:
             reason = "in maintenance" if node.maintenance else f"node is {node.state}"
             log.info("node %s: served local boot (%s)", node.id, reason)
-            return _script(self._renderer.render("local", reason=reason))
+            return render("local", reason=reason)
         if purpose == "deploy" and await self._agents.image_written(node.id):
             log.info("node %s: image written; served local boot", node.id)
-            return _script(self._renderer.render("local", reason="image written, boot disk"))
+            return render("local", reason="image written, boot disk")
         token = await self._agents.issue_token(node.id)
         if purpose == "deploy" and self._installer is not None and \
-                (script := await self._installer.script(node, token, mac)) is not None:
-            return _script(script)  # the profile uses an installer, not the agent
-        log.info("node %s: served %s script to %s", node.id, purpose, mac)
+                (script := await self._installer.script(node, token, mac,
+                                                        grub=flavour is _Flavour.GRUB)):
+            return script  # the profile uses an installer, not the agent
+        log.info("node %s: served %s %s to %s", node.id, purpose, flavour.label, mac)
         cfg = self._config
-        return _script(self._renderer.render(
-            "agent", purpose=purpose, node_id=node.id, mac=mac, base_url=cfg.base_url,
-            kernel=cfg.kernel, initrd=cfg.initrd, kernel_args=cfg.kernel_args, token=token))
+        kernel, initrd, args = (cfg.kernel, cfg.initrd, cfg.kernel_args) \
+            if flavour is _Flavour.IPXE else \
+            (cfg.kernel_arm64, cfg.initrd_arm64, cfg.kernel_args_arm64)
+        return render("agent", purpose=purpose, node_id=node.id, mac=mac,
+                      base_url=cfg.base_url, kernel=kernel, initrd=initrd, kernel_args=args,
+                      kernel_url=f"{cfg.base_url}/artefacts/{kernel}",
+                      initrd_url=f"{cfg.base_url}/artefacts/{initrd}", token=token)
 
     # -- files --------------------------------------------------------------------------------
 

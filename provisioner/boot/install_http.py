@@ -42,26 +42,31 @@ class InstallerHttp:
     def add_routes(self, app: web.Application) -> None:
         app.router.add_get("/install/{token}/{document}", self.document)
 
-    async def script(self, node: Node, token: str, mac: str) -> str | None:
-        """The deploying node's iPXE script when its profile uses an installer, else None.
-        Once the ``installed`` callback is checkpointed: a local boot (never a second
-        install). A node the installer cannot take (no hostname, no fitting disk): a script
-        that says why and asks again in a minute."""
+    async def script(self, node: Node, token: str, mac: str, *,
+                     grub: bool = False) -> str | None:
+        """The deploying node's iPXE script (``grub``: its arm64 grub.cfg) when its profile
+        uses an installer, else None. Once the ``installed`` callback is checkpointed: a
+        local boot (never a second install). A node the installer cannot take (no hostname,
+        no fitting disk, no arm64 kernel): a script that says why and asks again in a
+        minute."""
         if not self._installs.uses_installer(node):
             return None
+        render = self._renderer.render_grub if grub else self._renderer.render
         node = await self._nodes.get(node.id)  # the boot cache's copy has no fresh checkpoint
         if self._installs.installed(node):
             log.info("node %s: installed; served local boot", node.id)
-            return self._renderer.render("local", reason="installed, booting from disk")
+            return render("local", reason="installed, booting from disk")
         try:
-            plan = self._installs.plan(node, token=token, mac=mac)
+            plan = self._installs.plan(node, token=token, mac=mac,
+                                       arch="arm64" if grub else "x86_64")
         except ProvisionerError as exc:
             log.warning("node %s: cannot serve the installer: %s", node.id, exc)
             reason = _UNSAFE.sub(" ", f"cannot install: {exc}")[:200]
-            return self._renderer.render("retry", base_url=self._base_url, mac=mac,
-                                         seconds=_RETRY_S, reason=reason)
-        log.info("node %s: served %s installer script to %s", node.id, plan.method, mac)
-        return self._renderer.render(f"install/{plan.method}", **plan.values())
+            return render("retry", base_url=self._base_url, mac=mac, seconds=_RETRY_S,
+                          reason=reason)
+        log.info("node %s: served %s installer %s to %s", node.id, plan.method,
+                 "grub.cfg" if grub else "script", mac)
+        return render(f"install/{plan.method}", **plan.values())
 
     async def document(self, request: web.Request) -> web.Response:
         token, name = request.match_info["token"], request.match_info["document"]

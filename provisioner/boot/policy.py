@@ -139,3 +139,15 @@ def boot_reply(request: BootRequest, node_known: bool, *, ipxe_script_url: str,
     files = {ClientClass.BIOS: BIOS_BOOTFILE, ClientClass.UEFI_X64: UEFI_X64_BOOTFILE,
              ClientClass.UEFI_ARM64: arm64_bootfile}
     return BootReply(client, files[client], tftp_server)
+
+
+def grub_url(url: str) -> str:
+    """An ``http://host:port/path`` URL as GRUB names it: ``(http,host:port)/path``.
+    GRUB speaks plain HTTP only; anything else is a ValueError."""
+    scheme, sep, rest = url.partition("://")
+    host_port, slash, path = rest.partition("/")
+    if scheme != "http" or not sep or not host_port or any(c in url for c in " '\"\\;$"):
+        raise ValueError(f"GRUB fetches over plain http only, not {url!r}")
+    if ":" not in host_port.rpartition("]")[2]:
+        host_port += ":80"
+    return f"(http,{host_port}){slash}{path}"

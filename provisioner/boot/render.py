@@ -1,6 +1,8 @@
-"""Renders the iPXE scripts in ``pxe/*.ipxe.j2`` and the installer documents in
-``pxe/install/`` (jinja2, strict: a missing variable fails). Filters for values placed in
-other languages: ``sh`` (one shell word), ``json`` (a JSON string, also a YAML scalar)."""
+"""Renders the iPXE scripts in ``pxe/*.ipxe.j2``, their GRUB twins ``*.grub.j2`` and the
+installer documents in ``pxe/install/`` (jinja2, strict: a missing variable fails). Filters
+for values placed in other languages: ``sh`` (one shell word), ``json`` (a JSON string, also
+a YAML scalar), ``grub`` (one GRUB word), ``grub_words`` (each word quoted), ``grub_url``
+(``(http,host:port)/path``)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from pathlib import Path
 
 import jinja2
 
+from provisioner.boot.policy import grub_url
+
 
 def default_templates_dir() -> Path:
     """``pxe/`` of a source checkout, else the installed ``share/provisioner/pxe``."""
@@ -18,6 +22,13 @@ def default_templates_dir() -> Path:
     if checkout.is_dir():
         return checkout
     return Path(sys.prefix) / "share" / "provisioner" / "pxe"
+
+
+def grub_quote(value: object) -> str:
+    """One GRUB script word: single-quoted, so ``;``, ``$`` and spaces stay text; a line
+    break cannot end the command (it becomes a space)."""
+    text = " ".join(str(value).splitlines())
+    return "'" + text.replace("'", "'\\''") + "'"
 
 
 class Renderer:
@@ -28,9 +39,17 @@ class Renderer:
             trim_blocks=True, lstrip_blocks=True)
         self._env.filters["sh"] = lambda value: shlex.quote(str(value))
         self._env.filters["json"] = lambda value: json.dumps(value, ensure_ascii=True)
+        self._env.filters["grub"] = grub_quote
+        self._env.filters["grub_words"] = lambda value: " ".join(
+            grub_quote(word) for word in str(value).split())
+        self._env.filters["grub_url"] = grub_url
 
     def render(self, name: str, **values: object) -> str:
         return self._env.get_template(f"{name}.ipxe.j2").render(**values)
+
+    def render_grub(self, name: str, **values: object) -> str:
+        """``pxe/<name>.grub.j2``: the GRUB twin of an iPXE script (arm64 nodes)."""
+        return self._env.get_template(f"{name}.grub.j2").render(**values)
 
     def render_document(self, path: str, **values: object) -> str:
         """A template by its path under the templates dir (``install/ks.cfg.j2``)."""

@@ -22,6 +22,10 @@ from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
 from provisioner.lifecycle.fabrics import FabricReports
+from provisioner.ramdisk.netboot import stage_ipxe
+from provisioner.ramdisk.service import BuildJob, RamdiskBuilder
+from provisioner.ramdisk.sysroot import arch_named
+from provisioner.ramdisk.targets import cache_dir, target_for
 from provisioner.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -69,7 +73,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
                           TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst))
-    assets = settings.boot.assets_dir or DEBIAN_IPXE
+    assets = netboot_dir(settings)
+    stage_ipxe(settings.boot.assets_dir or DEBIAN_IPXE, assets)
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
                               token_ttl_s=settings.boot.agent_token_ttl_s,
@@ -79,8 +84,15 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",
             assets_dir=assets, kernel=settings.boot.inspection_kernel,
-            initrd=settings.boot.inspection_initrd, kernel_args=settings.boot.kernel_args)
-        _check_ramdisk(config)
+            initrd=settings.boot.inspection_initrd, kernel_args=settings.boot.kernel_args,
+            kernel_arm64=settings.boot.inspection_kernel_arm64,
+            initrd_arm64=settings.boot.inspection_initrd_arm64,
+            kernel_args_arm64=settings.boot.kernel_args_arm64)
+        builder = ramdisk_builder(settings, config.base_url, assets)
+        if builder is not None:
+            servers.append(builder)
+        else:
+            _check_ramdisk(config)
         renderer = Renderer()
         installer = None
         if settings.installers:  # profiles installed by autoinstall, preseed, kickstart
@@ -99,15 +111,39 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     return servers
 
 
+def netboot_dir(settings: Settings) -> Path:
+    """The TFTP root (and ``/ipxe/`` over HTTP): copies of the iPXE binaries and the arm64
+    GRUB image the daemon builds (``ramdisk/netboot.py``)."""
+    return settings.state_dir / "netboot"
+
+
+def ramdisk_builder(settings: Settings, url: str, netboot: Path) -> RamdiskBuilder | None:
+    """The background builds of ``boot.ramdisk_arches``; None when ``ramdisk_build=off``."""
+    boot = settings.boot
+    if boot.ramdisk_build == "off":
+        return None
+    jobs = []
+    for name in dict.fromkeys(boot.ramdisk_arches):
+        target = target_for(settings, arch_named(name))
+        grub = None
+        if name == "arm64" and not (boot.assets_dir and
+                                    (boot.assets_dir / boot.arm64_bootfile).is_file()):
+            grub = netboot / boot.arm64_bootfile  # the operator's own image wins
+        jobs.append(BuildJob(name, target.kernel, target.initrd, cache_dir(settings),
+                             grub=grub, base_url=url))
+    return RamdiskBuilder(jobs)
+
+
 def _check_ramdisk(config: BootHttpConfig) -> None:
     """Nodes cannot be inspected without the ramdisk: say so at start, with the fix."""
-    missing = [name for name in (config.kernel, config.initrd)
-               if not (config.artefacts_dir / name).is_file()]
-    if missing:
-        log.warning("inspection ramdisk missing in %s (%s): nodes will not boot into "
-                    "inspection; build it with: bash pxe/ramdisk/build.sh %s",
-                    config.artefacts_dir, ", ".join(missing),
-                    (config.artefacts_dir / config.kernel).parent)
+    for kernel, initrd, arch in ((config.kernel, config.initrd, "x86_64"),
+                                 (config.kernel_arm64, config.initrd_arm64, "arm64")):
+        missing = [name for name in (kernel, initrd)
+                   if not (config.artefacts_dir / name).is_file()]
+        if missing:
+            log.warning("%s inspection ramdisk missing in %s (%s): such nodes will not boot "
+                        "into inspection; build it with: provisioner ramdisk build --arch %s",
+                        arch, config.artefacts_dir, ", ".join(missing), arch)
 
 
 def _network_servers(settings: Settings, store: Store, discovery: Discovery,

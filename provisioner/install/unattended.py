@@ -124,11 +124,20 @@ class UnattendedInstalls:
         RetryableError without inspected disks) with the reason, else nothing."""
         self.plan(node, token=_PLACEHOLDER_TOKEN)
 
-    def plan(self, node: Node, *, token: str, mac: str | None = None) -> InstallPlan:
-        """The node's plan. ``mac``: the NIC it booted from (default its first MAC)."""
+    def plan(self, node: Node, *, token: str, mac: str | None = None,
+             arch: str = "x86_64") -> InstallPlan:
+        """The node's plan. ``mac``: the NIC it booted from (default its first MAC).
+        ``arch``: ``arm64`` takes the profile's ``kernel_arm64``/``initrd_arm64``."""
         settings = self._installers.get(node.profile or "")
         if settings is None:
             raise FatalError(f"profile {node.profile!r} uses no installer ([installers.<p>])")
+        kernel, initrd, repo_url = settings.kernel, settings.initrd, settings.repo_url
+        if arch == "arm64":
+            if settings.kernel_arm64 is None or settings.initrd_arm64 is None:
+                raise FatalError(f"profile {node.profile!r} has no arm64 installer: set "
+                                 f"installers.{node.profile}.kernel_arm64 and initrd_arm64")
+            kernel, initrd = settings.kernel_arm64, settings.initrd_arm64
+            repo_url = settings.repo_url_arm64 or repo_url
         if not _TOKEN.fullmatch(token):
             raise FatalError(f"node {node.id}: agent token has an unexpected form")
         fqdn = check_hostname(node.hostname, node.id)
@@ -138,7 +147,7 @@ class UnattendedInstalls:
             raise FatalError(f"node {node.id} has no usable MAC for the installer's network")
         disk_name = self._disk(node, settings)
         short_name, _, domain = fqdn.partition(".")
-        mirror = urlsplit(settings.repo_url)
+        mirror = urlsplit(repo_url)
         seed_url = f"{self._base_url}/install/{token}"
         body = json.dumps({"event": "installed", "hostname": node.hostname})
         return InstallPlan(
@@ -146,8 +155,8 @@ class UnattendedInstalls:
             short_name=short_name, domain=domain, mac=boot_mac,
             bootif="01-" + boot_mac.replace(":", "-"),
             disk=f"/dev/{disk_name}", disk_name=disk_name,
-            kernel_url=self._artefact(settings.kernel), initrd_url=self._artefact(settings.initrd),
-            kernel_args=settings.kernel_args, repo_url=settings.repo_url,
+            kernel_url=self._artefact(kernel), initrd_url=self._artefact(initrd),
+            kernel_args=settings.kernel_args, repo_url=repo_url,
             mirror_scheme=mirror.scheme, mirror_host=mirror.netloc,
             mirror_dir=mirror.path or "/", ssh_keys=tuple(dict.fromkeys(
                 self._site_keys + tuple(map(check_ssh_key, settings.ssh_authorized_keys)))),
