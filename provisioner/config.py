@@ -187,6 +187,12 @@ class BmcSettings(_Section):
     breaker_max_reset_s: float = Field(
         600.0, gt=0, description="Longest wait between probes of an open breaker (doubles)")
     confirm_poll_s: float = Field(1.0, gt=0, description="Power read-back polling interval")
+    per_rack_concurrency: int | None = Field(
+        None, ge=1, description="BMCs of one rack the lifecycle steps drive at once; unset: "
+        "no limit (GB200/GB300 racks: see the operator guide)")
+    profile_rack_concurrency: dict[str, int] = Field(
+        default_factory=dict, description="Per profile, a lower per-rack limit for its nodes "
+        "(`[bmc.profile_rack_concurrency]`, profile = N)")
     power_on_per_rack_per_s: float = Field(
         2.0, gt=0, description="Power-ons per rack per second (inrush stagger)")
     power_sync_interval_s: float = Field(

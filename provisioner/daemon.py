@@ -50,6 +50,7 @@ from provisioner.lifecycle.ports import (
     Validator,
 )
 from provisioner.lifecycle.power import PowerSync
+from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
@@ -131,6 +132,8 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         bmc=bmc,
         stagger=PowerOnStagger(settings.bmc.power_on_per_rack_per_s,
                                exempt={"fake"}),  # simulated nodes have no PDUs
+        rack_bmc=RackBmcLimit(settings.bmc.per_rack_concurrency,
+                              settings.bmc.profile_rack_concurrency),
         inspector=RoutedInspector(
             FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), real.inspector),
         installer=RoutedInstaller(

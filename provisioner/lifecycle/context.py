@@ -61,7 +61,8 @@ class RunContext:
             if endpoint is None:
                 raise FatalError(f"node {self._node.id} has no BMC endpoint")
             credentials = await self._repo.credentials(self._node.id)
-            self._bmc = self._ports.bmc(self._node.id, endpoint, credentials)
+            self._bmc = self._ports.rack_bmc.wrap(
+                self._ports.bmc(self._node.id, endpoint, credentials), self._node)
         return self._bmc
 
     async def substep(self, name: str, action: Callable[[], Awaitable[None]]) -> None:

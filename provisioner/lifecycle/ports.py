@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from provisioner.bmc.base import BmcFactory
 from provisioner.domain import Node
+from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.stagger import PowerOnStagger
 from provisioner.validation.record import ValidationRecord
 
@@ -117,6 +118,8 @@ class Ports:
     slurm: SlurmRegistrar
     stagger: PowerOnStagger = field(default_factory=PowerOnStagger.unlimited)
     """Per-rack power-on stagger (inrush); the default waits for nothing."""
+    rack_bmc: RackBmcLimit = field(default_factory=RackBmcLimit.unlimited)
+    """How many BMCs of one rack the steps drive at once; the default: no limit."""
     boots: BootWaiter = field(default_factory=NoBootWait)
     """The deployed OS's "booted"/"installed" callback (``BootCallbacks`` in the daemon)."""
     validator: Validator = field(default_factory=AcceptAll)

@@ -78,6 +78,8 @@ def build_arm64_grub(sysroot: Sysroot, base_url: str, out: Path) -> Path:
         if proc.returncode != 0:
             raise RamdiskError(f"grub-mkimage failed: {proc.stderr.strip()[-400:]}")
         image.replace(out)
+    # beside it, for a site that signs its own image (Secure Boot): grub-mkimage -c this file
+    out.with_name(out.name + ".cfg").write_text(config)
     key_file.write_text(key + "\n")
     log.info("built the arm64 GRUB netboot image %s (configuration from %s)", out, base_url)
     return out

@@ -120,27 +120,80 @@ def build_disk_image(cache: Path | None = None) -> Path:
     return image
 
 
-def _initramfs(root: Path, version: str) -> bytes:
+def _initramfs(root: Path, version: str, sysroot: Path = Path("/")) -> bytes:
+    """The disk OS's initramfs: busybox, INIT and the modules, from ``sysroot`` (the host, or
+    an unpacked arm64 sysroot)."""
     for sub in ("bin", "etc", "proc", "sys", "dev", "seed"):
         (root / sub).mkdir(parents=True, exist_ok=True)
-    shutil.copy("/bin/busybox", root / "bin" / "busybox")
+    shutil.copy(sysroot / "bin" / "busybox", root / "bin" / "busybox")
     (root / "init").write_text(INIT)
     (root / "init").chmod(0o755)
     shutil.copy(ROOT / "pxe" / "ramdisk" / "udhcpc.script", root / "etc" / "udhcpc.script")
     order: list[str] = []
+    base = [] if sysroot == Path("/") else ["-d", str(sysroot)]
     for module in MODULES:
-        shown = subprocess.run(["modprobe", "--show-depends", "-S", version, module],
+        shown = subprocess.run(["modprobe", *base, "--show-depends", "-S", version, module],
                                capture_output=True, text=True, check=False).stdout
         for line in shown.splitlines():
             words = line.split()
-            if words[:1] == ["insmod"] and words[1] not in order:
-                order.append(words[1])
+            if words[:1] == ["insmod"]:
+                ko = words[1].removeprefix(str(sysroot).rstrip("/"))
+                if ko not in order:
+                    order.append(ko)
     for ko in order:
         (root / ko.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ko, root / ko.lstrip("/"))
+        shutil.copy(sysroot / ko.lstrip("/"), root / ko.lstrip("/"))
     (root / "etc" / "modules.order").write_text("".join(f"{ko}\n" for ko in order))
     listing = subprocess.run(["find", ".", "-print0"], cwd=root, capture_output=True,
                              check=True).stdout
     archive = subprocess.run(["cpio", "--null", "-o", "-H", "newc", "--quiet"], cwd=root,
                              input=listing, capture_output=True, check=True).stdout
     return gzip.compress(archive, 6)
+
+
+# arm64 (Grace): a GPT disk whose EFI System Partition holds the removable-media boot path
+# EFI/BOOT/BOOTAA64.EFI (a GRUB image with its configuration embedded), the Debian arm64
+# kernel and the same busybox initramfs, from the unpacked arm64 sysroot.
+ARM64_GRUB_CFG = """set timeout=0
+echo "disk-os: GRUB from the disk"
+linux /vmlinuz console=ttyAMA0 panic=5
+initrd /initrd.gz
+boot
+"""
+ARM64_IMAGE_MIB = 64  # Debian's arm64 kernel is an uncompressed Image (~32 MiB)
+ARM64_GRUB_MODULES = ("part_gpt", "fat", "linux", "normal", "echo", "gzio", "configfile",
+                      "efi_gop", "serial", "terminal")
+
+
+def build_arm64_disk_image(sysroot: Path, kernel_version: str, cache: Path) -> Path:
+    """A bootable arm64 raw image (cached in ``cache`` by this file and the kernel)."""
+    key = hashlib.sha256(Path(__file__).read_bytes() + kernel_version.encode()).hexdigest()[:16]
+    image = cache / f"disk-arm64-{key}.raw"
+    if image.is_file():
+        return image
+    work = cache / f"disk-arm64-{key}.work"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    (work / "initrd.gz").write_bytes(_initramfs(work / "root", kernel_version, sysroot))
+    (work / "grub.cfg").write_text(ARM64_GRUB_CFG)
+    efi = work / "BOOTAA64.EFI"
+    subprocess.run(["grub-mkimage", "-O", "arm64-efi", "-d",
+                    str(sysroot / "usr/lib/grub/arm64-efi"), "-o", str(efi), "-c",
+                    str(work / "grub.cfg"), "-p", "/EFI/BOOT", *ARM64_GRUB_MODULES], check=True)
+    raw = work / "disk.raw"
+    raw.write_bytes(b"")
+    os.truncate(raw, ARM64_IMAGE_MIB << 20)
+    # one EFI System Partition from 1 MiB to the end (the agent grows it and adds the seed)
+    subprocess.run(["sfdisk", "-q", str(raw)], check=True,
+                   input=b"label: gpt\n2048,,U\n")
+    subprocess.run(["mkfs.vfat", "-F", "16", "--offset", "2048", "-n", "DISKOS", str(raw),
+                    str((ARM64_IMAGE_MIB - 2) * 1024)], check=True, capture_output=True)
+    target = f"{raw}@@{1 << 20}"
+    subprocess.run(["mmd", "-i", target, "::EFI", "::EFI/BOOT"], check=True)
+    subprocess.run(["mcopy", "-i", target, str(efi), "::EFI/BOOT/BOOTAA64.EFI"], check=True)
+    kernel = sysroot / "boot" / f"vmlinuz-{kernel_version}"
+    subprocess.run(["mcopy", "-i", target, str(kernel), "::vmlinuz"], check=True)
+    subprocess.run(["mcopy", "-i", target, str(work / "initrd.gz"), "::initrd.gz"], check=True)
+    raw.rename(image)
+    shutil.rmtree(work)
+    return image

@@ -28,17 +28,23 @@ CHASSIS = Path(__file__).resolve().parents[1] / "peers" / "chassis_vm.py"
 
 
 def start_ipmi_sim(ns: Namespace, work: Path, tap: str, vm: Vm = VM,
-                   extra: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-    """ipmi_sim whose chassis runs ``vm`` (``extra``: more qemu arguments, e.g. a disk)."""
+                   extra: Sequence[str] = (), qemu: Sequence[str] | None = None,
+                   disk: str | None = None) -> subprocess.Popen[bytes]:
+    """ipmi_sim whose chassis runs ``vm`` (``extra``: more qemu arguments, e.g. a disk).
+    ``qemu``: another machine's command (e.g. qemu-system-aarch64), ending in its NIC's
+    ``-device``; ``disk``: a UEFI machine's disk ``-device``, to which the chassis gives the
+    boot order (the firmware's own PXE cannot be removed, so the boot device is an order)."""
     (work / "state").mkdir(parents=True)
-    command = qemu_command(ns, vm, tap, work)[len(ns.exec_prefix()):]
+    command = list(qemu or qemu_command(ns, vm, tap, work))[len(ns.exec_prefix()):]
     nic = command.pop()  # "-device" "<nic>": the chassis adds the boot order to it
     command.pop()
     command += extra
     command.remove("-nographic")  # qemu refuses it with -daemonize; the chassis adds
     # -display none and a serial log file instead
-    (work / "vm.json").write_text(json.dumps({"qemu": command, "nic": nic.replace(
-        ",bootindex=1", "")}))
+    vm_json: dict[str, object] = {"qemu": command, "nic": nic.replace(",bootindex=1", "")}
+    if disk is not None:
+        vm_json["disk"] = disk
+    (work / "vm.json").write_text(json.dumps(vm_json))
     lan = _LAN.format(address="10.77.0.1", port=623, d=work, user=USER,
                       password=PASSWORD).replace(
         f'"{work}/chassisctl.sh 0x20"', f'"{sys.executable} {CHASSIS} {work} 0x20"')
@@ -68,12 +74,13 @@ def cli(ns: Namespace, config: Path, *args: str, env: dict[str, str] | None = No
 
 @contextmanager
 def vm_and_daemon(ns: Namespace, tap: str, config: Path, tmp_path: Path, vm: Vm = VM,
-                  extra: Sequence[str] = ()) -> Iterator[dict[str, str]]:
+                  extra: Sequence[str] = (), qemu: Sequence[str] | None = None,
+                  disk: str | None = None) -> Iterator[dict[str, str]]:
     """ipmi_sim (its chassis owns the qemu VM, its files in ``tmp_path/bmc``) and
     ``provisioner serve`` in the namespace; yields the CLI's environment (an operator token).
     At the end the VM is powered off and both are stopped."""
     bmc_dir = tmp_path / "bmc"
-    bmc = start_ipmi_sim(ns, bmc_dir, tap, vm, extra)
+    bmc = start_ipmi_sim(ns, bmc_dir, tap, vm, extra, qemu, disk)
     token = cli(ns, config, "token", "create", "--role", "operator", "--name", "e2e")
     env = dict(os.environ, PROVISIONER_TOKEN=token.strip().splitlines()[-1])
     with (tmp_path / "daemon.log").open("wb") as log:

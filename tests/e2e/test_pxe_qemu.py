@@ -152,3 +152,58 @@ def _logs(tmp_path: Path) -> str:
             text = path.read_text(errors="replace")
             parts.append(f"--- {name} ---\n{text[-3000:]}")
     return "\n".join(parts)
+
+
+def test_x86_uefi_http_boot_without_tftp(tmp_path: Path) -> None:
+    """OVMF with its PXE switched off (``opt/org.tianocore/IPv4PXESupport=no``, and IPv6)
+    boots over UEFI HTTP: the daemon's offer echoes ``HTTPClient`` and carries the iPXE EFI's
+    full http:// URL. No TFTP server is even configured. The VM ends ``inspected``."""
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    import json
+
+    vm = Vm("http", "52:54:00:77:00:12", "TEST-0003", 1, 768, uefi=True)
+    state = tmp_path / "state"
+    build_ramdisk(state / "artefacts")
+    with bridged_namespace() as ns:
+        tap = ns.add_tap()
+        config = tmp_path / "provisioner.toml"
+        config.write_text(
+            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:{free_port()}"\n'
+            '[lifecycle]\nauto_deploy = false\n'
+            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
+            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
+            '[http]\nlisten = "10.77.0.1:8080"\n[boot]\nramdisk_build = "off"\n')
+        log = (tmp_path / "daemon.log").open("wb")
+        daemon = subprocess.Popen(
+            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
+             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        proc: subprocess.Popen[bytes] | None = None
+        try:
+            _wait_for_http(ns, daemon, tmp_path)
+            console = (tmp_path / "uefi.console").open("wb")
+            cmd = [*qemu_command(ns, vm, tap, tmp_path),
+                   "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no",
+                   "-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=no"]
+            proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+            proc.wait(240)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the VM did not power off in time: " + _logs(tmp_path))
+        finally:
+            if proc is not None:
+                proc.kill()
+            daemon.terminate()
+            daemon.wait(20)
+            log.close()
+    daemon_log = (tmp_path / "daemon.log").read_text()
+    console_text = (tmp_path / "uefi.console").read_text(errors="replace")
+    rows = node_rows(state / "provisioner.sqlite")
+    assert vm.mac in rows, "the VM never arrived: " + _logs(tmp_path)
+    node_state, serial, facts_json = rows[vm.mac]
+    assert (node_state, serial) == ("inspected", vm.serial), _logs(tmp_path)
+    assert json.loads(facts_json)["last_report"]["cpu"]["arch"] == "x86_64"
+    assert "boot file http://10.77.0.1:8080/ipxe/snponly.efi" in daemon_log
+    assert "HTTP Boot" in console_text and "PXE" not in console_text.split("HTTP Boot")[0]
+    assert "TFTP" not in daemon_log

@@ -123,3 +123,30 @@ def test_serve_with_bad_config_exits_2_before_starting(tmp_path: Path) -> None:
     result = run_cli("--config", str(config), "serve")
     assert result.returncode == 2
     assert "store.pool_size" in result.stderr
+
+
+def test_ramdisk_build_x86_64_into_the_state_dir_then_cached(tmp_path: Path) -> None:
+    """``provisioner ramdisk build`` from the host's own kernel, busybox and python3 (setup.sh
+    installs them): both files under the state dir's artefacts, a gzip'd newc cpio holding
+    the agent; a second run is a cache hit that rewrites nothing."""
+    state = tmp_path / "state"
+    first = run_cli("ramdisk", "build", "--arch", "x86_64", "--state-dir", str(state))
+    assert first.returncode == 0, first.stderr
+    kernel, initrd = (Path(line) for line in first.stdout.split())
+    assert kernel == state / "artefacts" / "inspect" / "vmlinuz"
+    assert initrd == state / "artefacts" / "inspect" / "initrd.gz"
+    assert kernel.read_bytes()[:2] == b"MZ" and initrd.read_bytes()[:2] == b"\x1f\x8b"
+    listing = subprocess.run(f"zcat {initrd} | cpio -it --quiet", shell=True, text=True,
+                             capture_output=True, check=True).stdout.split()
+    assert "init" in listing and "bin/busybox" in listing
+    assert "opt/agent/provisioner/agent/collect.py" in listing  # the agent, as shipped
+    stamp = initrd.stat().st_mtime_ns
+    again = run_cli("ramdisk", "build", "--arch", "x86_64", "--state-dir", str(state))
+    assert again.returncode == 0, again.stderr
+    assert initrd.stat().st_mtime_ns == stamp
+
+
+def test_ramdisk_build_refuses_an_unknown_architecture(tmp_path: Path) -> None:
+    result = run_cli("ramdisk", "build", "--arch", "riscv64", "--state-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "invalid choice: 'riscv64'" in result.stderr

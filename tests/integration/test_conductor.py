@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
 
+from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import LifecycleSettings
 from provisioner.domain import BmcEndpoint, Node
 from provisioner.errors import Conflict, InvalidTransition, RetryableError
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
@@ -313,4 +316,25 @@ async def test_a_stale_start_never_blocks_the_next_step(  # type: ignore[no-unty
     assert injected
     gate.set()
     await wait_for_state(store, holder.id, S.INSPECTED)
+    await cond.stop()
+
+
+async def test_a_profile_s_rack_limit_bounds_how_many_bmcs_of_a_rack_are_driven(
+        store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
+    """GB200/GB300: with ``[bmc.profile_rack_concurrency] gb200 = 2``, eight trays of one
+    NVL72 rack inspected at once never have more than two BMC operations in flight; the
+    nodes of another rack and profile are not held back by it."""
+    limit = RackBmcLimit(None, {"gb200": 2})
+    ports = dataclasses.replace(fake_ports(world), bmc=fake_bmc_factory(world, delay_s=0.05),
+                                rack_bmc=limit)
+    cond = Conductor(store.nodes, ports, LifecycleSettings(auto_deploy=False))
+    trays = [await make_node(S.ENROLLED, profile="gb200", rack="nvl72-a", serial=f"G{i}",
+                             **fake_bmc(f"G{i}")) for i in range(8)]
+    others = [await make_node(S.ENROLLED, profile="hgx", rack="hgx-b", serial=f"H{i}",
+                              **fake_bmc(f"H{i}")) for i in range(4)]
+    await cond.recover()
+    for node in trays + others:
+        await wait_for_state(store, node.id, S.INSPECTED, timeout_s=30)
+    assert limit.max_in_flight == {"nvl72-a": 2}  # reached, never passed; hgx-b unlimited
+    assert all(effects(world, f"G{i}")["power_off"] >= 1 for i in range(8))
     await cond.stop()

@@ -55,7 +55,9 @@ PROFILES = {
     "ubuntu": InstallerSettings(
         method="autoinstall", kernel="ubuntu/vmlinuz", initrd="ubuntu/initrd",
         repo_url="http://10.77.0.1:8080/artefacts/ubuntu-24.04.2-live-server-amd64.iso",
-        ssh_authorized_keys=KEYS, time_server="ntp.example.org", kernel_args="console=ttyS0"),
+        ssh_authorized_keys=KEYS, time_server="ntp.example.org", kernel_args="console=ttyS0",
+        kernel_arm64="ubuntu/vmlinuz-arm64", initrd_arm64="ubuntu/initrd-arm64",
+        repo_url_arm64="http://10.77.0.1:8080/artefacts/ubuntu-24.04.2-live-server-arm64.iso"),
     "debian": InstallerSettings(
         method="preseed", kernel="debian/linux", initrd="debian/initrd.gz",
         repo_url="http://deb.debian.org/debian", ssh_authorized_keys=KEYS,
@@ -382,3 +384,36 @@ async def test_a_non_root_ssh_user_is_created_with_the_keys_and_sudo(
 def test_an_unusable_ssh_user_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="install.ssh_user"):
         UnattendedInstalls(PROFILES, base_url="http://10.0.0.1:8080", login_user="bad user;")
+
+
+async def test_an_arm64_node_gets_its_installer_as_a_grub_cfg(boot: Boot, tmp_path: Path) -> None:
+    """Grace: the same plan in GRUB's words, with the profile's arm64 kernel, initrd and ISO."""
+    node = await boot.node("ubuntu")
+    status, cfg = await boot.get(f"/boot/{MACS['ubuntu']}.grub")
+    assert status == 200, cfg
+    lines = cfg.splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["echo", "linux", "initrd", "boot"], cfg
+    server = boot.url.removeprefix("http://")
+    assert lines[1].startswith(f"linux (http,{server})/artefacts/ubuntu/vmlinuz-arm64 ")
+    assert lines[2] == f"initrd (http,{server})/artefacts/ubuntu/initrd-arm64"
+    assert "ubuntu-24.04.2-live-server-arm64.iso" in lines[1] and " autoinstall " in lines[1]
+    found = re.search(r"/install/([A-Za-z0-9_-]+)/", lines[1])
+    assert found is not None, cfg
+    status, text = await boot.get(f"/install/{found.group(1)}/user-data")
+    assert status == 200
+    await check_document("user-data", text, tmp_path)
+    await boot.store.nodes.save_checkpoint(node, ["bootdev-pxe", INSTALLED_SUBSTEP])
+    status, cfg = await boot.get(f"/boot/{MACS['ubuntu']}.grub")
+    assert cfg.splitlines()[-1] == "exit"  # installed: the firmware boots the disk
+
+
+async def test_an_arm64_node_without_an_arm64_installer_is_told_why(boot: Boot) -> None:
+    """Never an x86 kernel to an arm64 machine: the profile has no kernel_arm64, so the
+    node's grub.cfg says so and asks again."""
+    await boot.node("debian")
+    status, cfg = await boot.get(f"/boot/{MACS['debian']}.grub")
+    assert status == 200
+    lines = cfg.splitlines()
+    assert [line.split(" ")[0] for line in lines] == ["echo", "sleep", "configfile"], cfg
+    assert "no arm64 installer" in lines[0] and "kernel_arm64" in lines[0]
+    assert "debian/linux" not in cfg

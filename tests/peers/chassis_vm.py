@@ -41,8 +41,13 @@ def power_on(work: Path) -> None:
         return
     vm = json.loads((work / "vm.json").read_text())
     boot = (work / "boot").read_text().strip() if (work / "boot").exists() else "default"
-    nic = vm["nic"] + (",bootindex=1" if boot == "pxe" else ",romfile=")
-    subprocess.run([*vm["qemu"], "-device", nic, "-daemonize", "-pidfile",
+    if "disk" in vm:  # UEFI (AAVMF): the firmware follows qemu's boot order
+        nic_index, disk_index = (1, 2) if boot == "pxe" else (2, 1)
+        devices = ["-device", f"{vm['nic']},bootindex={nic_index}",
+                   "-device", f"{vm['disk']},bootindex={disk_index}"]
+    else:  # SeaBIOS: no PXE ROM on the NIC = no netboot at all
+        devices = ["-device", vm["nic"] + (",bootindex=1" if boot == "pxe" else ",romfile=")]
+    subprocess.run([*vm["qemu"], *devices, "-daemonize", "-pidfile",
                     str(work / "qemu.pid"), "-display", "none", "-serial",
                     f"file:{work / 'serial.log'}", "-qmp",
                     f"unix:{work / 'qmp.sock'},server=on,wait=off"], check=True,
