@@ -37,6 +37,8 @@ _IMPORTS = """
 import sys
 before = set(sys.modules)
 import encodings.idna, encodings.ascii, encodings.latin_1, encodings.utf_8
+import encodings.utf_16_le  # the GPT partition name of the cloud-init seed
+import provisioner.agent.partition, provisioner.agent.qcow2
 import provisioner.agent.__main__, provisioner.agent.collect, provisioner.agent.facts
 import provisioner.agent.deploy, zlib, hashlib, threading
 import http.client, urllib.request, json, subprocess, logging, email.parser

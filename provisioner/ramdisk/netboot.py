@@ -38,13 +38,15 @@ def embedded_config(base_url: str) -> str:
         script_dir = grub_url(f"{base_url.rstrip('/')}/boot")
     except ValueError as exc:
         raise RamdiskError(str(exc)) from None
+    # GRUB runs an embedded configuration with its rescue parser: plain commands only (no
+    # `if`, no loops). GRUB's HTTP client gives up quickly on a busy server, so it asks three
+    # times before it reboots (back to the firmware's DHCP) rather than stopping at a prompt.
+    fetch = f"configfile {script_dir}/${{net_default_mac}}.grub\n"
     return (
         "set timeout=0\n"
-        "set mac=\"$net_default_mac\"\n"
-        "if [ -z \"$mac\" ]; then net_dhcp; set mac=\"$net_efinet0_dhcp_mac\"; fi\n"
-        f"echo \"provisioner: asking {base_url} for the configuration of $mac\"\n"
-        f"configfile {script_dir}/${{mac}}.grub\n"
-        "echo \"provisioner: no configuration; retrying in 10 s\"\n"
+        f"echo \"provisioner: asking {base_url} for the configuration of $net_default_mac\"\n"
+        + fetch + "sleep 2\n" + fetch + "sleep 5\n" + fetch
+        + "echo \"provisioner: no configuration; rebooting in 10 s\"\n"
         "sleep 10\n"
         "reboot\n")
 

@@ -140,6 +140,19 @@ def test_ramdisk_build_x86_64_into_the_state_dir_then_cached(tmp_path: Path) -> 
                              capture_output=True, check=True).stdout.split()
     assert "init" in listing and "bin/busybox" in listing
     assert "opt/agent/provisioner/agent/collect.py" in listing  # the agent, as shipped
+    # every module the agent needs at run time is in it, codecs too (found by running them)
+    root = tmp_path / "unpacked"
+    root.mkdir()
+    subprocess.run(f"zcat {initrd} | cpio -idm --quiet", shell=True, cwd=root, check=True)
+    probe = subprocess.run(
+        ["chroot", str(root), "/usr/bin/python3", "-S", "-c",
+         "import sys; sys.path.insert(0, '/opt/agent'); "
+         "import provisioner.agent.__main__, provisioner.agent.deploy, "
+         "provisioner.agent.partition, provisioner.agent.qcow2, provisioner.agent.collect; "
+         "print('cidata'.encode('utf-16-le').hex(), 'x'.encode('idna'))"],
+        capture_output=True, text=True, check=False)
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.split()[0] == "630069006400610074006100"
     stamp = initrd.stat().st_mtime_ns
     again = run_cli("ramdisk", "build", "--arch", "x86_64", "--state-dir", str(state))
     assert again.returncode == 0, again.stderr
