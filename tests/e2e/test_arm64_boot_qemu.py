@@ -13,18 +13,22 @@ CLI's ``node show --json`` carries the architecture.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from provisioner.ramdisk.sysroot import arch_named, fetch_debs
+from provisioner.ramdisk.sysroot import arch_named, fetch_debs, foreign_sysroot
 from tests.e2e.daemon_proc import free_port
 from tests.peers.netns import Namespace, bridged_namespace, netns_unavailable_reason
 
@@ -71,11 +75,11 @@ def aarch64_command(ns: Namespace, vm: Vm, tap: str, workdir: Path,
            "-drive", f"if=pflash,format=raw,readonly=on,file={AAVMF_CODE}",
            "-drive", f"if=pflash,format=raw,file={vars_copy}",
            "-netdev", f"tap,id=n0,ifname={tap},script=no,downscript=no",
-           "-device", f"virtio-net-pci,netdev=n0,mac={vm.mac},romfile=",
            "-smbios", f"type=1,manufacturer=TestVendor,product=GraceNode,serial={vm.serial}"]
     if vm.http_boot:
         cmd += PXE_OFF
-    return cmd + (extra or [])
+    # the NIC last: the IPMI chassis (tests/peers/chassis_vm.py) adds its boot order
+    return [*cmd, *(extra or []), "-device", f"virtio-net-pci,netdev=n0,mac={vm.mac},romfile="]
 
 
 @pytest.fixture(scope="session")
@@ -91,7 +95,7 @@ def arm64_debs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
-def wait_for_log(path: Path, needle: str, daemon: subprocess.Popen[bytes],
+def wait_for_log(path: Path, needle: str, daemon: subprocess.Popen[bytes] | _NoProcess,
                  timeout_s: float, failure: str = "ramdisk not built") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -172,7 +176,100 @@ def node_rows(db: Path) -> dict[str, tuple[str, str | None, str]]:
 
 def logs(tmp_path: Path) -> str:
     parts = []
-    for path in sorted(tmp_path.glob("*.console")) + [tmp_path / "daemon.log"]:
+    for path in [*sorted(tmp_path.glob("*.console")), tmp_path / "daemon.log",
+                 tmp_path / "bmc" / "serial.log", tmp_path / "bmc" / "chassis.log"]:
         if path.exists():
             parts.append(f"--- {path.name} ---\n{path.read_text(errors='replace')[-3000:]}")
     return "\n".join(parts)
+
+
+@pytest.mark.timeout(900)  # TCG: two arm64 boots and a 96 MiB image write
+def test_arm64_deploy_boots_the_disk_and_calls_back(tmp_path: Path, arm64_debs: Path) -> None:
+    """The Grace deploy path: a qemu-system-aarch64 VM whose BMC is ``ipmi_sim`` (its chassis
+    starts and stops the VM) is inspected, then deployed with a bootable arm64 GPT image (an
+    EFI System Partition with GRUB at EFI/BOOT/BOOTAA64.EFI, the Debian arm64 kernel and a
+    busybox initramfs that reads the cloud-init seed). The agent writes it, the daemon sets
+    the next boot to disk and power-cycles the VM over IPMI; AAVMF boots the disk and its init
+    posts ``booted`` with the hostname the daemon put in the seed."""
+    from tests.e2e.disk_image import build_arm64_disk_image, missing_tool
+    from tests.e2e.test_bmc_pxe_qemu import cli, enroll_vm, vm_and_daemon
+    from tests.e2e.test_image_deploy_qemu import _history, _wait_booted
+    from tests.peers.ipmi_sim import ipmi_sim_unavailable_reason
+
+    reason = ipmi_sim_unavailable_reason() or missing_tool()
+    if reason:
+        pytest.skip(reason)
+    sysroot = foreign_sysroot(arch_named("arm64"), arm64_debs)
+    image = build_arm64_disk_image(sysroot.root, sysroot.kernel_version, arm64_debs)
+    state = tmp_path / "state"
+    served = state / "artefacts" / "images" / "disk.raw"
+    served.parent.mkdir(parents=True)
+    served.write_bytes(image.read_bytes())
+    sha256 = hashlib.sha256(served.read_bytes()).hexdigest()
+    disk = tmp_path / "vm-disk.raw"
+    disk.write_bytes(b"")
+    os.truncate(disk, 96 << 20)
+    vm = Vm("grace", "52:54:00:77:00:b0", "GRACE-0100", http_boot=False)
+    hostname = "grace-disk"
+    with bridged_namespace() as ns:
+        tap = ns.add_tap()
+        config = tmp_path / "provisioner.toml"
+        config.write_text(
+            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:8700"\n'
+            "[lifecycle]\nauto_inspect = false\nauto_deploy = false\n"
+            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
+            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
+            '[tftp]\nlisten = "10.77.0.1:69"\n[http]\nlisten = "10.77.0.1:8080"\n'
+            f'[boot]\nramdisk_arches = ["arm64"]\ncache_dir = "{arm64_debs}"\n'
+            '[bmc]\ntimeout_s = 10\n[deploy]\ncallback_timeout_s = 900\n'
+            f'[images.grace]\nurl = "images/disk.raw"\nsha256 = "{sha256}"\n'
+            'root_disk = "smallest"\n')
+        # a BMC-driven machine reboots on reset (GRUB's `reboot` when it found no
+        # configuration), as hardware does; -no-reboot would turn it off for good
+        qemu = [a for a in aarch64_command(ns, vm, tap, tmp_path) if a != "-no-reboot"]
+        with vm_and_daemon(ns, tap, config, tmp_path, qemu=qemu,  # type: ignore[arg-type]
+                           disk="virtio-blk-pci,drive=d0",
+                           extra=["-drive", f"file={disk},format=raw,if=none,id=d0,"
+                                  "cache=unsafe"]) as env:
+            wait_for_log(tmp_path / "daemon.log", "arm64 inspection ramdisk ready",
+                         _NoProcess(), 240)
+            enroll_vm(ns, config, env, tmp_path, hostname, "--profile", "grace",
+                      vm=vm)  # type: ignore[arg-type]
+            cli(ns, config, "node", "action", hostname, "inspect", env=env)
+            inspected = wait_state(lambda: json.loads(cli(ns, config, "node", "show", hostname,
+                                                          "--json", env=env)),
+                                   "inspected", 400, tmp_path)
+            cli(ns, config, "node", "action", hostname, "deploy", env=env)
+            _wait_booted(tmp_path, 600)
+    history = _history(state / "provisioner.sqlite")
+    events = [event for event, _ in history]
+    assert inspected["facts"]["last_report"]["cpu"]["arch"] == "aarch64"  # node show --json
+    assert "image_written" in events and "booted" in events, (history, logs(tmp_path))
+    assert events.index("image_written") < events.index("booted")
+    booted = [r for e, r in history if e == "booted"]
+    assert booted[0].startswith(f"hostname '{hostname}' from 10.77.0."), history
+    serial = (tmp_path / "bmc" / "serial.log").read_text(errors="replace")
+    assert "disk-os: GRUB from the disk" in serial and f"hostname {hostname}" in serial
+    sets = (tmp_path / "bmc" / "chassis.log").read_text().splitlines()
+    assert "set boot pxe" in sets and sets.index("set boot pxe") < sets.index("set power 1")
+
+
+def wait_state(show: Callable[[], dict[str, Any]], wanted: str, timeout_s: float,
+               tmp_path: Path) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    shown: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        shown = show()
+        if shown["state"] == wanted or str(shown["state"]).endswith("_failed"):
+            break
+        time.sleep(3)
+    assert shown.get("state") == wanted, (shown, logs(tmp_path))
+    return shown
+
+
+class _NoProcess:
+    """``wait_for_log`` for a daemon that ``vm_and_daemon`` owns."""
+
+    @staticmethod
+    def poll() -> None:
+        return None
