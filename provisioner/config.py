@@ -573,8 +573,9 @@ class ValidationProfile(_Section):
 
     gpu_count: int | None = Field(None, ge=0, description="GPUs the driver must see")
     gpu_model: str | None = Field(
-        None, min_length=1, description="Every GPU's product name contains this "
-        "(case-insensitive), e.g. \"H100\"")
+        None, min_length=1, description="Every GPU's product name (or its pci.ids name) "
+        "contains this as whole words (case-insensitive), e.g. \"H100\" (not \"H20\" in "
+        "\"H200\")")
     ib_rate_gbps: float | None = Field(
         None, gt=0, description="Every InfiniBand port Active/LinkUp at this rate (Gb/s)")
     ib_port_count: int | None = Field(
@@ -588,6 +589,9 @@ class ValidationProfile(_Section):
     require_dcgm: bool = Field(
         False, description="A passing `dcgmi diag -r 1` must be in the facts (a failing one "
         "always fails the node)")
+    nvlink_accept_degraded_bandwidth: bool = Field(
+        False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
+        "summary Limited Capacity); unset, such a node is held like an unhealthy one")
 
     @field_validator("nvlink_domain_nodes")
     @classmethod

@@ -154,6 +154,12 @@ def _nvidia_smi_xml(value: object, where: str) -> None:
         raise FactsError(f"{where}: larger than {MAX_NVIDIA_SMI_XML_BYTES} bytes")
 
 
+def _nvidia_smi_errors(value: object, where: str) -> None:
+    """nvidia-smi's own error lines (``Unable to determine the device handle for GPU …: GPU
+    is lost``): the validation gate fails the node with them."""
+    _list(value, where, _text(512))
+
+
 def _dcgm_diag(value: object, where: str) -> None:
     """``dcgmi diag -r 1`` as the node judged it: whether it ran, passed, and why not."""
     _obj(value, where, {"ran": _bool, "passed": _bool, "summary": _text(MAX_DCGM_SUMMARY)},
@@ -171,5 +177,6 @@ _SECTIONS: dict[str, Any] = {
     "infiniband": lambda v, w: _list(v, w, _hca),
     "bmc": _bmc,
     "nvidia_smi_xml": _nvidia_smi_xml,
+    "nvidia_smi_errors": _nvidia_smi_errors,
     "dcgm_diag": _dcgm_diag,
 }

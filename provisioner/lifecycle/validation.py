@@ -41,7 +41,8 @@ def expectation(profile: ValidationProfile | None) -> Expectation:
         gpu_count=profile.gpu_count, gpu_model=profile.gpu_model,
         ib_rate_gbps=profile.ib_rate_gbps, ib_port_count=profile.ib_port_count,
         nvlink_domain=profile.nvlink_domain, nvlink_domain_nodes=profile.nvlink_domain_nodes,
-        require_dcgm=profile.require_dcgm)
+        require_dcgm=profile.require_dcgm,
+        nvlink_accept_degraded_bandwidth=profile.nvlink_accept_degraded_bandwidth)
 
 
 def report_of(facts: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -16,9 +16,17 @@ import platform
 import re
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
+
+try:  # Ansible ships the role's module_utils with the module
+    from ansible.module_utils.provisioner_gpu_ids import device_hex, model_name
+except ImportError:  # run as a plain script (tests): the same file, next to this library
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "module_utils"))
+    from provisioner_gpu_ids import device_hex, model_name
 
 DOCUMENTATION = r"""
 module: provisioner_node_facts
@@ -133,33 +141,51 @@ def disks():
     return found
 
 
+LOST = re.compile(r"(Unable to determine the device handle for GPU.*|.*GPU is lost.*)$", re.M)
+
+
 def gpus_from_nvidia_smi(binary):
-    """(gpus, nvidia info, XML) from ``nvidia-smi -q -x``; (None, {}, None) when it cannot
-    run. The XML is None when larger than provisioner accepts."""
+    """(gpus, nvidia info, XML, error lines) from ``nvidia-smi -q -x``; (None, {}, None, [])
+    when it cannot run or prints no report. A GPU the driver lost is missing from the report
+    and named in a line such as ``Unable to determine the device handle for GPU
+    0000:05:00.0: GPU is lost. Reboot the system to recover this GPU`` (on stdout or stderr,
+    with a non-zero exit status): those lines are kept for the validation gate. The XML is
+    None when larger than provisioner accepts."""
     path = shutil.which(binary)
     if path is None:
-        return None, {}, None
+        return None, {}, None, []
     try:
-        out = subprocess.run([path, "-q", "-x"], capture_output=True, text=True, timeout=60,
-                             check=True).stdout
+        proc = subprocess.run([path, "-q", "-x"], capture_output=True, text=True, timeout=60,
+                              check=False)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None, {}, None, []
+    errors = [" ".join(line.split())[:512] for line in
+              LOST.findall(proc.stdout + "\n" + proc.stderr)][:MAX_ITEMS]
+    start = proc.stdout.find("<?xml")
+    start = proc.stdout.find("<nvidia_smi_log") if start < 0 else start
+    out = proc.stdout[start:] if start >= 0 else ""
+    try:
         root = ET.fromstring(out)
-    except (OSError, subprocess.SubprocessError, ET.ParseError, ValueError):
-        return None, {}, None
-    gpus = []
-    for gpu in root.findall("gpu")[:MAX_ITEMS]:
-        device_id = (gpu.findtext("pci/pci_device_id") or "").lower()
-        device = "0x" + device_id[2:6] if re.match(r"^0x[0-9a-f]{8}$", device_id) else None
-        entry = {"pci_address": pci_address(gpu.get("id", "")), "vendor": NVIDIA,
-                 "name": (gpu.findtext("product_name") or "").strip()[:256]}
-        entry["device"] = device or "0x0000"
-        gpus.append(entry)
+    except (ET.ParseError, ValueError):
+        return None, {}, None, errors
+    gpus = [gpu_entry(gpu) for gpu in root.findall("gpu")[:MAX_ITEMS]]
     info = {"driver_version": (root.findtext("driver_version") or "").strip(),
             "cuda_version": (root.findtext("cuda_version") or "").strip(),
             "count": len(gpus)}
     if len(out.encode()) > MAX_XML_BYTES:
         info["xml_omitted"] = f"larger than {MAX_XML_BYTES} bytes"
-        return gpus, info, None
-    return gpus, info, out
+        return gpus, info, None, errors
+    return gpus, info, out, errors
+
+
+def gpu_entry(gpu):
+    """One ``<gpu>``: its device ID from ``pci/pci_device_id`` (``0x233010DE`` in DTD v12,
+    ``233010DE`` without ``0x`` from driver 580 on; device in the high 16 bits) and its product
+    name (the table's when nvidia-smi gives none)."""
+    device = device_hex(gpu.findtext("pci/pci_device_id") or "") or "0x0000"
+    name = (gpu.findtext("product_name") or "").strip()[:256]
+    return {"pci_address": pci_address(gpu.get("id", "")), "vendor": NVIDIA, "device": device,
+            "name": name or model_name(device)}
 
 
 def dcgm_diag(binary, timeout_s):
@@ -225,16 +251,24 @@ def pci_address(text):
     return f"{int(match.group(1), 16):04x}:{match.group(2)}" if match else text[:32]
 
 
-def gpus_from_pci():
-    gpus = []
+def nvidia_pci():
+    """NVIDIA display and 3D controllers on PCI (the facts schema's ``pci`` entries)."""
+    found = []
     for path in sorted(glob.glob("/sys/bus/pci/devices/*"))[:4096]:
         if read(os.path.join(path, "vendor")) != NVIDIA:
             continue
-        if not read(os.path.join(path, "class")).startswith(("0x0300", "0x0302")):
+        klass = read(os.path.join(path, "class"))
+        if not klass.startswith(("0x0300", "0x0302")):
             continue
-        gpus.append({"pci_address": os.path.basename(path), "vendor": NVIDIA,
-                     "device": read(os.path.join(path, "device"))[:6]})
-    return gpus[:MAX_ITEMS]
+        found.append({"address": os.path.basename(path)[:32], "vendor": NVIDIA,
+                      "device": read(os.path.join(path, "device"))[:6], "class": klass[:16]})
+    return found[:MAX_ITEMS]
+
+
+def gpus_from_pci(devices):
+    """GPUs without a driver, named by model from the device ID table."""
+    return [{"pci_address": d["address"], "vendor": d["vendor"], "device": d["device"],
+             "name": model_name(d["device"])} for d in devices]
 
 
 def infiniband():
@@ -283,13 +317,17 @@ def main():
                        "dcgm_diag": {"type": "bool", "default": True},
                        "dcgm_timeout_s": {"type": "int", "default": 600}},
         supports_check_mode=True)
-    gpus, nvidia, xml = gpus_from_nvidia_smi(module.params["nvidia_smi"])
+    gpus, nvidia, xml, smi_errors = gpus_from_nvidia_smi(module.params["nvidia_smi"])
+    on_pci = nvidia_pci()
     report = {"system": system(), "cpu": cpu(), "memory_mib": memory_mib(),
               "nics": nics(set(module.params["extra_interfaces"])), "disks": disks(),
-              "gpus": gpus if gpus is not None else gpus_from_pci(),
+              "gpus": gpus if gpus is not None else gpus_from_pci(on_pci),
+              "pci": on_pci,  # what is on the bus: the gate sees a GPU the driver lost
               "infiniband": infiniband()}
     if xml is not None:
         report["nvidia_smi_xml"] = xml
+    if smi_errors:
+        report["nvidia_smi_errors"] = smi_errors
     if module.params["dcgm_diag"]:
         diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"])
         if diag is not None:

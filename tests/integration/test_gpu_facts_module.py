@@ -1,0 +1,108 @@
+"""The Ansible ``facts`` module names GPUs from real ``nvidia-smi -q -x`` captures of DTD v12
+and v13, with ``pci_device_id`` written with ``0x`` (driver 535) and without (driver 580).
+
+No GPU here: ``nvidia-smi`` is a stand-in script printing a real capture
+(tests/fixtures/topology/nvidia-smi/, provenance in its README); the module runs for real, once
+as a plain Python process (as the other facts tests do) and once through ``ansible`` itself, so
+the role's ``module_utils`` (the device ID table) is proven to travel with the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.agent.facts import validate
+from provisioner.validation.checks import Expectation, evaluate
+from tests.integration.test_validation_facts import run_module, script
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "topology" / "nvidia-smi"
+ROLE = ROOT / "playbooks" / "roles" / "facts"
+
+CAPTURES = [
+    # file, DTD, device (the module's spelling), name
+    ("h100-580.159.04-q-x.xml", "v13", "0x2330", "NVIDIA H100 80GB HBM3"),
+    ("telegraf-a100-sxm4-v12.xml", "v12", "0x20b2", "NVIDIA A100-SXM4-80GB"),
+    ("telegraf-rtx-3060-v12.xml", "v12", "0x2487", "NVIDIA GeForce RTX 3060"),
+    ("telegraf-rtx-3080-v13.xml", "v13", "0x2216", "NVIDIA GeForce RTX 3080"),
+]
+
+
+def fake_smi(tmp_path: Path, capture: str) -> str:
+    shutil.copyfile(FIXTURES / capture, tmp_path / "capture.xml")
+    return str(script(tmp_path / "nvidia-smi",
+                      f'#!/bin/sh\n[ "$1 $2" = "-q -x" ] || exit 9\ncat {tmp_path}/capture.xml\n'))
+
+
+@pytest.mark.parametrize(("capture", "dtd", "device", "name"), CAPTURES,
+                         ids=[c[0] for c in CAPTURES])
+def test_module_reads_device_id_and_name(tmp_path: Path, capture: str, dtd: str, device: str,
+                                         name: str) -> None:
+    assert f"nvsmi_device_{dtd}.dtd" in (FIXTURES / capture).read_text()
+    result = run_module(tmp_path, nvidia_smi=fake_smi(tmp_path, capture), dcgm_diag=False)
+    (gpu,) = result["report"]["gpus"]
+    assert (gpu["vendor"], gpu["device"], gpu["name"]) == ("0x10de", device, name)
+    validate(result["report"])
+
+
+def test_h100_capture_passes_an_h100_profile_and_fails_another(tmp_path: Path) -> None:
+    result = run_module(tmp_path, nvidia_smi=fake_smi(tmp_path, CAPTURES[0][0]),
+                        dcgm_diag=False)
+    report = validate(result["report"])
+    assert evaluate(report, Expectation(gpu_count=1, gpu_model="H100")).passed
+    failed = evaluate(report, Expectation(gpu_count=1, gpu_model="H200"))
+    assert failed.failures == ("gpu-model: saw 'NVIDIA H100 80GB HBM3' on 1 of 1 GPUs "
+                               "(nvidia-smi), expected a model containing 'H200'",)
+
+
+def test_module_through_ansible_carries_the_table(tmp_path: Path) -> None:
+    """``ansible -m provisioner_node_facts`` with the role's library and module_utils: the
+    H100 capture's ``233010DE`` gives device 0x2330 (was 0x0000)."""
+    ansible = Path(sys.executable).parent / "ansible"
+    if not ansible.exists():
+        pytest.skip("ansible-core is not installed in this venv")
+    smi = fake_smi(tmp_path, CAPTURES[0][0])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")} | {
+        "ANSIBLE_LIBRARY": str(ROLE / "library"),
+        "ANSIBLE_MODULE_UTILS": str(ROLE / "module_utils"),
+        "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "minimal",
+        "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_HOME": str(tmp_path / "home"),
+        "ANSIBLE_NOCOLOR": "1"}
+    done = subprocess.run(
+        [str(ansible), "localhost", "-i", "localhost,", "-c", "local",
+         "-e", f"ansible_python_interpreter={sys.executable}",
+         "-m", "provisioner_node_facts", "-a", f"nvidia_smi={smi} dcgm_diag=false"],
+        capture_output=True, text=True, timeout=180, check=False, env=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # minimal callback: "localhost | SUCCESS => {...}"
+    result: dict[str, Any] = json.loads(done.stdout.partition("SUCCESS =>")[2])
+    (gpu,) = result["report"]["gpus"]
+    assert (gpu["device"], gpu["name"]) == ("0x2330", "NVIDIA H100 80GB HBM3")
+
+
+def test_module_keeps_nvidia_smis_lost_gpu_line_and_the_gate_fails(tmp_path: Path) -> None:
+    """A GPU fell off the bus: nvidia-smi prints its line, the report of the others, and
+    exits non-zero. The report is kept, the line too, and the gate names the GPU."""
+    shutil.copyfile(FIXTURES / CAPTURES[0][0], tmp_path / "capture.xml")
+    smi = script(tmp_path / "nvidia-smi", "#!/bin/sh\n"
+                 "echo 'Unable to determine the device handle for GPU 0000:3b:00.0: GPU is "
+                 "lost.  Reboot the system to recover this GPU' >&2\n"
+                 f"cat {tmp_path}/capture.xml\nexit 15\n")
+    result = run_module(tmp_path, nvidia_smi=str(smi), dcgm_diag=False)
+    report = validate(result["report"])
+    assert result["driver_up"] is True and len(report["gpus"]) == 1
+    assert report["nvidia_smi_errors"] == [
+        "Unable to determine the device handle for GPU 0000:3b:00.0: GPU is lost. Reboot the "
+        "system to recover this GPU"]
+    verdict = evaluate(report, Expectation(gpu_count=1, gpu_model="H100"))
+    assert verdict.failures == (
+        "gpu-lost: nvidia-smi: Unable to determine the device handle for GPU 0000:3b:00.0: "
+        "GPU is lost. Reboot the system to recover this GPU",)
