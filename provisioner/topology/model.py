@@ -54,6 +54,7 @@ class PortState(StrEnum):
 
 
 _PORT_STATES = {"down": PortState.DOWN, "init": PortState.INIT, "initialize": PortState.INIT,
+                "initializing": PortState.INIT,  # ibstat's word (infiniband-diags ibstat.c)
                 "armed": PortState.ARMED, "active": PortState.ACTIVE,
                 "actdefer": PortState.ACTIVE, "active_defer": PortState.ACTIVE}
 

@@ -286,12 +286,14 @@ def _is_ib(port: LocalPort) -> bool:
 
 
 def _rate_ok(rate: LinkRate | None, want: float) -> bool:
-    return rate is not None and abs(rate.gbps - want) <= want * _RATE_TOLERANCE
+    """In the unit ibstat and sysfs print (``LinkRate.nominal_gbps``): 4X QDR is 40, 4X FDR
+    56, whichever collector read the port."""
+    return rate is not None and abs(rate.nominal_gbps - want) <= want * _RATE_TOLERANCE
 
 
 def _rate_text(rate: LinkRate) -> str:
     named = f" ({rate})" if rate.width is not None else ""
-    return f"{rate.gbps:g} Gb/s{named}"
+    return f"{rate.nominal_gbps:g} Gb/s{named}"
 
 
 def facts_cas(report: Mapping[str, Any]) -> tuple[LocalCa, ...]:
@@ -310,7 +312,7 @@ def facts_cas(report: Mapping[str, Any]) -> tuple[LocalCa, ...]:
         else:
             rate = hca.get("rate_gbps")
             ports = (LocalPort(1, PortState.parse(str(hca.get("state", ""))), "",
-                               LinkRate(float(rate)) if isinstance(rate, int | float)
+                               LinkRate.nominal(float(rate)) if isinstance(rate, int | float)
                                and not isinstance(rate, bool) else None),)
         cas.append(LocalCa(str(hca.get("device", "?")), ports))
     return tuple(cas)

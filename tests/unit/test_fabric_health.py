@@ -129,3 +129,21 @@ def test_a_gpu_the_driver_lost_fails_with_a_clear_reason() -> None:
     assert verdict.failures == (
         "gpu-lost: nvidia-smi: Unable to determine the device handle for GPU 0008:04:00.0: "
         "GPU is lost. Reboot the system to recover this GPU",)
+
+
+def test_live_topology_gives_no_clique_to_a_sick_tray_and_flags_degraded_bandwidth() -> None:
+    from provisioner.topology.fleet import build_fleet
+
+    sick_tray = tray(summary="Unhealthy", route_unhealthy="True")
+    slow_tray = tray(bandwidth="Degraded")
+    reports = [parse_nvidia_smi(xml(sick_tray), "gpu-node-07"),
+               parse_nvidia_smi(text(slow_tray), "gpu-node-08")]
+    fleet = build_fleet(None, reports)
+    by_host = {node.hostname: node for node in fleet.nodes}
+    assert by_host["gpu-node-07"].nvlink.clique is None
+    assert by_host["gpu-node-08"].nvlink.clique == f"{CLUSTER_A}.1"
+    details = sorted((f.subject, f.detail) for f in fleet.findings)
+    assert details == [
+        ("gpu-node-07", f"no NVLink clique: {sick_tray[2].uuid}: fabric health summary "
+                        "Unhealthy, route unhealthy"),
+        ("gpu-node-08", f"GPU 2 ({slow_tray[2].uuid}): NVLink bandwidth Degraded")]
