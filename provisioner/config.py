@@ -569,7 +569,9 @@ class InstallerSettings(_Section):
 
 class ValidationProfile(_Section):
     """What a node of one profile must show before it goes to Slurm (the ``validating``
-    step, from the node's last facts report). Unset: not checked."""
+    step, from the node's last facts report). Unset: not checked. The hardware part (GPU
+    count and model, InfiniBand port count and rate, memory, disks) is also checked on the
+    inspection ramdisk's facts before deployment (the SKU gate)."""
 
     gpu_count: int | None = Field(None, ge=0, description="GPUs the driver must see")
     gpu_model: str | None = Field(
@@ -589,6 +591,13 @@ class ValidationProfile(_Section):
     require_dcgm: bool = Field(
         False, description="A passing `dcgmi diag -r 1` must be in the facts (a failing one "
         "always fails the node)")
+    memory_min_gib: float | None = Field(
+        None, gt=0, description="Least memory the kernel reports (MemTotal, below the "
+        "installed size), GiB")
+    disk_count: int | None = Field(
+        None, ge=0, description="Disks (of at least disk_min_gb when set) the node has")
+    disk_min_gb: float | None = Field(
+        None, gt=0, description="Least size of a counted disk, GB (10^9 bytes)")
     nvlink_accept_degraded_bandwidth: bool = Field(
         False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
         "summary Limited Capacity); unset, such a node is held like an unhealthy one")

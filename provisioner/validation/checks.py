@@ -28,6 +28,7 @@ from provisioner.topology.model import (
     nvlink_domain,
 )
 from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
+from provisioner.validation.hardware import check_disks, check_memory
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _RATE_TOLERANCE = 0.01  # 1 %: 4X NDR is 400 Gb/s whether it is written 400 or 400.0
@@ -47,6 +48,12 @@ class Expectation:
     nvlink_domain_nodes: int | None = None
     require_dcgm: bool = False
     nvlink_accept_degraded_bandwidth: bool = False
+    memory_min_gib: float | None = None
+    disk_count: int | None = None
+    disk_min_gb: float | None = None
+    ib_require_active: bool = True
+    """False (the SKU gate at inspection): count and rate only, and no ``infiniband`` in the
+    report (a ramdisk without the IB driver) skips the check."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +89,16 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     elif gpus is not None and (health := check_fabric_health(gpus, expect)):
         checks.append("nvlink-health")  # a sick fabric fails any profile, asked or not
         failures += health
-    if expect.ib_rate_gbps is not None or expect.ib_port_count is not None:
+    if (expect.ib_rate_gbps is not None or expect.ib_port_count is not None) and (
+            expect.ib_require_active or "infiniband" in report):
         checks.append("infiniband")
         failures += check_infiniband(facts_cas(report), expect)
+    if expect.memory_min_gib is not None:
+        checks.append("memory")
+        failures += check_memory(report, expect.memory_min_gib)
+    if expect.disk_count is not None or expect.disk_min_gb is not None:
+        checks.append("disks")
+        failures += check_disks(report, expect.disk_count, expect.disk_min_gb)
     dcgm = report.get("dcgm_diag")
     if expect.require_dcgm or isinstance(dcgm, Mapping):
         checks.append("dcgm")
@@ -264,16 +278,19 @@ def check_infiniband(cas: Sequence[LocalCa], expect: Expectation) -> list[str]:
         names = ", ".join(f"{name}/{port.number}" for name, port in ports) or "none"
         failures.append(f"ib-ports: saw {len(ports)} InfiniBand ports ({names}), "
                         f"expected {expect.ib_port_count}")
-    elif not ports:
+    elif not ports and expect.ib_rate_gbps is not None:
         failures.append(f"ib-ports: no InfiniBand port found, expected ports at "
                         f"{expect.ib_rate_gbps:g} Gb/s")
     for name, port in ports:
         physical = port.physical.split(":")[-1].strip()
-        if port.state is not PortState.ACTIVE or (physical and physical.lower() != "linkup"):
+        if expect.ib_require_active and (port.state is not PortState.ACTIVE or (
+                physical and physical.lower() != "linkup")):
             failures.append(f"ib-ports: {name} port {port.number} is {port.state.capitalize()}"
                             f" ({physical or 'physical state unknown'}), expected Active "
                             "(LinkUp)")
-        if expect.ib_rate_gbps is not None and not _rate_ok(port.rate, expect.ib_rate_gbps):
+        down = port.state is not PortState.ACTIVE  # a port not up has no rate to judge
+        if expect.ib_rate_gbps is not None and not (down and not expect.ib_require_active) \
+                and not _rate_ok(port.rate, expect.ib_rate_gbps):
             seen = f"runs at {_rate_text(port.rate)}" if port.rate else "reports no rate"
             failures.append(f"ib-rate: {name} port {port.number} {seen}, expected "
                             f"{expect.ib_rate_gbps:g} Gb/s")
