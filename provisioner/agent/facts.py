@@ -161,9 +161,10 @@ def _nvidia_smi_errors(value: object, where: str) -> None:
 
 
 def _dcgm_diag(value: object, where: str) -> None:
-    """``dcgmi diag -r 1`` as the node judged it: whether it ran, passed, and why not."""
-    _obj(value, where, {"ran": _bool, "passed": _bool, "summary": _text(MAX_DCGM_SUMMARY)},
-         ("ran", "passed"))
+    """``dcgmi diag -r <level>`` as the node judged it: whether it ran, passed, and why not
+    (DCGM's own reasons), and the level (1 when absent)."""
+    _obj(value, where, {"ran": _bool, "passed": _bool, "summary": _text(MAX_DCGM_SUMMARY),
+                        "level": _num(1, 4)}, ("ran", "passed"))
 
 
 _SECTIONS: dict[str, Any] = {

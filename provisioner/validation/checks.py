@@ -352,8 +352,11 @@ def check_dcgm(dcgm: Mapping[str, Any] | None, expect: Expectation) -> list[str]
     only when the profile requires it."""
     ran = dcgm is not None and dcgm.get("ran") is True
     summary = " ".join(str(dcgm.get("summary", "")).split())[:_SUMMARY_CHARS] if dcgm else ""
+    level = dcgm.get("level") if dcgm is not None else None
+    level = level if isinstance(level, int) and not isinstance(level, bool) else 1
     if ran and dcgm is not None and dcgm.get("passed") is not True:
-        return [f"dcgm: dcgmi diag -r 1 failed: {summary or 'no summary'}, expected a pass"]
+        return [f"dcgm: dcgmi diag -r {level} failed: {summary or 'no summary'}, "
+                "expected a pass"]
     if not ran and expect.require_dcgm:
         why = f" ({summary})" if summary else " (dcgmi not installed?)"
         return [f"dcgm: no DCGM diagnostic ran{why}, the profile requires a passing "

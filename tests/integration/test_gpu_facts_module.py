@@ -106,3 +106,60 @@ def test_module_keeps_nvidia_smis_lost_gpu_line_and_the_gate_fails(tmp_path: Pat
     assert verdict.failures == (
         "gpu-lost: nvidia-smi: Unable to determine the device handle for GPU 0000:3b:00.0: "
         "GPU is lost. Reboot the system to recover this GPU",)
+
+
+# DCGM's JSON (layouts cited in the module's judge_dcgm): DCGM 3 names GPUs "gpu_ids" under
+# "DCGM GPU Diagnostic"; DCGM 4 "entity_id" under "DCGM Diagnostic", with a test_summary.
+DCGM3_FAIL = {"DCGM GPU Diagnostic": {"version": "3.3.9", "test_categories": [
+    {"category": "Deployment", "tests": [{"name": "Denylist", "results": [{"status": "Pass"}]}]},
+    {"category": "Hardware", "tests": [{"name": "GPU Memory", "results": [
+        {"gpu_ids": "0", "status": "Pass"},
+        {"gpu_ids": "3", "status": "Fail", "warnings": [
+            {"warning": "Found 2 uncorrectable ECC errors (DBE) on GPU 3.", "error_id": 28,
+             "error_category": 4, "error_severity": 2}],
+         "info": "Allocated 95% of the framebuffer"}]}]},
+    {"category": "Integration", "tests": [{"name": "PCIe", "results": [
+        {"gpu_ids": "5", "status": "Fail", "warnings": [
+            {"warning": "GPU 5 PCIe link width degraded: x8, expected x16", "error_id": 50}]}]}]},
+]}}
+DCGM4_FAIL = {"DCGM Diagnostic": {"test_categories": [
+    {"category": "Deployment", "tests": [{"name": "software", "test_summary": {"status": "Pass"},
+                                          "results": [{"status": "Pass"}]}]},
+    {"category": "Stress", "tests": [{"name": "targeted_stress",
+                                      "test_summary": {"status": "Fail"}, "results": [
+        {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 2, "status": "Fail",
+         "warnings": [{"warning": "GPU 2 failed to reach the target of 1500 GFLOPS: 900",
+                       "error_id": 82, "error_category": 1, "error_severity": 2}]},
+        {"entity_group": "GPU", "entity_group_id": 1, "entity_id": 1, "status": "Pass"}]}]}]},
+    "metadata": {"version": "4.2.3"}}
+DCGM4_PASS = {"DCGM Diagnostic": {"test_categories": [
+    {"category": "Hardware", "tests": [{"name": "memory", "test_summary": {"status": "Pass"},
+                                        "results": [{"entity_id": 0, "status": "Pass"}]}]}]},
+    "metadata": {"version": "4.2.3"}}
+
+
+@pytest.mark.parametrize(("level", "doc", "rc", "summary"), [
+    (1, DCGM3_FAIL, 226,
+     "failed: GPU Memory (GPU 3: Found 2 uncorrectable ECC errors (DBE) on GPU 3.); "
+     "PCIe (GPU 5: GPU 5 PCIe link width degraded: x8, expected x16)"),
+    (2, DCGM4_FAIL, 226,
+     "failed: targeted_stress (GPU 2: GPU 2 failed to reach the target of 1500 GFLOPS: 900)"),
+    (3, DCGM4_PASS, 0, "all tests passed"),
+], ids=["dcgm3-r1", "dcgm4-r2", "dcgm4-r3"])
+def test_dcgm_judge_keeps_dcgms_own_reason(tmp_path: Path, level: int, doc: dict[str, Any],
+                                           rc: int, summary: str) -> None:
+    (tmp_path / "dcgm.json").write_text(json.dumps(doc, indent=1))
+    dcgmi = script(tmp_path / "dcgmi", "#!/bin/sh\n"
+                   f'[ "$*" = "diag -r {level} -j" ] || {{ echo "unexpected: $*" >&2; exit 9; }}\n'
+                   f"cat {tmp_path}/dcgm.json\nexit {rc}\n")
+    result = run_module(tmp_path, nvidia_smi=fake_smi(tmp_path, CAPTURES[0][0]),
+                        dcgmi=str(dcgmi), dcgm_level=level)
+    report = validate(result["report"])
+    assert report["dcgm_diag"] == {"ran": True, "passed": rc == 0, "level": level,
+                                   "summary": summary}
+    verdict = evaluate(report, Expectation(require_dcgm=True))
+    if rc:
+        assert verdict.failures == (f"dcgm: dcgmi diag -r {level} failed: {summary}, "
+                                    "expected a pass",)
+    else:
+        assert verdict.passed

@@ -51,9 +51,14 @@ options:
     type: bool
     default: true
   dcgm_timeout_s:
-    description: Seconds `dcgmi diag -r 1` may take.
+    description: Seconds `dcgmi diag` may take.
     type: int
     default: 600
+  dcgm_level:
+    description: The diagnostic level, `dcgmi diag -r <level>` (1 quick, 2 medium, 3 long).
+    type: int
+    default: 1
+    choices: [1, 2, 3]
 """
 
 MAX_ITEMS = 512
@@ -188,25 +193,38 @@ def gpu_entry(gpu):
             "name": name or model_name(device)}
 
 
-def dcgm_diag(binary, timeout_s):
-    """``dcgmi diag -r 1 -j`` judged here: {"ran", "passed", "summary"}; None without dcgmi."""
+def dcgm_diag(binary, timeout_s, level=1):
+    """``dcgmi diag -r <level> -j`` judged here: {"ran", "passed", "summary", "level"}; None
+    without dcgmi."""
     path = shutil.which(binary)
     if path is None:
         return None
+    command = f"dcgmi diag -r {level}"
     try:
-        proc = subprocess.run([path, "diag", "-r", "1", "-j"], capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run([path, "diag", "-r", str(level), "-j"], capture_output=True,
+                              text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"ran": False, "passed": False,
-                "summary": f"dcgmi diag -r 1 timed out after {timeout_s} s"}
+        return {"ran": False, "passed": False, "level": level,
+                "summary": f"{command} timed out after {timeout_s} s"}
     except (OSError, ValueError) as exc:
-        return {"ran": False, "passed": False, "summary": f"dcgmi cannot run: {exc}"[:MAX_SUMMARY]}
-    return judge_dcgm(proc.returncode, proc.stdout, proc.stderr)
+        return {"ran": False, "passed": False, "level": level,
+                "summary": f"dcgmi cannot run: {exc}"[:MAX_SUMMARY]}
+    return dict(judge_dcgm(proc.returncode, proc.stdout, proc.stderr), level=level)
 
 
 def judge_dcgm(returncode, out, err):
     """Passed: exit status 0 and no test with status Fail. No JSON at all: dcgmi did not get
-    to run the diagnostic (no nv-hostengine, say); its own words are the summary."""
+    to run the diagnostic (no nv-hostengine, say); its own words are the summary. A failed
+    test is named with DCGM's own reason (its warnings) and the GPUs it names.
+
+    Layouts read (NVIDIA/DCGM, dcgmi/DcgmDiagOutput and testing/python3 NAME_FIELD/
+    RESULTS_FIELD/WARNING_FIELD/GPU_FIELD): DCGM 3 ``{"DCGM GPU Diagnostic":
+    {"test_categories": [{"category", "tests": [{"name", "results": [{"gpu_ids", "status",
+    "warnings": [{"warning", "error_id", ...}], "info"}]}]}]}}``; DCGM 4 ``{"DCGM
+    Diagnostic": {"test_categories": [... {"name", "test_summary": {"status"}, "results":
+    [{"entity_group", "entity_id", "status", "warnings": [{"warning", "error_id",
+    "error_category", "error_severity"}], "info"}]}]}, "metadata": {"version"}}``. DCGM 2's
+    ``"status"`` keys sit at the same places."""
     start, end = out.find("{"), out.rfind("}")
     try:
         doc = json.loads(out[start:end + 1]) if 0 <= start < end else None
@@ -216,20 +234,27 @@ def judge_dcgm(returncode, out, err):
         words = " ".join((err or out).split()[-60:])
         return {"ran": returncode == 0, "passed": returncode == 0,
                 "summary": (words or f"exit status {returncode}")[:MAX_SUMMARY]}
-    failed = sorted(set(failed_tests(doc, "")))
+    failed = {}
+    for name, reason in failed_tests(doc, ""):
+        failed.setdefault(name, [])
+        if reason and reason not in failed[name]:
+            failed[name].append(reason)
     passed = returncode == 0 and not failed
     if passed:
         summary = "all tests passed"
     elif failed:
-        summary = "failed: " + ", ".join(failed)
+        summary = "failed: " + "; ".join(
+            f"{name} ({' / '.join(reasons)})" if reasons else name
+            for name, reasons in sorted(failed.items()))
     else:
         summary = f"exit status {returncode}"
     return {"ran": True, "passed": passed, "summary": summary[:MAX_SUMMARY]}
 
 
 def failed_tests(value, name):
-    """Names of the tests whose status is Fail, anywhere in DCGM's JSON (its layout differs
-    between DCGM 2, 3 and 4; a status sits under the test that owns it)."""
+    """(test name, DCGM's reason) of every result whose status is Fail, anywhere in DCGM's
+    JSON; the reason is the result's warnings (``warning``, or ``message``) prefixed with
+    the GPU (``gpu_ids`` in DCGM 3, ``entity_id`` in 4), "" when DCGM gave none."""
     if isinstance(value, list):
         for item in value:
             yield from failed_tests(item, name)
@@ -238,10 +263,24 @@ def failed_tests(value, name):
         here = here if isinstance(here, str) else name
         status = value.get("status")
         if isinstance(status, str) and status.strip().lower() in ("fail", "failed", "error"):
-            yield here or "unnamed test"
-        for item in value.values():
-            if isinstance(item, (dict, list)):
+            yield here or "unnamed test", dcgm_reason(value)
+        for key, item in value.items():
+            if key != "test_summary" and isinstance(item, (dict, list)):
                 yield from failed_tests(item, here)
+
+
+def dcgm_reason(result):
+    texts = []
+    for warning in result.get("warnings") or []:
+        if isinstance(warning, dict):
+            text = warning.get("warning") or warning.get("message")
+        else:
+            text = warning
+        if isinstance(text, str) and text.strip():
+            texts.append(" ".join(text.split()))
+    gpu = result.get("gpu_ids", result.get("entity_id", result.get("gpu_id")))
+    where = f"GPU {gpu}: " if isinstance(gpu, (int, str)) and str(gpu) != "" else ""
+    return (where + "; ".join(texts))[:400] if texts else ""
 
 
 def pci_address(text):
@@ -315,7 +354,8 @@ def main():
                        "extra_interfaces": {"type": "list", "elements": "str", "default": []},
                        "dcgmi": {"type": "str", "default": "dcgmi"},
                        "dcgm_diag": {"type": "bool", "default": True},
-                       "dcgm_timeout_s": {"type": "int", "default": 600}},
+                       "dcgm_timeout_s": {"type": "int", "default": 600},
+                       "dcgm_level": {"type": "int", "default": 1, "choices": [1, 2, 3]}},
         supports_check_mode=True)
     gpus, nvidia, xml, smi_errors = gpus_from_nvidia_smi(module.params["nvidia_smi"])
     on_pci = nvidia_pci()
@@ -329,7 +369,8 @@ def main():
     if smi_errors:
         report["nvidia_smi_errors"] = smi_errors
     if module.params["dcgm_diag"]:
-        diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"])
+        diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"],
+                         module.params["dcgm_level"])
         if diag is not None:
             report["dcgm_diag"] = diag
     module.exit_json(changed=False, report=report, nvidia=nvidia, driver_up=gpus is not None)
