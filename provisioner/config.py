@@ -322,6 +322,10 @@ class SlurmSettings(_Section):
         30.0, ge=0, description="Period of the Slurm to daemon drain sync; 0 disables it")
     drain_directly: bool = Field(
         True, description="Also set DRAIN in Slurm (besides the cordon Slinky acts on)")
+    verify_gres: bool = Field(
+        True, description="At registering, hold a GPU node whose Slurm Gres, Kubernetes "
+        "nvidia.com/gpu.count/gpu.product labels or allocatable nvidia.com/gpu disagree with "
+        "its facts (e.g. Gres=(null) on an 8-GPU node)")
     reason_prefix: str = Field(
         "provisioner: ", min_length=1, description="Prefix of the drain reasons the daemon "
         "sets; drains without it (or Slinky's slurm-operator:) are someone else's")

@@ -27,6 +27,7 @@ from provisioner.errors import FatalError
 from provisioner.kube.model import ANNOTATION_CORDON, LABEL_OPERANDS, NodeInfo
 from provisioner.kube.sync import SLINKY_CORDON_REASON
 from provisioner.kube.wait import node_name
+from provisioner.slurm.agree import inventory, kube_disagreement, slurm_disagreement
 from provisioner.slurm.model import SlurmClient, SlurmNode, SlurmTimeout
 
 log = logging.getLogger(__name__)
@@ -80,10 +81,24 @@ class SlurmHandoff:
             await self.hand_off(node)
         found = await self._wait(name, _registered, "registered",
                                  self._settings.register_timeout_s)
+        if self._settings.verify_gres:
+            await self._agree(node, name, found)
         if found.draining and found.reason.startswith(self._settings.reason_prefix) \
                 and not node.maintenance:
             await self._slurm.resume(name)  # our drain from before (retire, maintenance)
         log.info("node %s: Slurm node %s registered (%s)", node.id, name, found.state_text)
+
+    async def _agree(self, node: Node, name: str, found: SlurmNode) -> None:
+        """The registration proof (``agree.py``): Slurm's Gres and Kubernetes' GPU labels
+        and allocatable against the node's GPUs; a disagreement holds the node."""
+        have = inventory(node.facts)
+        problems = slurm_disagreement(have, found.gres)
+        if self._kube is not None and have.gpus:
+            info = await self._kube.find_node(node_name(node))
+            if info is not None:
+                problems += kube_disagreement(have, info.labels, info.allocatable)
+        if problems:
+            raise FatalError(f"Slurm node {name} registered, but " + "; ".join(problems))
 
     async def hand_off(self, node: Node) -> NodeInfo:
         """Release the operands, then the NodeSet label and topology annotation."""
