@@ -322,6 +322,10 @@ class SlurmSettings(_Section):
         30.0, ge=0, description="Period of the Slurm to daemon drain sync; 0 disables it")
     drain_directly: bool = Field(
         True, description="Also set DRAIN in Slurm (besides the cordon Slinky acts on)")
+    nodeset_namespace: str | None = Field(
+        None, description="Namespace of the Slinky NodeSets: when set, the hand-off writes a "
+        "GPU node's Gres=gpu:<type>:<count> and Feature into its NodeSet's extraConf (the "
+        "NodeSet is named like the nodeset label value)")
     verify_gres: bool = Field(
         True, description="At registering, hold a GPU node whose Slurm Gres, Kubernetes "
         "nvidia.com/gpu.count/gpu.product labels or allocatable nvidia.com/gpu disagree with "

@@ -100,6 +100,19 @@ def slurmd_conf(have: Inventory, features: Sequence[str] = ()) -> str:
     return " ".join(words)
 
 
+def merge_conf(existing: str, ours: str) -> str:
+    """``existing`` node parameters with ``ours`` (``Key=Value`` words) put in: our keys
+    replace theirs (``Feature``/``Features`` alike), the others stay in their order."""
+    def key(word: str) -> str:
+        name = word.partition("=")[0].lower()
+        return "feature" if name == "features" else name
+
+    mine = ours.split()
+    taken = {key(word) for word in mine}
+    kept = [word for word in existing.split() if key(word) not in taken]
+    return " ".join([*kept, *mine])
+
+
 def gres_conf_line(have: Inventory, node: str, files: str = "/dev/nvidia[0-{last}]") -> str:
     """gres.conf for the node: ``NodeName=gpu-01 Name=gpu Type=h100 File=/dev/nvidia[0-7]``."""
     return (f"NodeName={node} Name=gpu Type={have.gpu_type} "

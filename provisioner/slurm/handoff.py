@@ -27,7 +27,13 @@ from provisioner.errors import FatalError
 from provisioner.kube.model import ANNOTATION_CORDON, LABEL_OPERANDS, NodeInfo
 from provisioner.kube.sync import SLINKY_CORDON_REASON
 from provisioner.kube.wait import node_name
-from provisioner.slurm.agree import inventory, kube_disagreement, slurm_disagreement
+from provisioner.slurm.agree import (
+    inventory,
+    kube_disagreement,
+    merge_conf,
+    slurm_disagreement,
+    slurmd_conf,
+)
 from provisioner.slurm.model import SlurmClient, SlurmNode, SlurmTimeout
 
 log = logging.getLogger(__name__)
@@ -39,6 +45,14 @@ class KubeNodes(Protocol):
     async def find_node(self, name: str) -> NodeInfo | None: ...
 
     async def patch_node(self, name: str, body: Any) -> NodeInfo: ...
+
+
+class NodeSets(Protocol):
+    """Slinky NodeSets' ``spec.extraConf`` (the dynamic slurmd's ``--conf``)."""
+
+    async def nodeset_extra_conf(self, namespace: str, name: str) -> str | None: ...
+
+    async def set_nodeset_extra_conf(self, namespace: str, name: str, conf: str) -> None: ...
 
 
 def no_topology(node: Node) -> str | None:
@@ -56,6 +70,7 @@ class SlurmHandoff:
                  kube: KubeNodes | None = None,
                  topology_spec: Callable[[Node], str | None] = no_topology,
                  gpu_ready: Callable[[Node], Awaitable[None]] | None = None,
+                 nodesets: NodeSets | None = None,
                  now: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._slurm = slurm
@@ -63,6 +78,7 @@ class SlurmHandoff:
         self._kube = kube
         self._topology_spec = topology_spec
         self._gpu_ready = gpu_ready
+        self._nodesets = nodesets
         self._now = now
         self._sleep = sleep
 
@@ -108,6 +124,7 @@ class SlurmHandoff:
             info = await self._patch(name, {"metadata": {"labels": {LABEL_OPERANDS: None}}})
         if self._gpu_ready is not None:
             await self._gpu_ready(node)
+        await self.write_gres(node)
         labels = {self._settings.nodeset_label: self.nodeset(node)}
         annotations = {}
         if (spec := self._topology_spec(node)) is not None:
@@ -121,6 +138,24 @@ class SlurmHandoff:
             info = await self._patch(name, {"metadata": metadata})
             log.info("node %s: handed to Slinky NodeSet %s", node.id, labels)
         return info
+
+    async def write_gres(self, node: Node) -> None:
+        """Put what the node has (``Gres=gpu:<type>:<count> Feature=<nodeset>,<type>``) in
+        its NodeSet's ``extraConf`` (``slurm.nodeset_namespace`` set; the NodeSet is named
+        like the label value), so Slinky's slurmd registers it. The nodes of one NodeSet
+        share a profile, whose hardware the SKU gate checked."""
+        namespace = self._settings.nodeset_namespace
+        have = inventory(node.facts)
+        if self._nodesets is None or namespace is None or not have.gpus:
+            return
+        name = self.nodeset(node)
+        existing = await self._nodesets.nodeset_extra_conf(namespace, name)
+        if existing is None:
+            raise FatalError(f"no Slinky NodeSet {namespace}/{name} to write Gres into")
+        wanted = merge_conf(existing, slurmd_conf(have, [name]))
+        if wanted != existing:
+            await self._nodesets.set_nodeset_extra_conf(namespace, name, wanted)
+            log.info("node %s: NodeSet %s/%s extraConf: %s", node.id, namespace, name, wanted)
 
     async def maintenance(self, node: Node, on: bool, reason: str = "maintenance") -> None:
         """On: cordon (Slinky drains), DRAIN in Slurm, wait until drained. Off: the reverse."""

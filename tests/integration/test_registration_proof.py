@@ -166,3 +166,40 @@ async def test_kubernetes_gpu_count_disagreeing_is_held(cluster: Cluster,
                 "capacity": {"nvidia.com/gpu": "2"}, "allocatable": {"nvidia.com/gpu": "2"}}},
                 status=True)
             await handoff.register(node)  # all three agree now
+
+
+async def test_handoff_writes_gres_into_the_nodeset_and_slurm_registers_it(
+        cluster: Cluster, kube_cluster: KubeCluster) -> None:
+    """Slinky's way: the hand-off merges ``Gres``/``Feature`` into the NodeSet's
+    ``extraConf`` (keeping the operator's other words); the test plays the operator and starts
+    slurmd with ``--conf <extraConf>``; the node registers with its GPUs and agrees."""
+    from tests.integration.test_slurm_slinky import NAMESPACE, install_nodeset
+
+    name = "gres-slinky-01"
+    admin = KubeAdmin(kube_cluster)
+    nodeset = await asyncio.to_thread(install_nodeset, admin, "gres-h100")
+    nodeset_name = nodeset["metadata"]["name"]
+    await asyncio.to_thread(admin.create_node, name)
+    node = domain_node(name, facts=FACTS, profile="gpu-worker")
+    slurm_settings = SlurmSettings(nodesets={"gpu-worker": nodeset_name},
+                                   nodeset_namespace=NAMESPACE, register_timeout_s=30,
+                                   poll_interval_s=0.2)
+    async with connected(kube_settings(kube_cluster)) as kube:
+        await kube.set_nodeset_extra_conf(NAMESPACE, nodeset_name, "Weight=10 Feature=old")
+        handoff = SlurmHandoff(ScontrolSlurm(slurm_conf=cluster.slurm.conf, timeout_s=20),
+                               slurm_settings, kube=kube, nodesets=kube)
+        register = asyncio.create_task(handoff.register(node))
+        extra = ""
+        for _ in range(100):
+            extra = await kube.nodeset_extra_conf(NAMESPACE, nodeset_name) or ""
+            if "Gres=" in extra:
+                break
+            await asyncio.sleep(0.1)
+        assert extra == f"Weight=10 Gres=gpu:h100:2 Feature={nodeset_name},h100"
+        line = gres_conf_line(inventory(FACTS), name,
+                              files=f"{cluster.workdir}/nvidia[0-{{last}}]")
+        (cluster.workdir / "gres.conf").write_text(line + "\n")
+        with running_slurmd(cluster.slurm, cluster.workdir, name,
+                            conf=f"{BASE_CONF} {extra}"):
+            await asyncio.wait_for(register, 40)
+            assert "Gres=gpu:h100:2" in cluster.slurm.scontrol("show", "node", name)

@@ -77,3 +77,12 @@ def test_disagreements_are_spelled_out() -> None:
         "Kubernetes label nvidia.com/gpu.product=NVIDIA-A100, node has 8× NVIDIA H100 80GB "
         "HBM3",
         "Kubernetes allocatable nvidia.com/gpu=4, node has 8× NVIDIA H100 80GB HBM3"]
+
+
+def test_merge_conf_keeps_the_operators_words() -> None:
+    from provisioner.slurm.agree import merge_conf
+
+    assert merge_conf("Weight=10 Features=old", "Gres=gpu:h100:8 Feature=gpu,h100") == (
+        "Weight=10 Gres=gpu:h100:8 Feature=gpu,h100")
+    assert merge_conf("", "Gres=gpu:h100:8") == "Gres=gpu:h100:8"
+    assert merge_conf("Gres=gpu:h100:8", "Gres=gpu:h100:8") == "Gres=gpu:h100:8"
