@@ -213,10 +213,23 @@ def is_nfd_key(key: str) -> bool:
         ".feature.node.kubernetes.io")
 
 
+def foreign_owner(key: str) -> str | None:
+    """Who owns a label key we must never write: node-feature-discovery's, and the NVIDIA DRA
+    driver's ``resource.nvidia.com/*`` (``resource.nvidia.com/computeDomain`` marks the nodes
+    of a ComputeDomain; writing it would join or leave one behind the driver's back)."""
+    if is_nfd_key(key):
+        return "node-feature-discovery"
+    if "/" in key and key.partition("/")[0] == "resource.nvidia.com":
+        return "the NVIDIA DRA driver (ComputeDomains)"
+    return None
+
+
 def _check_not_nfd(keys: dict[str, str]) -> None:
     for key in keys:
         if is_nfd_key(key):
             raise ValueError(f"{key!r}: NFD labels are set by node-feature-discovery, not us")
+        if (owner := foreign_owner(key)) is not None:
+            raise ValueError(f"{key!r}: set by {owner}, not us")
 
 
 class KubeProfile(_Section):
@@ -345,7 +358,7 @@ class SlurmSettings(_Section):
     @field_validator("nodeset_label")
     @classmethod
     def _check_label(cls, value: str) -> str:
-        if not re.match(_LABEL_KEY, value) or is_nfd_key(value):
+        if not re.match(_LABEL_KEY, value) or foreign_owner(value) is not None:
             raise ValueError(f"{value!r} is not a label key we may set")
         return value
 
@@ -606,6 +619,10 @@ class ValidationProfile(_Section):
         None, ge=0, description="Disks (of at least disk_min_gb when set) the node has")
     disk_min_gb: float | None = Field(
         None, gt=0, description="Least size of a counted disk, GB (10^9 bytes)")
+    imex: Literal["dra", "host"] | None = Field(
+        None, description="GB200/GB300 compute trays: the IMEX package installed, no host "
+        "Fabric Manager, and the host nvidia-imex service masked (\"dra\": the NVIDIA DRA "
+        "driver's ComputeDomains run IMEX) or active (\"host\")")
     nvlink_accept_degraded_bandwidth: bool = Field(
         False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
         "summary Limited Capacity); unset, such a node is held like an unhealthy one")

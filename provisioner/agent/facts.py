@@ -160,6 +160,13 @@ def _nvidia_smi_errors(value: object, where: str) -> None:
     _list(value, where, _text(512))
 
 
+def _imex(value: object, where: str) -> None:
+    """GB200/GB300 prerequisites as the ``facts`` role saw them (systemd unit states)."""
+    _obj(value, where, {"package": _bool, "service_enabled": _text(32),
+                        "service_active": _text(32), "fabricmanager_enabled": _text(32),
+                        "fabricmanager_active": _text(32)}, ("package",))
+
+
 def _dcgm_diag(value: object, where: str) -> None:
     """``dcgmi diag -r <level>`` as the node judged it: whether it ran, passed, and why not
     (DCGM's own reasons), and the level (1 when absent)."""
@@ -180,4 +187,5 @@ _SECTIONS: dict[str, Any] = {
     "nvidia_smi_xml": _nvidia_smi_xml,
     "nvidia_smi_errors": _nvidia_smi_errors,
     "dcgm_diag": _dcgm_diag,
+    "imex": _imex,
 }

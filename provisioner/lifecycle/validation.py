@@ -45,7 +45,7 @@ def expectation(profile: ValidationProfile | None) -> Expectation:
         require_dcgm=profile.require_dcgm,
         nvlink_accept_degraded_bandwidth=profile.nvlink_accept_degraded_bandwidth,
         memory_min_gib=profile.memory_min_gib, disk_count=profile.disk_count,
-        disk_min_gb=profile.disk_min_gb)
+        disk_min_gb=profile.disk_min_gb, imex=profile.imex)
 
 
 def report_of(facts: Mapping[str, Any]) -> Mapping[str, Any]:

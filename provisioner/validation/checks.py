@@ -29,6 +29,7 @@ from provisioner.topology.model import (
 )
 from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
 from provisioner.validation.hardware import check_disks, check_memory
+from provisioner.validation.imex import check_imex
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _RATE_TOLERANCE = 0.01  # 1 %: 4X NDR is 400 Gb/s whether it is written 400 or 400.0
@@ -52,6 +53,8 @@ class Expectation:
     disk_count: int | None = None
     disk_min_gb: float | None = None
     ib_require_active: bool = True
+    imex: str | None = None
+    """``dra`` or ``host``: check the GB200/GB300 IMEX prerequisites (``validation.imex``)."""
     """False (the SKU gate at inspection): count and rate only, and no ``infiniband`` in the
     report (a ramdisk without the IB driver) skips the check."""
 
@@ -99,6 +102,9 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     if expect.disk_count is not None or expect.disk_min_gb is not None:
         checks.append("disks")
         failures += check_disks(report, expect.disk_count, expect.disk_min_gb)
+    if expect.imex is not None:
+        checks.append("imex")
+        failures += check_imex(report, expect.imex)
     dcgm = report.get("dcgm_diag")
     if expect.require_dcgm or isinstance(dcgm, Mapping):
         checks.append("dcgm")

@@ -37,7 +37,7 @@ CHECKED: Final = "sku-gate"
 def sku_expectation(expect: Expectation) -> Expectation:
     """What of a profile the ramdisk can show: the hardware, not the driver's view."""
     return dataclasses.replace(expect, nvlink_domain=False, nvlink_domain_nodes=None,
-                               require_dcgm=False, ib_require_active=False)
+                               require_dcgm=False, ib_require_active=False, imex=None)
 
 
 def asks_anything(expect: Expectation) -> bool:

@@ -163,3 +163,43 @@ def test_dcgm_judge_keeps_dcgms_own_reason(tmp_path: Path, level: int, doc: dict
                                     "expected a pass",)
     else:
         assert verdict.passed
+
+
+def fake_systemctl(tmp_path: Path, units: dict[str, tuple[str, str]]) -> str:
+    """A systemctl answering ``is-enabled``/``is-active`` as systemd does (a unit not
+    installed: ``is-enabled`` fails with "not-found" on stderr)."""
+    cases = "".join(f'  "is-enabled {unit}") echo {enabled};;\n'
+                    f'  "is-active {unit}") echo {active};;\n'
+                    for unit, (enabled, active) in units.items())
+    return str(script(tmp_path / "systemctl", "#!/bin/sh\ncase \"$1 $2\" in\n" + cases +
+                      '  "is-enabled "*) echo "Failed to get unit file state for $2: No such '
+                      'file or directory" >&2; exit 1;;\n'
+                      '  *) echo inactive; exit 3;;\nesac\n'))
+
+
+@pytest.mark.parametrize(("units", "imex_installed", "failures"), [
+    ({"nvidia-imex.service": ("masked", "inactive")}, True, []),
+    ({"nvidia-imex.service": ("enabled", "active"),
+      "nvidia-fabricmanager.service": ("enabled", "active")}, True, [
+        "imex: host nvidia-imex.service is enabled (active), expected masked: the NVIDIA DRA "
+        "driver runs IMEX in its ComputeDomains",
+        "imex: host nvidia-fabricmanager.service is enabled (active), expected none on a "
+        "GB200/GB300 compute tray (its NVLink switch trays manage the fabric)"]),
+    ({}, False, [
+        "imex: the nvidia-imex package is not installed, expected it (multi-node NVLink "
+        "needs IMEX)",
+        "imex: host nvidia-imex.service is not-found (inactive), expected masked: the NVIDIA "
+        "DRA driver runs IMEX in its ComputeDomains"]),
+], ids=["ready-for-dra", "host-imex-and-fabric-manager", "no-imex"])
+def test_imex_prerequisites_of_a_gb200_tray(tmp_path: Path, units: dict[str, tuple[str, str]],
+                                            imex_installed: bool, failures: list[str]) -> None:
+    imex = tmp_path / "nvidia-imex"
+    if imex_installed:
+        script(imex, "#!/bin/sh\nexit 0\n")
+    result = run_module(tmp_path, nvidia_smi=fake_smi(tmp_path, CAPTURES[0][0]),
+                        dcgm_diag=False, systemctl=fake_systemctl(tmp_path, units),
+                        imex_binary=str(imex))
+    report = validate(result["report"])
+    verdict = evaluate(report, Expectation(imex="dra"))
+    assert list(verdict.failures) == failures
+    assert "imex" in verdict.checks

@@ -59,6 +59,14 @@ options:
     type: int
     default: 1
     choices: [1, 2, 3]
+  systemctl:
+    description: systemctl to ask for nvidia-imex and nvidia-fabricmanager; missing means no imex in the report.
+    type: str
+    default: systemctl
+  imex_binary:
+    description: The IMEX daemon whose presence means the IMEX package is installed.
+    type: str
+    default: nvidia-imex
 """
 
 MAX_ITEMS = 512
@@ -283,6 +291,37 @@ def dcgm_reason(result):
     return (where + "; ".join(texts))[:400] if texts else ""
 
 
+def unit_state(systemctl, unit):
+    """(``is-enabled``, ``is-active``) of a systemd unit: ``masked``/``enabled``/...,
+    ``active``/``inactive``/...; ``not-found`` for a unit that is not installed."""
+    states = []
+    for verb in ("is-enabled", "is-active"):
+        try:
+            proc = subprocess.run([systemctl, verb, unit], capture_output=True, text=True,
+                                  timeout=20, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return "unknown", "unknown"
+        word = (proc.stdout.strip().splitlines() or [""])[0].strip()[:32]
+        if not word or "not-found" in proc.stderr or "No such file" in proc.stderr:
+            word = "not-found" if verb == "is-enabled" else (word or "inactive")
+        states.append(word)
+    return states[0], states[1]
+
+
+def imex_facts(systemctl, imex_binary):
+    """GB200/GB300 prerequisites: the IMEX package, the host's own ``nvidia-imex`` service
+    (masked when the NVIDIA DRA driver runs IMEX in ComputeDomains) and no host Fabric
+    Manager. None without systemctl (no way to tell)."""
+    path = shutil.which(systemctl)
+    if path is None:
+        return None
+    imex_enabled, imex_active = unit_state(path, "nvidia-imex.service")
+    fm_enabled, fm_active = unit_state(path, "nvidia-fabricmanager.service")
+    return {"package": shutil.which(imex_binary) is not None,
+            "service_enabled": imex_enabled, "service_active": imex_active,
+            "fabricmanager_enabled": fm_enabled, "fabricmanager_active": fm_active}
+
+
 def pci_address(text):
     """``00000000:17:00.0`` -> ``0000:17:00.0`` (sysfs form)."""
     text = text.strip().lower()
@@ -355,7 +394,9 @@ def main():
                        "dcgmi": {"type": "str", "default": "dcgmi"},
                        "dcgm_diag": {"type": "bool", "default": True},
                        "dcgm_timeout_s": {"type": "int", "default": 600},
-                       "dcgm_level": {"type": "int", "default": 1, "choices": [1, 2, 3]}},
+                       "dcgm_level": {"type": "int", "default": 1, "choices": [1, 2, 3]},
+                       "systemctl": {"type": "str", "default": "systemctl"},
+                       "imex_binary": {"type": "str", "default": "nvidia-imex"}},
         supports_check_mode=True)
     gpus, nvidia, xml, smi_errors = gpus_from_nvidia_smi(module.params["nvidia_smi"])
     on_pci = nvidia_pci()
@@ -368,6 +409,9 @@ def main():
         report["nvidia_smi_xml"] = xml
     if smi_errors:
         report["nvidia_smi_errors"] = smi_errors
+    imex = imex_facts(module.params["systemctl"], module.params["imex_binary"])
+    if imex is not None:
+        report["imex"] = imex
     if module.params["dcgm_diag"]:
         diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"],
                          module.params["dcgm_level"])
