@@ -241,7 +241,8 @@ def check_lost(gpus: GpuReport | None, report: Mapping[str, Any]) -> list[str]:
         return failures
     listed = {_bus(g.bus_id) for g in gpus.gpus}
     for address in _pci_gpu_addresses(report):
-        if _bus(address) not in listed and not any(_bus(address) in f for f in failures):
+        if _bus(address) not in listed and not any(_bus(address) in f.lower()
+                                                   for f in failures):
             failures.append(f"gpu-lost: GPU {address} is on PCI but nvidia-smi does not list "
                             f"it ({len(gpus.gpus)} GPUs listed), expected every GPU usable")
     return failures

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any, Final
 
 from provisioner.validation.checks import Expectation
@@ -59,9 +60,17 @@ def held_reasons(facts: Mapping[str, Any]) -> tuple[str, ...]:
     if record is None or record.passed:
         return ()
     override = facts.get(OVERRIDE_KEY)
-    if isinstance(override, Mapping) and str(override.get("at", "")) >= record.at:
+    if isinstance(override, Mapping) and _not_before(str(override.get("at", "")), record.at):
         return ()
     return record.failures or ("SKU check failed",)
+
+
+def _not_before(at: str, since: str) -> bool:
+    """ISO 8601 times compared as times (``…21+00:00`` is before ``…21.5+00:00``)."""
+    try:
+        return datetime.fromisoformat(at) >= datetime.fromisoformat(since)
+    except ValueError:
+        return False
 
 
 def override_entry(actor: str, reason: str, at: str) -> dict[str, str]:

@@ -123,3 +123,17 @@ def test_pre_table_facts_are_named_by_the_gate(tmp_path: Path) -> None:
     """Facts recorded by an older ramdisk (``NVIDIA 0x2330``) still pass an H100 profile."""
     old = {"gpus": [{"vendor": "0x10de", "device": "0x2330", "name": "NVIDIA 0x2330"}] * 8}
     assert evaluate(old, Expectation(gpu_count=8, gpu_model="H100")).passed
+
+
+def test_sku_override_counts_only_after_the_record() -> None:
+    from provisioner.validation.sku import held_reasons
+
+    record = {"passed": False, "at": "2026-11-25T10:00:21.500000+00:00",
+              "failures": ["gpu-count: saw 0 GPUs (PCI), expected 8"], "checks": ["gpus"]}
+    assert held_reasons({"sku": record}) == ("gpu-count: saw 0 GPUs (PCI), expected 8",)
+    earlier = {"by": "alice", "at": "2026-11-25T10:00:21+00:00", "reason": "x"}
+    later = dict(earlier, at="2026-11-25T10:00:22+00:00")
+    assert held_reasons({"sku": record, "sku_override": earlier}) != ()
+    assert held_reasons({"sku": record, "sku_override": later}) == ()
+    assert held_reasons({"sku": dict(record, passed=True, failures=[])}) == ()
+    assert held_reasons({}) == ()
