@@ -60,7 +60,9 @@ options:
     default: 1
     choices: [1, 2, 3]
   systemctl:
-    description: systemctl to ask for nvidia-imex and nvidia-fabricmanager; missing means no imex in the report.
+    description: >-
+      systemctl to ask for nvidia-imex and nvidia-fabricmanager; missing means no imex in
+      the report.
     type: str
     default: systemctl
   imex_binary:
