@@ -24,6 +24,7 @@ from provisioner.agent.gpu_ids import device_id, model_name
 
 LABEL_COUNT = "nvidia.com/gpu.count"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
+LABEL_CLIQUE = "nvidia.com/gpu.clique"
 RESOURCE_GPU = "nvidia.com/gpu"
 _GRES = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\d+))?")
 _SLUG = re.compile(r"[^a-z0-9]+")
@@ -51,6 +52,13 @@ class Inventory:
 
     def __str__(self) -> str:
         return f"{self.gpus}× {self.model}" if self.model else f"{self.gpus} GPUs"
+
+
+def validated_clique(facts: Mapping[str, Any]) -> str | None:
+    """The NVLink clique the validation gate recorded (``facts["validation"]["clique"]``)."""
+    record = facts.get("validation")
+    clique = record.get("clique") if isinstance(record, Mapping) else None
+    return clique if isinstance(clique, str) and clique else None
 
 
 def inventory(facts: Mapping[str, Any]) -> Inventory:
@@ -140,12 +148,17 @@ def slurm_disagreement(have: Inventory, gres: str, features: frozenset[str] = fr
 
 
 def kube_disagreement(have: Inventory, labels: Mapping[str, str],
-                      allocatable: Mapping[str, str]) -> list[str]:
+                      allocatable: Mapping[str, str], clique: str | None = None) -> list[str]:
     """What Kubernetes shows (GPU feature discovery's labels, the device plugin's allocatable)
-    against the node's GPUs; what Kubernetes does not show yet is not a disagreement."""
+    against the node's GPUs and, on NVL72, the NVLink clique the validation gate found; what
+    Kubernetes does not show yet is not a disagreement."""
     if not have.gpus:
         return []
     problems = []
+    shown_clique = labels.get(LABEL_CLIQUE)
+    if clique is not None and shown_clique is not None and shown_clique != clique:
+        problems.append(f"Kubernetes label {LABEL_CLIQUE}={shown_clique}, the node's NVLink "
+                        f"clique is {clique}")
     count = labels.get(LABEL_COUNT)
     if count is not None and count.strip() != str(have.gpus):
         problems.append(f"Kubernetes label {LABEL_COUNT}={count}, node has {have}")

@@ -33,6 +33,7 @@ from provisioner.slurm.agree import (
     merge_conf,
     slurm_disagreement,
     slurmd_conf,
+    validated_clique,
 )
 from provisioner.slurm.model import SlurmClient, SlurmNode, SlurmTimeout
 
@@ -112,7 +113,8 @@ class SlurmHandoff:
         if self._kube is not None and have.gpus:
             info = await self._kube.find_node(node_name(node))
             if info is not None:
-                problems += kube_disagreement(have, info.labels, info.allocatable)
+                problems += kube_disagreement(have, info.labels, info.allocatable,
+                                              validated_clique(node.facts))
         if problems:
             raise FatalError(f"Slurm node {name} registered, but " + "; ".join(problems))
 

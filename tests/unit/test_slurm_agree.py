@@ -86,3 +86,18 @@ def test_merge_conf_keeps_the_operators_words() -> None:
         "Weight=10 Gres=gpu:h100:8 Feature=gpu,h100")
     assert merge_conf("", "Gres=gpu:h100:8") == "Gres=gpu:h100:8"
     assert merge_conf("Gres=gpu:h100:8", "Gres=gpu:h100:8") == "Gres=gpu:h100:8"
+
+
+def test_the_clique_kubernetes_shows_must_be_the_validated_one() -> None:
+    from provisioner.slurm.agree import validated_clique
+
+    clique = "7f3c2a10-5b4e-4d6a-9c1e-2b8f0e6d4a91.1"
+    facts = {"validation": {"passed": True, "clique": clique}}
+    gb200 = Inventory(4, "NVIDIA GB200")
+    assert validated_clique(facts) == clique and validated_clique({}) is None
+    ok = {"nvidia.com/gpu.count": "4", "nvidia.com/gpu.clique": clique}
+    assert kube_disagreement(gb200, ok, {}, validated_clique(facts)) == []
+    other = ok | {"nvidia.com/gpu.clique": "7f3c2a10-5b4e-4d6a-9c1e-2b8f0e6d4a91.2"}
+    assert kube_disagreement(gb200, other, {}, clique) == [
+        "Kubernetes label nvidia.com/gpu.clique=7f3c2a10-5b4e-4d6a-9c1e-2b8f0e6d4a91.2, the "
+        "node's NVLink clique is 7f3c2a10-5b4e-4d6a-9c1e-2b8f0e6d4a91.1"]
