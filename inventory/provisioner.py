@@ -37,7 +37,14 @@ try:
     from provisioner.agent.gpu_ids import device_id, model_name
 except ImportError:  # run from a checkout without the package installed: the repo's copy
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from provisioner.agent.gpu_ids import device_id, model_name
+    try:
+        from provisioner.agent.gpu_ids import device_id, model_name
+    except ImportError:  # copied away from both: names as the facts give them
+        def device_id(text: str) -> int | None:
+            return None
+
+        def model_name(device: int | str) -> str:
+            return f"NVIDIA {device}"
 
 API = "/api/v1"
 PAGE = 500
