@@ -33,6 +33,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+try:
+    from provisioner.agent.gpu_ids import device_id, model_name
+except ImportError:  # run from a checkout without the package installed: the repo's copy
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    try:
+        from provisioner.agent.gpu_ids import device_id, model_name
+    except ImportError:  # copied away from both: names as the facts give them
+        def device_id(text: str) -> int | None:
+            return None
+
+        def model_name(device: int | str) -> str:
+            return f"NVIDIA {device}"
+
 API = "/api/v1"
 PAGE = 500
 TIMEOUT_S = 30.0
@@ -128,17 +141,28 @@ def slug(text: str) -> str:
 
 
 def gpu_model(facts: dict[str, Any]) -> tuple[str | None, int]:
-    """(model, count): the most common GPU name in the facts (``vendor:device`` without
-    a name), from the last inspection or the agent's last report."""
+    """(model, count): the most common GPU name in the facts, from the last inspection or the
+    agent's last report. A GPU without a name, or with the pre-table ``NVIDIA 0x2330``, is
+    named from the device ID table (``NVIDIA H100 80GB HBM3``); ``vendor:device`` when the
+    vendor is not NVIDIA."""
     gpus = facts.get("gpus")
     if not isinstance(gpus, list):
         report = facts.get("last_report")
         gpus = report.get("gpus") if isinstance(report, dict) else None
     if not isinstance(gpus, list) or not gpus:
         return None, 0
-    names = [str(g.get("name") or f"{g.get('vendor', '')}:{g.get('device', '')}")
-             for g in gpus if isinstance(g, dict)]
+    names = [gpu_name(g) for g in gpus if isinstance(g, dict)]
     return (max(set(names), key=names.count) if names else None), len(gpus)
+
+
+def gpu_name(gpu: dict[str, Any]) -> str:
+    name = str(gpu.get("name") or "")
+    vendor, device = str(gpu.get("vendor", "")), str(gpu.get("device", ""))
+    if vendor.lower() not in ("0x10de", "10de") or device_id(device) is None:
+        return name or f"{vendor}:{device}"
+    if not name or name.lower() in (f"nvidia {device.lower()}", "nvidia 0x0000"):
+        return model_name(device)
+    return name
 
 
 def hostvars(node: dict[str, Any]) -> dict[str, Any]:

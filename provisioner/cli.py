@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 PROG = "provisioner"
 API = "/api/v1"
-ACTIONS = ("inspect", "deploy", "retire", "retry", "abort", "maintenance-on", "maintenance-off")
+ACTIONS = ("inspect", "deploy", "retire", "retry", "abort", "maintenance-on", "maintenance-off",
+           "sku-override")
 ROLES = ("viewer", "operator", "admin")
 BMC_DRIVERS = ("ipmi", "redfish", "fake")
 IMPORT_TYPES = {".csv": "text/csv", ".json": "application/json"}

@@ -219,10 +219,23 @@ def is_nfd_key(key: str) -> bool:
         ".feature.node.kubernetes.io")
 
 
+def foreign_owner(key: str) -> str | None:
+    """Who owns a label key we must never write: node-feature-discovery's, and the NVIDIA DRA
+    driver's ``resource.nvidia.com/*`` (``resource.nvidia.com/computeDomain`` marks the nodes
+    of a ComputeDomain; writing it would join or leave one behind the driver's back)."""
+    if is_nfd_key(key):
+        return "node-feature-discovery"
+    if "/" in key and key.partition("/")[0] == "resource.nvidia.com":
+        return "the NVIDIA DRA driver (ComputeDomains)"
+    return None
+
+
 def _check_not_nfd(keys: dict[str, str]) -> None:
     for key in keys:
         if is_nfd_key(key):
             raise ValueError(f"{key!r}: NFD labels are set by node-feature-discovery, not us")
+        if (owner := foreign_owner(key)) is not None:
+            raise ValueError(f"{key!r}: set by {owner}, not us")
 
 
 class KubeProfile(_Section):
@@ -328,6 +341,14 @@ class SlurmSettings(_Section):
         30.0, ge=0, description="Period of the Slurm to daemon drain sync; 0 disables it")
     drain_directly: bool = Field(
         True, description="Also set DRAIN in Slurm (besides the cordon Slinky acts on)")
+    nodeset_namespace: str | None = Field(
+        None, description="Namespace of the Slinky NodeSets: when set, the hand-off writes a "
+        "GPU node's Gres=gpu:<type>:<count> and Feature into its NodeSet's extraConf (the "
+        "NodeSet is named like the nodeset label value)")
+    verify_gres: bool = Field(
+        True, description="At registering, hold a GPU node whose Slurm Gres, Kubernetes "
+        "nvidia.com/gpu.count/gpu.product labels or allocatable nvidia.com/gpu disagree with "
+        "its facts (e.g. Gres=(null) on an 8-GPU node)")
     reason_prefix: str = Field(
         "provisioner: ", min_length=1, description="Prefix of the drain reasons the daemon "
         "sets; drains without it (or Slinky's slurm-operator:) are someone else's")
@@ -343,7 +364,7 @@ class SlurmSettings(_Section):
     @field_validator("nodeset_label")
     @classmethod
     def _check_label(cls, value: str) -> str:
-        if not re.match(_LABEL_KEY, value) or is_nfd_key(value):
+        if not re.match(_LABEL_KEY, value) or foreign_owner(value) is not None:
             raise ValueError(f"{value!r} is not a label key we may set")
         return value
 
@@ -575,12 +596,15 @@ class InstallerSettings(_Section):
 
 class ValidationProfile(_Section):
     """What a node of one profile must show before it goes to Slurm (the ``validating``
-    step, from the node's last facts report). Unset: not checked."""
+    step, from the node's last facts report). Unset: not checked. The hardware part (GPU
+    count and model, InfiniBand port count and rate, memory, disks) is also checked on the
+    inspection ramdisk's facts before deployment (the SKU gate)."""
 
     gpu_count: int | None = Field(None, ge=0, description="GPUs the driver must see")
     gpu_model: str | None = Field(
-        None, min_length=1, description="Every GPU's product name contains this "
-        "(case-insensitive), e.g. \"H100\"")
+        None, min_length=1, description="Every GPU's product name (or its pci.ids name) "
+        "contains this as whole words (case-insensitive), e.g. \"H100\" (not \"H20\" in "
+        "\"H200\")")
     ib_rate_gbps: float | None = Field(
         None, gt=0, description="Every InfiniBand port Active/LinkUp at this rate (Gb/s)")
     ib_port_count: int | None = Field(
@@ -594,6 +618,20 @@ class ValidationProfile(_Section):
     require_dcgm: bool = Field(
         False, description="A passing `dcgmi diag -r 1` must be in the facts (a failing one "
         "always fails the node)")
+    memory_min_gib: float | None = Field(
+        None, gt=0, description="Least memory the kernel reports (MemTotal, below the "
+        "installed size), GiB")
+    disk_count: int | None = Field(
+        None, ge=0, description="Disks (of at least disk_min_gb when set) the node has")
+    disk_min_gb: float | None = Field(
+        None, gt=0, description="Least size of a counted disk, GB (10^9 bytes)")
+    imex: Literal["dra", "host"] | None = Field(
+        None, description="GB200/GB300 compute trays: the IMEX package installed, no host "
+        "Fabric Manager, and the host nvidia-imex service masked (\"dra\": the NVIDIA DRA "
+        "driver's ComputeDomains run IMEX) or active (\"host\")")
+    nvlink_accept_degraded_bandwidth: bool = Field(
+        False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
+        "summary Limited Capacity); unset, such a node is held like an unhealthy one")
 
     @field_validator("nvlink_domain_nodes")
     @classmethod

@@ -279,7 +279,8 @@ class Daemon:
         handoff = SlurmHandoff(
             slurm_client, self._settings.slurm, kube=kube_client,
             topology_spec=lambda node: topology.spec_for(node.hostname or ""),
-            gpu_ready=joiner.release_operands if joiner is not None else None)
+            gpu_ready=joiner.release_operands if joiner is not None else None,
+            nodesets=kube_client)
         return SlurmFirstKube(kube, handoff), handoff
 
     async def _connect_kube(self, stack: AsyncExitStack) -> KubeClient | None:

@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from provisioner.agent.gpu_ids import model_name
+
 NVIDIA = "0x10de"
 _CLASS_NET = 0x02
 _CLASS_DISPLAY = 0x03
@@ -33,14 +35,20 @@ def collect(root: Path = Path("/")) -> dict[str, Any]:
         "pci": pci(root),
         "infiniband": infiniband(root),
     }
-    facts["gpus"] = [{"pci_address": dev["address"], "vendor": dev["vendor"],
-                      "device": dev["device"], "name": f"NVIDIA {dev['device']}"}
-                     for dev in facts["pci"]
-                     if dev["vendor"] == NVIDIA and dev["class"].startswith("0x03")]
+    facts["gpus"] = gpus(facts["pci"])
     bmc = bmc_lan(root)
     if bmc:
         facts["bmc"] = bmc
     return facts
+
+
+def gpus(devices: list[dict[str, str]]) -> list[dict[str, str]]:
+    """NVIDIA display/3D controllers, named by model (``NVIDIA H100 80GB HBM3``) from the
+    device ID table, as nvidia-smi names them once the driver is up."""
+    return [{"pci_address": dev["address"], "vendor": dev["vendor"], "device": dev["device"],
+             "name": model_name(dev["device"])}
+            for dev in devices
+            if dev["vendor"] == NVIDIA and dev["class"].startswith("0x03")]
 
 
 def system(root: Path) -> dict[str, str]:

@@ -154,10 +154,24 @@ def _nvidia_smi_xml(value: object, where: str) -> None:
         raise FactsError(f"{where}: larger than {MAX_NVIDIA_SMI_XML_BYTES} bytes")
 
 
+def _nvidia_smi_errors(value: object, where: str) -> None:
+    """nvidia-smi's own error lines (``Unable to determine the device handle for GPU …: GPU
+    is lost``): the validation gate fails the node with them."""
+    _list(value, where, _text(512))
+
+
+def _imex(value: object, where: str) -> None:
+    """GB200/GB300 prerequisites as the ``facts`` role saw them (systemd unit states)."""
+    _obj(value, where, {"package": _bool, "service_enabled": _text(32),
+                        "service_active": _text(32), "fabricmanager_enabled": _text(32),
+                        "fabricmanager_active": _text(32)}, ("package",))
+
+
 def _dcgm_diag(value: object, where: str) -> None:
-    """``dcgmi diag -r 1`` as the node judged it: whether it ran, passed, and why not."""
-    _obj(value, where, {"ran": _bool, "passed": _bool, "summary": _text(MAX_DCGM_SUMMARY)},
-         ("ran", "passed"))
+    """``dcgmi diag -r <level>`` as the node judged it: whether it ran, passed, and why not
+    (DCGM's own reasons), and the level (1 when absent)."""
+    _obj(value, where, {"ran": _bool, "passed": _bool, "summary": _text(MAX_DCGM_SUMMARY),
+                        "level": _num(1, 4)}, ("ran", "passed"))
 
 
 _SECTIONS: dict[str, Any] = {
@@ -171,5 +185,7 @@ _SECTIONS: dict[str, Any] = {
     "infiniband": lambda v, w: _list(v, w, _hca),
     "bmc": _bmc,
     "nvidia_smi_xml": _nvidia_smi_xml,
+    "nvidia_smi_errors": _nvidia_smi_errors,
     "dcgm_diag": _dcgm_diag,
+    "imex": _imex,
 }

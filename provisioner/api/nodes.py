@@ -30,6 +30,7 @@ from provisioner.domain import BmcEndpoint, NewNode, Node, NodeFilter, Role
 from provisioner.errors import InvalidRequest, NotFound
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.validation.sku import held_reasons
 
 PREFIX: Final = "/api/v1"
 
@@ -44,7 +45,9 @@ EVENT_ACTIONS: Final[Mapping[str, Event]] = {
 #: action name -> maintenance flag
 MAINTENANCE_ACTIONS: Final[Mapping[str, bool]] = {"maintenance-on": True,
                                                   "maintenance-off": False}
-ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS)
+#: the SKU gate's per-node override (needs a reason): a node held in ``inspected`` goes on
+SKU_OVERRIDE: Final = "sku-override"
+ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -100,6 +103,10 @@ async def _apply(conductor: Conductor, node_id: str, action: str, *, actor: str,
         if on and not reason:
             raise InvalidRequest("maintenance-on needs a reason (body: {\"reason\": \"...\"})")
         return await conductor.set_maintenance(node_id, on, actor=actor, reason=reason)
+    if action == SKU_OVERRIDE:
+        if not reason:
+            raise InvalidRequest("sku-override needs a reason (body: {\"reason\": \"...\"})")
+        return await conductor.override_sku(node_id, actor=actor, reason=reason)
     return await conductor.fire(node_id, EVENT_ACTIONS[action], actor=actor, reason=reason)
 
 
@@ -115,6 +122,8 @@ def allowed_actions(node: Node) -> list[str]:
     events = Conductor.allowed_events(node)
     names = [name for name, event in EVENT_ACTIONS.items() if event in events]
     names.append("maintenance-off" if node.maintenance else "maintenance-on")
+    if node.state is NodeState.INSPECTED and held_reasons(node.facts):
+        names = [name for name in names if name != "deploy"] + [SKU_OVERRIDE]
     return names
 
 

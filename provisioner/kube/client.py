@@ -47,6 +47,7 @@ from provisioner.kube.ratelimit import TokenBucket
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PatchKind = Literal["strategic", "merge", "json"]
+_NODESET = ("slinky.slurm.net", "v1beta1", "nodesets")  # group, version, plural
 _CONTENT_TYPES: dict[str, str] = {
     "strategic": "application/strategic-merge-patch+json",
     "merge": "application/merge-patch+json",
@@ -65,6 +66,7 @@ class KubeClient:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._api = api
         self._core = k8s.CoreV1Api(api)
+        self._custom = k8s.CustomObjectsApi(api)
         self._settings = settings
         self._own_pool = executor is None
         self._pool = executor or ThreadPoolExecutor(settings.max_concurrency, "kube")
@@ -128,6 +130,25 @@ class KubeClient:
         except KubeNotFound:
             return False
         return True
+
+    # Slinky NodeSets ----------------------------------------------------------------------
+
+    async def nodeset_extra_conf(self, namespace: str, name: str) -> str | None:
+        """``spec.extraConf`` of a Slinky NodeSet (``slurmd --conf``); None when there is no
+        such NodeSet, ``""`` when it has none."""
+        try:
+            doc = await self._json(lambda **kw: self._custom.get_namespaced_custom_object(
+                *_NODESET[:2], namespace, _NODESET[2], name, **kw),
+                what=f"NodeSet {namespace}/{name}")
+        except KubeNotFound:
+            return None
+        spec = doc.get("spec") or {}
+        return str(spec.get("extraConf") or "")
+
+    async def set_nodeset_extra_conf(self, namespace: str, name: str, conf: str) -> None:
+        await self._json(lambda **kw: self._custom.patch_namespaced_custom_object(
+            *_NODESET[:2], namespace, _NODESET[2], name, {"spec": {"extraConf": conf}},
+            _content_type=_CONTENT_TYPES["merge"], **kw), what=f"NodeSet {namespace}/{name}")
 
     # Pods -------------------------------------------------------------------------------
 

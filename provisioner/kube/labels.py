@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from provisioner.config import KubeProfile, is_nfd_key
+from provisioner.config import KubeProfile, foreign_owner, is_nfd_key
 from provisioner.domain import Node
 from provisioner.kube.model import (
     ANNOTATION_MACS,
@@ -83,6 +83,8 @@ def _check(labels: Mapping[str, str], annotations: Mapping[str, str],
     for key, value in labels.items():
         if is_nfd_key(key):
             raise KubeRejected(f"label {key!r}: NFD labels are node-feature-discovery's")
+        if (owner := foreign_owner(key)) is not None:
+            raise KubeRejected(f"label {key!r}: set by {owner}, never by provisioner")
         if not _KEY.match(key) or not _VALUE.match(value):
             raise KubeRejected(f"label {key}={value!r} is not a valid Kubernetes label")
     for key in annotations:
@@ -112,7 +114,8 @@ def _managed_text(desired: DesiredMetadata) -> str:
 def _map_patch(current: Mapping[str, str], desired: Mapping[str, str],
                previously: set[str]) -> dict[str, str | None]:
     patch: dict[str, str | None] = {k: v for k, v in desired.items() if current.get(k) != v}
-    patch.update({k: None for k in previously - desired.keys() if k in current})
+    patch.update({k: None for k in previously - desired.keys()
+                  if k in current and foreign_owner(k) is None})  # never another's key
     return patch
 
 

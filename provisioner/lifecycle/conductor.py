@@ -11,6 +11,7 @@ import logging
 from collections import defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, nullcontext
+from datetime import UTC, datetime
 from typing import Final, TypeVar
 
 from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
@@ -34,6 +35,7 @@ from provisioner.lifecycle.states import (
 from provisioner.lifecycle.steps import KEYED_STEPS, STEPS, WAITING_STEPS, Step
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
+from provisioner.validation.sku import OVERRIDE_EVENT, OVERRIDE_KEY, held_reasons, override_entry
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +115,27 @@ class Conductor:
         if not on:
             await self._apply_policy(node)
         return node
+
+    async def override_sku(self, node_id: str, *, actor: str, reason: str) -> Node:
+        """Let a node the SKU gate holds in ``inspected`` go on (a history row, and the
+        override in its facts until a new inspection writes a new record); the deploy
+        policy then applies."""
+        async with self._locks[node_id]:
+            node = await self._repo.get(node_id)
+            held = held_reasons(node.facts) if node.state is NodeState.INSPECTED else ()
+            if not held:
+                raise Conflict(f"node {node_id} is not held by the SKU gate "
+                               f"(state {node.state})")
+            await self._repo.merge_facts(node_id, {OVERRIDE_KEY: override_entry(
+                actor, reason, datetime.now(UTC).isoformat())})
+            node = await self._repo.transition(
+                await self._repo.get(node_id), to_state=node.state, event=OVERRIDE_EVENT,
+                actor=actor, reason=f"{reason} (overrides: {'; '.join(held)})",
+                reset_checkpoint=False)
+        log.warning("node %s: SKU gate overridden by %s: %s", node_id, actor, reason)
+        self._notify(node, OVERRIDE_EVENT, node.state)
+        await self._apply_policy(node)
+        return await self._repo.get(node_id)
 
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
                      level: int = logging.INFO) -> Node:
@@ -279,6 +302,11 @@ class Conductor:
             if event in _WORK_EVENTS and node.maintenance:
                 raise Conflict(f"node {node_id} is in maintenance ({node.maintenance_reason}); "
                                "turn maintenance off first")
+            if event is Event.DEPLOY and node.state is NodeState.INSPECTED and (
+                    held := held_reasons(node.facts)):
+                raise Conflict(f"node {node_id} does not match profile {node.profile}: "
+                               f"{'; '.join(held)} (the SKU gate; override it with "
+                               f"`provisioner node action {node_id} sku-override --reason …`)")
             target = next_state(node.state, event)
             last_error: str | None = None
             if target in FAILED:
@@ -308,6 +336,8 @@ class Conductor:
         if node.state in (NodeState.DISCOVERED, NodeState.ENROLLED):
             event = Event.INSPECT if self._settings.auto_inspect else None
         elif node.state is NodeState.INSPECTED and node.profile:
+            if held_reasons(node.facts):  # the SKU gate holds it: no deploy, no noise
+                return
             event = Event.DEPLOY if self._settings.auto_deploy else None
         if event is None:
             return

@@ -61,6 +61,11 @@ class Validator(Protocol):
         """Return once every node of ``record.clique`` passed; ``note`` the wait."""
         ...
 
+    async def check_sku(self, node: Node) -> ValidationRecord:
+        """The SKU gate: the inspection facts against the profile's hardware
+        (``provisioner.validation.sku``)."""
+        ...
+
 
 class AcceptAll:
     """Passes every node without looking: the Validator where none is wired (tests of the
@@ -71,6 +76,9 @@ class AcceptAll:
 
     async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
         return None
+
+    async def check_sku(self, node: Node) -> ValidationRecord:
+        return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat())
 
 
 class BootWaiter(Protocol):

@@ -124,3 +124,6 @@ class RoutedValidator:
 
     async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
         await self._pick(node).wait_domain(node, record, note)
+
+    async def check_sku(self, node: Node) -> ValidationRecord:
+        return await self._pick(node).check_sku(node)

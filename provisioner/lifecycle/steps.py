@@ -13,6 +13,9 @@ from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
 from provisioner.validation.record import KEY as VALIDATION_KEY
 from provisioner.validation.record import NODE_CHECKED, ValidationRecord
+from provisioner.validation.sku import CHECKED as SKU_CHECKED
+from provisioner.validation.sku import HELD_EVENT as SKU_HELD
+from provisioner.validation.sku import KEY as SKU_KEY
 
 DOMAIN_COMPLETE: Final = "nvlink-domain-complete"
 
@@ -80,11 +83,23 @@ async def _netboot(ctx: StepContext) -> None:
 
 
 async def inspect(ctx: StepContext) -> None:
+    """Netboot the ramdisk, collect its facts, check them against the profile's hardware
+    (the SKU gate: a mismatch is written with every reason and holds the node in
+    ``inspected``, see ``provisioner.validation.sku``), power off."""
     async def collect() -> None:
         await ctx.merge_facts(await ctx.ports.inspector.inspect(ctx.node))
 
+    async def sku() -> None:
+        record = await ctx.ports.validator.check_sku(ctx.node)
+        if record.checks or not record.passed or SKU_KEY in ctx.node.facts:  # else: no SKU
+            await ctx.merge_facts({SKU_KEY: record.to_facts()})
+        if not record.passed:
+            await ctx.record(SKU_HELD, f"does not match profile {ctx.node.profile}: "
+                                       f"{record.reason}")
+
     await _netboot(ctx)
     await ctx.substep("collect-facts", collect)
+    await ctx.substep(SKU_CHECKED, sku)
     if ctx.node.bmc is not None:
         await ctx.substep("power-off", lambda: _power(ctx, PowerState.OFF))
 

@@ -25,6 +25,7 @@ from provisioner.store.repo import NodeRepo
 from provisioner.validation.checks import Expectation, evaluate
 from provisioner.validation.domain import Member, Standing, domain_status
 from provisioner.validation.record import REPORT_KEY, ValidationRecord, passed_now
+from provisioner.validation.sku import asks_anything, inspection_facts, sku_expectation
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,10 @@ def expectation(profile: ValidationProfile | None) -> Expectation:
         gpu_count=profile.gpu_count, gpu_model=profile.gpu_model,
         ib_rate_gbps=profile.ib_rate_gbps, ib_port_count=profile.ib_port_count,
         nvlink_domain=profile.nvlink_domain, nvlink_domain_nodes=profile.nvlink_domain_nodes,
-        require_dcgm=profile.require_dcgm)
+        require_dcgm=profile.require_dcgm,
+        nvlink_accept_degraded_bandwidth=profile.nvlink_accept_degraded_bandwidth,
+        memory_min_gib=profile.memory_min_gib, disk_count=profile.disk_count,
+        disk_min_gb=profile.disk_min_gb, imex=profile.imex)
 
 
 def report_of(facts: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -72,6 +76,17 @@ class FactsValidator:
             clique=verdict.clique,
             domain_nodes=expect.nvlink_domain_nodes if verdict.clique else None,
             checks=verdict.checks)
+
+    async def check_sku(self, node: Node) -> ValidationRecord:
+        """The SKU gate on the inspection facts (``provisioner.validation.sku``); a node
+        without a profile, or a profile that names no hardware, passes."""
+        expect = sku_expectation(expectation(self._settings.profiles.get(node.profile or "")))
+        if not asks_anything(expect):
+            return ValidationRecord(passed=True, at=self._clock().isoformat())
+        verdict = await asyncio.to_thread(evaluate, inspection_facts(node.facts), expect,
+                                          node.hostname or "")
+        return ValidationRecord(passed=verdict.passed, at=self._clock().isoformat(),
+                                failures=verdict.failures, checks=verdict.checks)
 
     async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
         if record.clique is None:

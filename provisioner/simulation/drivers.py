@@ -99,6 +99,10 @@ class FakeValidator(_Sim):
     async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
         return None
 
+    async def check_sku(self, node: Node) -> ValidationRecord:
+        return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat(),
+                                checks=("simulated",))
+
 
 def simulated_facts(key: str, serial: str | None) -> dict[str, Any]:
     """Deterministic facts for a simulated HGX H100 node."""

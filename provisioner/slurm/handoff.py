@@ -27,6 +27,14 @@ from provisioner.errors import FatalError
 from provisioner.kube.model import ANNOTATION_CORDON, LABEL_OPERANDS, NodeInfo
 from provisioner.kube.sync import SLINKY_CORDON_REASON
 from provisioner.kube.wait import node_name
+from provisioner.slurm.agree import (
+    inventory,
+    kube_disagreement,
+    merge_conf,
+    slurm_disagreement,
+    slurmd_conf,
+    validated_clique,
+)
 from provisioner.slurm.model import SlurmClient, SlurmNode, SlurmTimeout
 
 log = logging.getLogger(__name__)
@@ -38,6 +46,14 @@ class KubeNodes(Protocol):
     async def find_node(self, name: str) -> NodeInfo | None: ...
 
     async def patch_node(self, name: str, body: Any) -> NodeInfo: ...
+
+
+class NodeSets(Protocol):
+    """Slinky NodeSets' ``spec.extraConf`` (the dynamic slurmd's ``--conf``)."""
+
+    async def nodeset_extra_conf(self, namespace: str, name: str) -> str | None: ...
+
+    async def set_nodeset_extra_conf(self, namespace: str, name: str, conf: str) -> None: ...
 
 
 def no_topology(node: Node) -> str | None:
@@ -55,6 +71,7 @@ class SlurmHandoff:
                  kube: KubeNodes | None = None,
                  topology_spec: Callable[[Node], str | None] = no_topology,
                  gpu_ready: Callable[[Node], Awaitable[None]] | None = None,
+                 nodesets: NodeSets | None = None,
                  now: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._slurm = slurm
@@ -62,6 +79,7 @@ class SlurmHandoff:
         self._kube = kube
         self._topology_spec = topology_spec
         self._gpu_ready = gpu_ready
+        self._nodesets = nodesets
         self._now = now
         self._sleep = sleep
 
@@ -80,10 +98,25 @@ class SlurmHandoff:
             await self.hand_off(node)
         found = await self._wait(name, _registered, "registered",
                                  self._settings.register_timeout_s)
+        if self._settings.verify_gres:
+            await self._agree(node, name, found)
         if found.draining and found.reason.startswith(self._settings.reason_prefix) \
                 and not node.maintenance:
             await self._slurm.resume(name)  # our drain from before (retire, maintenance)
         log.info("node %s: Slurm node %s registered (%s)", node.id, name, found.state_text)
+
+    async def _agree(self, node: Node, name: str, found: SlurmNode) -> None:
+        """The registration proof (``agree.py``): Slurm's Gres and Kubernetes' GPU labels
+        and allocatable against the node's GPUs; a disagreement holds the node."""
+        have = inventory(node.facts)
+        problems = slurm_disagreement(have, found.gres)
+        if self._kube is not None and have.gpus:
+            info = await self._kube.find_node(node_name(node))
+            if info is not None:
+                problems += kube_disagreement(have, info.labels, info.allocatable,
+                                              validated_clique(node.facts))
+        if problems:
+            raise FatalError(f"Slurm node {name} registered, but " + "; ".join(problems))
 
     async def hand_off(self, node: Node) -> NodeInfo:
         """Release the operands, then the NodeSet label and topology annotation."""
@@ -93,6 +126,7 @@ class SlurmHandoff:
             info = await self._patch(name, {"metadata": {"labels": {LABEL_OPERANDS: None}}})
         if self._gpu_ready is not None:
             await self._gpu_ready(node)
+        await self.write_gres(node)
         labels = {self._settings.nodeset_label: self.nodeset(node)}
         annotations = {}
         if (spec := self._topology_spec(node)) is not None:
@@ -106,6 +140,24 @@ class SlurmHandoff:
             info = await self._patch(name, {"metadata": metadata})
             log.info("node %s: handed to Slinky NodeSet %s", node.id, labels)
         return info
+
+    async def write_gres(self, node: Node) -> None:
+        """Put what the node has (``Gres=gpu:<type>:<count> Feature=<nodeset>,<type>``) in
+        its NodeSet's ``extraConf`` (``slurm.nodeset_namespace`` set; the NodeSet is named
+        like the label value), so Slinky's slurmd registers it. The nodes of one NodeSet
+        share a profile, whose hardware the SKU gate checked."""
+        namespace = self._settings.nodeset_namespace
+        have = inventory(node.facts)
+        if self._nodesets is None or namespace is None or not have.gpus:
+            return
+        name = self.nodeset(node)
+        existing = await self._nodesets.nodeset_extra_conf(namespace, name)
+        if existing is None:
+            raise FatalError(f"no Slinky NodeSet {namespace}/{name} to write Gres into")
+        wanted = merge_conf(existing, slurmd_conf(have, [name]))
+        if wanted != existing:
+            await self._nodesets.set_nodeset_extra_conf(namespace, name, wanted)
+            log.info("node %s: NodeSet %s/%s extraConf: %s", node.id, namespace, name, wanted)
 
     async def maintenance(self, node: Node, on: bool, reason: str = "maintenance") -> None:
         """On: cordon (Slinky drains), DRAIN in Slurm, wait until drained. Off: the reverse."""

@@ -46,6 +46,8 @@ class SlurmNode:
     flags: frozenset[str] = field(default_factory=frozenset)
     reason: str = ""
     reason_user: str = ""
+    gres: str = ""  # as registered: "gpu:h100:8(S:0-1)", "" for (null)
+    features: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def registered(self) -> bool:

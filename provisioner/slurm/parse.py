@@ -10,7 +10,8 @@ Two spellings of a node's state exist:
 
 ``scontrol show node -o`` prints one ``Key=Value`` line per node (``State=IDLE+DRAIN``, a
 ``*`` after the base state means NOT_RESPONDING); ``Reason=`` is free text that comes last,
-followed by ``[user@time]``.
+followed by ``[user@time]``. ``Gres=gpu:h100:8(S:0-1)`` (or ``(null)``) and
+``AvailableFeatures=`` are read for the registration proof (``agree.py``).
 """
 
 from __future__ import annotations
@@ -76,7 +77,25 @@ def node_from_openapi(raw: object) -> SlurmNode:
         raise SlurmParseError(f"node {name}: state {state!r} is neither a string nor a list")
     reason = _text(raw, "reason")
     user = _text(raw, "reason_set_by_user") if reason else ""  # 22.05 names one regardless
-    return SlurmNode(name=name, state=base, flags=flags, reason=reason, reason_user=user)
+    return SlurmNode(name=name, state=base, flags=flags, reason=reason, reason_user=user,
+                     gres=_gres(raw.get("gres")), features=_features(raw.get("features")))
+
+
+def _gres(value: object) -> str:
+    """``gres``: a string in every version ("gpu:h100:8", "" or "(null)" for none)."""
+    text = value.strip() if isinstance(value, str) else ""
+    return "" if text in ("(null)", "N/A") else text
+
+
+def _features(value: object) -> frozenset[str]:
+    """``features``: "h100,ib" (v0.0.37/38) or ["h100", "ib"] (v0.0.39+)."""
+    if isinstance(value, str):
+        words = value.split(",")
+    elif isinstance(value, list):
+        words = [w for w in value if isinstance(w, str)]
+    else:
+        words = []
+    return frozenset(w.strip() for w in words if w.strip() and w.strip() != "(null)")
 
 
 def api_errors(doc: object) -> list[str]:
@@ -135,7 +154,9 @@ def node_from_scontrol(line: str) -> SlurmNode:
         raise SlurmParseError(f"node {name}: scontrol line without State=")
     base, flags = state_from_text(fields["State"])
     return SlurmNode(name=name, state=base, flags=flags, reason=reason.strip(),
-                     reason_user=user)
+                     reason_user=user, gres=_gres(fields.get("Gres", "")),
+                     features=_features(fields.get("AvailableFeatures",
+                                                   fields.get("Features", ""))))
 
 
 def nodes_from_scontrol(text: str) -> list[SlurmNode]:

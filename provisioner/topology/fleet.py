@@ -128,6 +128,10 @@ def _node_findings(node: Node, fabric: Fabric | None) -> list[Finding]:
     if node.nvlink.scope in (NvlinkScope.NOT_READY, NvlinkScope.INCONSISTENT):
         findings.append(Finding(Code.NVLINK, node.hostname,
                                 f"no NVLink clique: {node.nvlink.reason}"))
+    for gpu in node.gpus:  # a clique still, but slower: say so (the gate decides)
+        if (degraded := gpu.health.degraded()) is not None:
+            findings.append(Finding(Code.NVLINK, node.hostname,
+                                    f"GPU {gpu.index} ({gpu.uuid}): NVLink {degraded}"))
     if fabric is not None and node.leaf is None and node.gpus:
         findings.append(Finding(Code.NO_LEAF, node.hostname,
                                 "GPU host not in the InfiniBand fabric"))

@@ -54,6 +54,7 @@ class PortState(StrEnum):
 
 
 _PORT_STATES = {"down": PortState.DOWN, "init": PortState.INIT, "initialize": PortState.INIT,
+                "initializing": PortState.INIT,  # ibstat's word (infiniband-diags ibstat.c)
                 "armed": PortState.ARMED, "active": PortState.ACTIVE,
                 "actdefer": PortState.ACTIVE, "active_defer": PortState.ACTIVE}
 
@@ -149,9 +150,54 @@ class LocalCa:
 
 
 @dataclass(frozen=True, slots=True)
+class FabricHealth:
+    """``<fabric><health>`` of ``nvidia-smi -q -x`` (DTD v12: bandwidth, route_recovery_in_
+    progress, route_unhealthy, access_timeout_recovery; v13 adds summary,
+    incorrect_configuration, partition_assigned) and the ``Fabric / Health`` rows of
+    ``nvidia-smi -q``. nvidia-smi's words (``Healthy``, ``Degraded``, ``True``, ``N/A``);
+    ``""`` when the driver does not write the field."""
+
+    summary: str = ""
+    bandwidth: str = ""
+    route_recovery_in_progress: str = ""
+    route_unhealthy: str = ""
+    access_timeout_recovery: str = ""
+    incorrect_configuration: str = ""
+    partition_assigned: str = ""
+
+    def problems(self) -> tuple[str, ...]:
+        """What makes this GPU's NVLink fabric unusable: the health summary Unhealthy, a
+        route unhealthy or recovering, an access timeout recovery, an incorrect
+        configuration, no partition. A degraded bandwidth (or summary Limited Capacity) is
+        ``degraded()``, not a problem: a profile may accept it."""
+        found = []
+        if _norm(self.summary) == "unhealthy":
+            found.append("health summary Unhealthy")
+        for name, value in (("route unhealthy", self.route_unhealthy),
+                            ("route recovery in progress", self.route_recovery_in_progress),
+                            ("access timeout recovery", self.access_timeout_recovery)):
+            if _norm(value) == "true":
+                found.append(name)
+        if _norm(self.incorrect_configuration) not in _NO_FABRIC | {"none", "false"}:
+            found.append(f"incorrect configuration {self.incorrect_configuration}")
+        if _norm(self.partition_assigned) == "false":
+            found.append("no NVLink partition assigned")
+        return tuple(found)
+
+    def degraded(self) -> str | None:
+        """``bandwidth Degraded`` / ``health summary Limited Capacity``, or None."""
+        if _norm(self.bandwidth) == "degraded":
+            return "bandwidth Degraded"
+        if _norm(self.summary) == "limited capacity":
+            return "health summary Limited Capacity"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class Gpu:
     """One GPU; fabric fields keep nvidia-smi's words (``Completed``, ``N/A``), ``""`` when
-    the driver does not report them."""
+    the driver does not report them. ``index``: nvidia-smi's index (the GPU's place in its
+    report, the order of ``nvidia-smi -L``), not the device's minor number."""
 
     uuid: str
     product: str
@@ -163,6 +209,7 @@ class Gpu:
     clique_id: str = ""
     mig_enabled: bool = False
     mig_devices: int = 0
+    health: FabricHealth = FabricHealth()
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +246,9 @@ def _norm(text: str) -> str:
 
 def nvlink_domain(gpus: Sequence[Gpu]) -> NvlinkDomain:
     """GFD's rule (DESIGN §6): clique ``<ClusterUUID>.<CliqueId>`` only when every GPU reports
-    fabric state Completed, status Success, a non-zero ClusterUUID, and all GPUs agree."""
+    fabric state Completed, status Success, a non-zero ClusterUUID, and all GPUs agree; and no
+    GPU's fabric health names a problem (``FabricHealth.problems``: a tray whose fabric is
+    Completed/Success but Unhealthy, route unhealthy, gets no clique)."""
     if not gpus:
         return NvlinkDomain(NvlinkScope.NONE, reason="no GPUs reported")
     if all(_norm(g.fabric_state) in _NO_FABRIC for g in gpus):
@@ -211,6 +260,9 @@ def nvlink_domain(gpus: Sequence[Gpu]) -> NvlinkDomain:
         if _norm(gpu.fabric_status) != "success":
             return NvlinkDomain(NvlinkScope.NOT_READY,
                                 reason=f"{gpu.uuid}: fabric status {gpu.fabric_status or 'absent'}")
+        if problems := gpu.health.problems():
+            return NvlinkDomain(NvlinkScope.NOT_READY,
+                                reason=f"{gpu.uuid}: fabric {', '.join(problems)}")
     uuids = {_cluster_uuid(g.cluster_uuid) for g in gpus}
     if uuids == {None}:
         return NvlinkDomain(NvlinkScope.SINGLE_NODE,

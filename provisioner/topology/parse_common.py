@@ -17,7 +17,10 @@ T = TypeVar("T")
 
 MAX_INPUT_CHARS = 64 * 1024 * 1024
 _GUID = re.compile(r"^(?:0x)?([0-9a-fA-F]{1,16})$")
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# Terminal escapes (``nvidia-smi topo -m`` underlines its header): CSI (``ESC [ 4 m``,
+# ``ESC [ ? 25 l``), OSC (``ESC ] … BEL``) and character-set selections (``ESC ( B``, which
+# ``tput sgr0`` writes).
+_ANSI = re.compile(r"\x1b(?:\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[()][0-9A-Za-z])")
 
 
 def fail(source: str, line: int, reason: str) -> TopologyParseError:

@@ -37,6 +37,9 @@ from provisioner.topology.parse_common import (
 
 _CA = re.compile(r"^CA\s+'([^']+)'\s*$")
 _PORT = re.compile(r"^Port\s+(\d+)\s*:\s*$")
+# ibstat's fatal error (infiniband-diags IBPANIC): "ibpanic: [1234] main: stat of IB device
+# 'mlx5_1' failed: No such file or directory"; what came before it is not the whole host
+_PANIC = re.compile(r"^(?:ibpanic:\s*(?:\[\d+\]\s*)?(?:\w+:\s*)?)?(.*\bIB device '([^']+)'.*|.*)$")
 _STATUS = re.compile(r"^Infiniband device\s+'([^']+)'\s+port\s+(\d+)\s+status:\s*$")
 
 
@@ -64,6 +67,9 @@ class _Ibstat:
                 self._flush()
                 self.port_number = integer(port[1], self.source, number, "port", high=255)
                 self.port = {}
+            elif stripped.startswith("ibpanic:") or (
+                    stripped.startswith("stat of IB device") and "failed" in stripped):
+                raise _panic(self.source, number, stripped)
             elif (pair := key_value(stripped)) is not None and self.cas:
                 self._field(number, *pair)
             else:
@@ -95,12 +101,21 @@ class _Ibstat:
         local = LocalPort(
             self.port_number, PortState.parse(fields.get("state", "")),
             fields.get("physical state", ""),
-            LinkRate(float(rate)) if _is_number(rate) else None,
+            LinkRate.nominal(float(rate)) if _is_number(rate) else None,
             int(lid, 0) if _is_number(lid) else None,
             guid(port_guid, self.source, 0) if port_guid else None,
             fields.get("link layer", ""))
         ca = self.cas[-1]
         self.cas[-1] = replace(ca, ports=(*ca.ports, local))
+
+
+def _panic(source: str, number: int, line: str) -> Exception:
+    """ibstat stopped on a device (it reports no partial host): the error names it."""
+    match = _PANIC.match(line)
+    message = " ".join((match[1] if match else line).split())[:200]
+    device = match[2] if match and match[2] else None
+    where = f"device {device}" if device else "a device"
+    return fail(source, number, f"ibstat failed on {where}: {message}")
 
 
 def _is_number(text: str) -> bool:

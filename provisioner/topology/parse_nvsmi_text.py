@@ -22,7 +22,7 @@ import csv
 import re
 from dataclasses import dataclass, field
 
-from provisioner.topology.model import Gpu, GpuReport
+from provisioner.topology.model import FabricHealth, Gpu, GpuReport
 from provisioner.topology.parse_common import check_text, fail, guarded, numbered
 from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
 
@@ -33,10 +33,19 @@ DEFAULT_FIELDS = ("index", "uuid", "name", "fabric.state", "fabric.status",
 _GPU = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 _PAIR = re.compile(r"^(.*?)\s+:(?:\s+(.*))?$")
 _TITLE = re.compile(r"^[A-Za-z][\w ./()+#-]*$")
-_FIELDS = {("Product Name",): "product", ("GPU UUID",): "uuid", ("Minor Number",): "index",
+_FIELDS = {("Product Name",): "product", ("GPU UUID",): "uuid",
            ("MIG Mode", "Current"): "mig", ("Fabric", "State"): "fabric_state",
            ("Fabric", "Status"): "fabric_status", ("Fabric", "CliqueId"): "clique_id",
            ("Fabric", "ClusterUUID"): "cluster_uuid"}
+# The text twin of <fabric><health> (DTD v13 names in the values)
+_HEALTH: dict[tuple[str, ...], str] = {
+           ("Fabric", "Health", "Summary"): "summary",
+           ("Fabric", "Health", "Bandwidth"): "bandwidth",
+           ("Fabric", "Health", "Route Recovery in progress"): "route_recovery_in_progress",
+           ("Fabric", "Health", "Route Unhealthy"): "route_unhealthy",
+           ("Fabric", "Health", "Access Timeout Recovery"): "access_timeout_recovery",
+           ("Fabric", "Health", "Incorrect Configuration"): "incorrect_configuration",
+           ("Fabric", "Health", "Partition Assigned"): "partition_assigned"}
 
 
 def parse_nvidia_smi(text: str, hostname: str = "", source: str = "nvidia-smi") -> GpuReport:
@@ -67,7 +76,7 @@ class _Text:
             if not line.strip() or line.strip().startswith("====="):
                 continue
             self._line(number, line.replace("\t", "    "))
-        gpus = tuple(self._gpu(fields) for fields in self.gpus)
+        gpus = tuple(self._gpu(fields, index) for index, fields in enumerate(self.gpus))
         if not gpus:
             raise fail(self.source, 0, "no 'GPU <bus id>' section")
         return GpuReport(hostname, gpus, self.top.get("Driver Version", ""), self.source)
@@ -97,17 +106,22 @@ class _Text:
         path = (*(name for _, name in self.stack), key)
         if (name := _FIELDS.get(path)) is not None:
             self.gpus[-1][name] = value
+        elif (name := _HEALTH.get(path)) is not None:
+            self.gpus[-1]["health." + name] = value
 
-    def _gpu(self, fields: dict[str, str | int]) -> Gpu:
+    def _gpu(self, fields: dict[str, str | int], index: int) -> Gpu:
+        """``index``: the section's place in the report, nvidia-smi's index (not the
+        ``Minor Number``, which can differ)."""
         uuid = str(fields.get("uuid", ""))
         if not uuid:
             raise fail(self.source, int(fields["line"]), "GPU section without a GPU UUID")
-        index = str(fields.get("index", ""))
-        return Gpu(uuid, str(fields.get("product", "")), str(fields["bus_id"]),
-                   int(index) if index.isdigit() else None,
+        health = FabricHealth(**{name: str(fields.get("health." + name, ""))
+                                 for name in _HEALTH.values()})
+        return Gpu(uuid, str(fields.get("product", "")), str(fields["bus_id"]), index,
                    str(fields.get("fabric_state", "")), str(fields.get("fabric_status", "")),
                    str(fields.get("cluster_uuid", "")), str(fields.get("clique_id", "")),
-                   str(fields.get("mig", "")).lower() == "enabled", int(fields["mig_devices"]))
+                   str(fields.get("mig", "")).lower() == "enabled", int(fields["mig_devices"]),
+                   health)
 
 
 def parse_nvidia_smi_csv(text: str, hostname: str = "",

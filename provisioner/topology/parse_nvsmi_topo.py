@@ -105,7 +105,11 @@ class NvlinkStatus:
 
 def parse_nvlink_status(text: str, source: str = "nvidia-smi nvlink --status"
                         ) -> tuple[NvlinkStatus, ...]:
+    """One record per GPU. Empty output (what a GPU without NVLink, a PCIe L4 or L40S, gives)
+    is "no links": ``()``, not an error; other text without a ``GPU n:`` line is one."""
     check_text(source, text)
+    if not text.strip():
+        return ()
     return guarded(source, lambda: _nvlink(text, source))
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from xml.etree.ElementTree import Element, TreeBuilder
 from xml.parsers import expat
 
-from provisioner.topology.model import Gpu, GpuReport
+from provisioner.topology.model import FabricHealth, Gpu, GpuReport
 from provisioner.topology.parse_common import check_text, fail, guarded
 
 SOURCE = "nvidia-smi -q -x"
@@ -60,24 +60,31 @@ def _parse(text: str, hostname: str, source: str) -> GpuReport:
     root = safe_xml(text, source)
     if root.tag != "nvidia_smi_log":
         raise fail(source, 1, f"root element is <{root.tag}>, not <nvidia_smi_log>")
-    gpus = tuple(_gpu(element, source) for element in root.findall("gpu"))
+    gpus = tuple(_gpu(element, index, source)
+                 for index, element in enumerate(root.findall("gpu")))
     return GpuReport(hostname, gpus, _text(root, "driver_version"), source)
 
 
-def _gpu(element: Element, source: str) -> Gpu:
+def _gpu(element: Element, index: int, source: str) -> Gpu:
+    """``index``: the GPU's place in the report, which is nvidia-smi's index (``-q`` lists
+    GPUs in index order); ``<minor_number>`` (``/dev/nvidia<minor>``) can differ from it."""
     uuid = _text(element, "uuid")
     if not uuid:
         raise fail(source, 0, f"<gpu id={element.get('id', '?')!r}> has no <uuid>")
-    minor = _text(element, "minor_number")
     fabric = element.find("fabric")
     return Gpu(
         uuid=uuid, product=_text(element, "product_name"), bus_id=element.get("id", ""),
-        index=int(minor) if minor.isdigit() else None,
+        index=index, health=_health(fabric),
         fabric_state=_text(fabric, "state"), fabric_status=_text(fabric, "status"),
         cluster_uuid=_text(fabric, "clusterUuid", "cluster_uuid", "clusterUUID"),
         clique_id=_text(fabric, "cliqueId", "clique_id", "cliqueID"),
         mig_enabled=_text(element, "mig_mode/current_mig").lower() == "enabled",
         mig_devices=len(element.findall("mig_devices/mig_device")))
+
+
+def _health(fabric: Element | None) -> FabricHealth:
+    health = fabric.find("health") if fabric is not None else None
+    return FabricHealth(**{name: _text(health, name) for name in FabricHealth.__slots__})
 
 
 def _text(element: Element | None, *paths: str) -> str:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from provisioner.agent.gpu_ids import device_id, matches, model_name
 from provisioner.topology.model import (
     Gpu,
     GpuReport,
@@ -27,10 +28,13 @@ from provisioner.topology.model import (
     nvlink_domain,
 )
 from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
+from provisioner.validation.hardware import check_disks, check_memory
+from provisioner.validation.imex import check_imex
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _RATE_TOLERANCE = 0.01  # 1 %: 4X NDR is 400 Gb/s whether it is written 400 or 400.0
 _SUMMARY_CHARS = 300
+_PCI_ADDRESS = re.compile(r"^([0-9a-f]{1,8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-7])$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +48,15 @@ class Expectation:
     nvlink_domain: bool = False
     nvlink_domain_nodes: int | None = None
     require_dcgm: bool = False
+    nvlink_accept_degraded_bandwidth: bool = False
+    memory_min_gib: float | None = None
+    disk_count: int | None = None
+    disk_min_gb: float | None = None
+    ib_require_active: bool = True
+    imex: str | None = None
+    """``dra`` or ``host``: check the GB200/GB300 IMEX prerequisites (``validation.imex``)."""
+    """False (the SKU gate at inspection): count and rate only, and no ``infiniband`` in the
+    report (a ramdisk without the IB driver) skips the check."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,12 +82,29 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     if expect.gpu_count is not None or expect.gpu_model is not None:
         checks.append("gpus")
         failures += check_gpus(gpus, _facts_gpus(report), expect)
+    lost = check_lost(gpus, report)
+    if lost:
+        checks.append("gpu-lost")
+        failures += lost
     if expect.nvlink_domain:
         checks.append("nvlink-fabric")
         failures += check_fabric(gpus, expect, missing=parse_error is None)
-    if expect.ib_rate_gbps is not None or expect.ib_port_count is not None:
+    elif gpus is not None and (health := check_fabric_health(gpus, expect)):
+        checks.append("nvlink-health")  # a sick fabric fails any profile, asked or not
+        failures += health
+    if (expect.ib_rate_gbps is not None or expect.ib_port_count is not None) and (
+            expect.ib_require_active or "infiniband" in report):
         checks.append("infiniband")
         failures += check_infiniband(facts_cas(report), expect)
+    if expect.memory_min_gib is not None:
+        checks.append("memory")
+        failures += check_memory(report, expect.memory_min_gib)
+    if expect.disk_count is not None or expect.disk_min_gb is not None:
+        checks.append("disks")
+        failures += check_disks(report, expect.disk_count, expect.disk_min_gb)
+    if expect.imex is not None:
+        checks.append("imex")
+        failures += check_imex(report, expect.imex)
     dcgm = report.get("dcgm_diag")
     if expect.require_dcgm or isinstance(dcgm, Mapping):
         checks.append("dcgm")
@@ -123,7 +153,9 @@ def gpu_report(report: Mapping[str, Any], hostname: str = "") -> tuple[GpuReport
 def check_gpus(gpus: GpuReport | None, pci_names: Sequence[str | None],
                expect: Expectation) -> list[str]:
     """Count and model. The driver's view (nvidia-smi) wins over PCI: a GPU that fell off
-    the bus or failed to initialise is on PCI but not usable."""
+    the bus or failed to initialise is on PCI but not usable. The model matches as whole words
+    of the name or of its pci.ids name (``provisioner.agent.gpu_ids.matches``): ``H100``
+    matches ``NVIDIA H100 80GB HBM3``, ``H20`` does not match ``NVIDIA H200``."""
     names: list[str | None] = ([g.product for g in gpus.gpus] if gpus is not None
                                else list(pci_names))
     source = "nvidia-smi" if gpus is not None else "PCI"
@@ -132,9 +164,8 @@ def check_gpus(gpus: GpuReport | None, pci_names: Sequence[str | None],
         failures.append(f"gpu-count: saw {len(names)} GPUs ({source}), "
                         f"expected {expect.gpu_count}")
     if expect.gpu_model is not None:
-        wanted = expect.gpu_model.lower()
         wrong = Counter(name or "(no model name)" for name in names
-                        if not name or wanted not in name.lower())
+                        if not name or not matches(expect.gpu_model, name))
         for name, count in sorted(wrong.items()):
             failures.append(f"gpu-model: saw {name!r} on {count} of {len(names)} GPUs "
                             f"({source}), expected a model containing {expect.gpu_model!r}")
@@ -142,11 +173,23 @@ def check_gpus(gpus: GpuReport | None, pci_names: Sequence[str | None],
 
 
 def _facts_gpus(report: Mapping[str, Any]) -> list[str | None]:
+    """The names of the report's ``gpus`` (PCI level: the ramdisk's, or the facts module's
+    without a driver); an NVIDIA GPU without a name, or with the pre-table ``NVIDIA 0x2330``,
+    is named from its device ID."""
     listed = report.get("gpus")
     if not isinstance(listed, list):
         return []
-    return [str(g["name"]) if isinstance(g, Mapping) and g.get("name") else None
-            for g in listed]
+    return [_pci_name(g) if isinstance(g, Mapping) else None for g in listed]
+
+
+def _pci_name(gpu: Mapping[str, Any]) -> str | None:
+    name = str(gpu.get("name") or "")
+    device = str(gpu.get("device") or "")
+    nvidia = str(gpu.get("vendor", "")).lower() in ("0x10de", "10de")
+    if nvidia and device_id(device) is not None and (
+            not name or name.lower() == f"nvidia {device.lower()}"):
+        return model_name(device)
+    return name or None
 
 
 def check_fabric(gpus: GpuReport | None, expect: Expectation, *, missing: bool = True
@@ -162,11 +205,62 @@ def check_fabric(gpus: GpuReport | None, expect: Expectation, *, missing: bool =
     failures = [f"nvlink-fabric: GPU {_gpu_name(g)}: fabric state {g.fabric_state or 'absent'}"
                 f", status {g.fabric_status or 'absent'}, expected Completed, Success"
                 for g in gpus.gpus if not _fabric_done(g)]
+    failures += check_fabric_health(gpus, expect)
     domain = nvlink_domain(gpus.gpus)
     if not failures and domain.scope is not NvlinkScope.MULTI_NODE:
         failures.append(f"nvlink-fabric: {domain.reason}, expected a multi-node NVLink "
                         "domain (non-zero ClusterUUID, one CliqueId)")
     return failures
+
+
+def check_fabric_health(gpus: GpuReport, expect: Expectation) -> list[str]:
+    """The ``<fabric><health>`` block (DTD v13) of every GPU: a fabric Completed/Success can
+    still be Unhealthy (route unhealthy, incorrect configuration...): held with the reason.
+    A degraded bandwidth is held too unless the profile accepts it."""
+    failures = []
+    for gpu in gpus.gpus:
+        if problems := gpu.health.problems():
+            failures.append(f"nvlink-fabric: GPU {_gpu_name(gpu)}: fabric {', '.join(problems)}"
+                            ", expected a healthy NVLink fabric")
+        degraded = gpu.health.degraded()
+        if degraded and not expect.nvlink_accept_degraded_bandwidth:
+            failures.append(f"nvlink-fabric: GPU {_gpu_name(gpu)}: fabric {degraded}, expected "
+                            "full NVLink bandwidth (the profile does not accept degraded "
+                            "bandwidth: nvlink_accept_degraded_bandwidth)")
+    return failures
+
+
+def check_lost(gpus: GpuReport | None, report: Mapping[str, Any]) -> list[str]:
+    """GPUs the driver lost: nvidia-smi's own error lines (``Unable to determine the device
+    handle for GPU 0000:05:00.0: GPU is lost. Reboot the system to recover this GPU``), and
+    NVIDIA GPUs on PCI that nvidia-smi does not list."""
+    errors = report.get("nvidia_smi_errors")
+    failures = [f"gpu-lost: nvidia-smi: {' '.join(str(line).split())[:_SUMMARY_CHARS]}"
+                for line in (errors if isinstance(errors, list) else [])]
+    if gpus is None:
+        return failures
+    listed = {_bus(g.bus_id) for g in gpus.gpus}
+    for address in _pci_gpu_addresses(report):
+        if _bus(address) not in listed and not any(_bus(address) in f.lower()
+                                                   for f in failures):
+            failures.append(f"gpu-lost: GPU {address} is on PCI but nvidia-smi does not list "
+                            f"it ({len(gpus.gpus)} GPUs listed), expected every GPU usable")
+    return failures
+
+
+def _bus(address: str) -> str:
+    """``00000000:17:00.0`` (nvidia-smi) and ``0000:17:00.0`` (sysfs) alike."""
+    match = _PCI_ADDRESS.match(address.strip().lower())
+    return f"{int(match[1], 16):04x}:{match[2]}" if match else address.strip().lower()
+
+
+def _pci_gpu_addresses(report: Mapping[str, Any]) -> list[str]:
+    listed = report.get("pci")
+    if not isinstance(listed, list):
+        return []
+    return [str(d.get("address", "")) for d in listed if isinstance(d, Mapping)
+            and str(d.get("vendor", "")).lower() == "0x10de"
+            and str(d.get("class", "")).startswith(("0x0300", "0x0302")) and d.get("address")]
 
 
 def _fabric_done(gpu: Gpu) -> bool:
@@ -175,6 +269,7 @@ def _fabric_done(gpu: Gpu) -> bool:
 
 
 def _gpu_name(gpu: Gpu) -> str:
+    """nvidia-smi's index and the UUID: ``3 (GPU-…)``."""
     return f"{gpu.index} ({gpu.uuid})" if gpu.index is not None else gpu.uuid
 
 
@@ -190,16 +285,19 @@ def check_infiniband(cas: Sequence[LocalCa], expect: Expectation) -> list[str]:
         names = ", ".join(f"{name}/{port.number}" for name, port in ports) or "none"
         failures.append(f"ib-ports: saw {len(ports)} InfiniBand ports ({names}), "
                         f"expected {expect.ib_port_count}")
-    elif not ports:
+    elif not ports and expect.ib_rate_gbps is not None:
         failures.append(f"ib-ports: no InfiniBand port found, expected ports at "
                         f"{expect.ib_rate_gbps:g} Gb/s")
     for name, port in ports:
         physical = port.physical.split(":")[-1].strip()
-        if port.state is not PortState.ACTIVE or (physical and physical.lower() != "linkup"):
+        if expect.ib_require_active and (port.state is not PortState.ACTIVE or (
+                physical and physical.lower() != "linkup")):
             failures.append(f"ib-ports: {name} port {port.number} is {port.state.capitalize()}"
                             f" ({physical or 'physical state unknown'}), expected Active "
                             "(LinkUp)")
-        if expect.ib_rate_gbps is not None and not _rate_ok(port.rate, expect.ib_rate_gbps):
+        down = port.state is not PortState.ACTIVE  # a port not up has no rate to judge
+        if expect.ib_rate_gbps is not None and not (down and not expect.ib_require_active) \
+                and not _rate_ok(port.rate, expect.ib_rate_gbps):
             seen = f"runs at {_rate_text(port.rate)}" if port.rate else "reports no rate"
             failures.append(f"ib-rate: {name} port {port.number} {seen}, expected "
                             f"{expect.ib_rate_gbps:g} Gb/s")
@@ -212,12 +310,14 @@ def _is_ib(port: LocalPort) -> bool:
 
 
 def _rate_ok(rate: LinkRate | None, want: float) -> bool:
-    return rate is not None and abs(rate.gbps - want) <= want * _RATE_TOLERANCE
+    """In the unit ibstat and sysfs print (``LinkRate.nominal_gbps``): 4X QDR is 40, 4X FDR
+    56, whichever collector read the port."""
+    return rate is not None and abs(rate.nominal_gbps - want) <= want * _RATE_TOLERANCE
 
 
 def _rate_text(rate: LinkRate) -> str:
     named = f" ({rate})" if rate.width is not None else ""
-    return f"{rate.gbps:g} Gb/s{named}"
+    return f"{rate.nominal_gbps:g} Gb/s{named}"
 
 
 def facts_cas(report: Mapping[str, Any]) -> tuple[LocalCa, ...]:
@@ -236,7 +336,7 @@ def facts_cas(report: Mapping[str, Any]) -> tuple[LocalCa, ...]:
         else:
             rate = hca.get("rate_gbps")
             ports = (LocalPort(1, PortState.parse(str(hca.get("state", ""))), "",
-                               LinkRate(float(rate)) if isinstance(rate, int | float)
+                               LinkRate.nominal(float(rate)) if isinstance(rate, int | float)
                                and not isinstance(rate, bool) else None),)
         cas.append(LocalCa(str(hca.get("device", "?")), ports))
     return tuple(cas)
@@ -259,8 +359,11 @@ def check_dcgm(dcgm: Mapping[str, Any] | None, expect: Expectation) -> list[str]
     only when the profile requires it."""
     ran = dcgm is not None and dcgm.get("ran") is True
     summary = " ".join(str(dcgm.get("summary", "")).split())[:_SUMMARY_CHARS] if dcgm else ""
+    level = dcgm.get("level") if dcgm is not None else None
+    level = level if isinstance(level, int) and not isinstance(level, bool) else 1
     if ran and dcgm is not None and dcgm.get("passed") is not True:
-        return [f"dcgm: dcgmi diag -r 1 failed: {summary or 'no summary'}, expected a pass"]
+        return [f"dcgm: dcgmi diag -r {level} failed: {summary or 'no summary'}, "
+                "expected a pass"]
     if not ran and expect.require_dcgm:
         why = f" ({summary})" if summary else " (dcgmi not installed?)"
         return [f"dcgm: no DCGM diagnostic ran{why}, the profile requires a passing "

@@ -20,6 +20,7 @@ from provisioner.api.app import make_app
 from provisioner.config import ApiSettings, LifecycleSettings
 from provisioner.domain import Role
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
 from provisioner.metrics import Metrics
 from provisioner.simulation.world import SimWorld
@@ -83,10 +84,10 @@ class Api:
 @asynccontextmanager
 async def running_api(aiohttp_client: Any, store: Store, world: SimWorld, *,
                       settings: ApiSettings | None = None,
-                      delay_s: float = 0.0) -> AsyncIterator[Api]:
+                      delay_s: float = 0.0, ports: Ports | None = None) -> AsyncIterator[Api]:
     metrics = Metrics()
     lifecycle = LifecycleSettings(auto_inspect=False, auto_deploy=False)
-    conductor = Conductor(store.nodes, fake_ports(world, delay_s=delay_s), lifecycle,
+    conductor = Conductor(store.nodes, ports or fake_ports(world, delay_s=delay_s), lifecycle,
                           observer=metrics.observe_transition)
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings or ApiSettings())

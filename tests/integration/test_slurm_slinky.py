@@ -57,8 +57,8 @@ def slurm() -> Iterator[tuple[Slurm, Path]]:
         yield ctld, workdir
 
 
-def install_nodeset(admin: KubeAdmin) -> dict[str, Any]:
-    """The CRD (until Established), a namespace and a NodeSet selecting ``LABEL=gpu-h100``."""
+def install_nodeset(admin: KubeAdmin, name: str = "gpu-h100") -> dict[str, Any]:
+    """The CRD (until Established), a namespace and a NodeSet selecting ``LABEL=<name>``."""
     ext = client.ApiextensionsV1Api(admin.api)
     crd = yaml.safe_load(CRD.read_text())
     try:
@@ -74,11 +74,11 @@ def install_nodeset(admin: KubeAdmin) -> dict[str, Any]:
             raise
     nodeset = {
         "apiVersion": "slinky.slurm.net/v1beta1", "kind": "NodeSet",
-        "metadata": {"name": "gpu-h100", "namespace": NAMESPACE},
+        "metadata": {"name": name, "namespace": NAMESPACE},
         "spec": {"controllerRef": {"name": "slurm"}, "scalingMode": "DaemonSet",
                  "slurmd": {"image": "ghcr.io/slinkyproject/slurmd:25.05"},
                  "template": {"spec": {
-                     "nodeSelector": {LABEL: "gpu-h100"},
+                     "nodeSelector": {LABEL: name},
                      "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}]}}}}
     objects = client.CustomObjectsApi(admin.api)
     return dict(objects.create_namespaced_custom_object(

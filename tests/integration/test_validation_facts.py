@@ -74,9 +74,11 @@ def fake_tools(tmp_path: Path, dcgm: dict[str, Any] | None, dcgm_rc: int) -> dic
 
 
 @pytest.mark.parametrize(("dcgm", "rc", "expected"), [
-    (DCGM_FAILED, 226, {"ran": True, "passed": False, "summary": "failed: GPU Memory"}),
-    (DCGM_PASSED, 0, {"ran": True, "passed": True, "summary": "all tests passed"}),
-    (None, 255, {"ran": False, "passed": False,
+    (DCGM_FAILED, 226, {"ran": True, "passed": False, "level": 1,
+                        "summary": "failed: GPU Memory (GPU 0: DBE error)"}),
+    (DCGM_PASSED, 0, {"ran": True, "passed": True, "level": 1,
+                      "summary": "all tests passed"}),
+    (None, 255, {"ran": False, "passed": False, "level": 1,
                  "summary": "Error: unable to connect to host engine"}),
 ], ids=["test-failed", "passed", "no-host-engine"])
 def test_module_reports_nvidia_smi_xml_and_judges_dcgm(

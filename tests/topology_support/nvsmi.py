@@ -23,6 +23,26 @@ class FakeGpu:
     cluster: str = CLUSTER_A
     clique: str = "1"
     product: str = "NVIDIA GB200"
+    # the full DTD v13 <health> block (name, value) in nvidia-smi's order; () writes the
+    # short Healthy/Full block of the committed fixtures
+    health: tuple[tuple[str, str], ...] = ()
+
+
+# <health> children (DTD v13) and their -q text labels
+HEALTH_LABELS = {"summary": "Summary", "bandwidth": "Bandwidth",
+                 "route_recovery_in_progress": "Route Recovery in progress",
+                 "route_unhealthy": "Route Unhealthy",
+                 "access_timeout_recovery": "Access Timeout Recovery",
+                 "incorrect_configuration": "Incorrect Configuration",
+                 "partition_assigned": "Partition Assigned"}
+HEALTHY = (("summary", "Healthy"), ("bandwidth", "Full"), ("route_recovery_in_progress", "False"),
+           ("route_unhealthy", "False"), ("access_timeout_recovery", "False"),
+           ("incorrect_configuration", "None"), ("partition_assigned", "True"))
+
+
+def sick(**changes: str) -> tuple[tuple[str, str], ...]:
+    """The healthy DTD v13 block with some fields changed."""
+    return tuple((name, changes.get(name, value)) for name, value in HEALTHY)
 
 
 def gpus(host: int, count: int = 4, **fabric: str) -> list[FakeGpu]:
@@ -49,8 +69,7 @@ def xml(items: list[FakeGpu], driver: str = "580.65.06") -> str:
 \t\t\t<cliqueId>{gpu.clique}</cliqueId>
 \t\t\t<clusterUuid>{gpu.cluster}</clusterUuid>
 \t\t\t<health>
-\t\t\t\t<summary>Healthy</summary>
-\t\t\t\t<bandwidth>Full</bandwidth>
+{_xml_health(gpu)}
 \t\t\t</health>
 \t\t</fabric>
 \t</gpu>""")
@@ -83,7 +102,7 @@ def text(items: list[FakeGpu], driver: str = "580.65.06") -> str:
         CliqueId                          : {gpu.clique}
         ClusterUUID                       : {gpu.cluster}
         Health
-            Bandwidth                     : Full
+{_text_health(gpu)}
     Processes                             : None
 """)
     return f"""
@@ -95,6 +114,16 @@ CUDA Version                              : 13.0
 
 Attached GPUs                             : {len(items)}
 """ + "\n".join(blocks)
+
+
+def _xml_health(gpu: FakeGpu) -> str:
+    pairs = gpu.health or (("summary", "Healthy"), ("bandwidth", "Full"))
+    return "\n".join(f"\t\t\t\t<{name}>{value}</{name}>" for name, value in pairs)
+
+
+def _text_health(gpu: FakeGpu) -> str:
+    pairs = gpu.health or (("bandwidth", "Full"),)
+    return "\n".join(f"            {HEALTH_LABELS[name]:<30}: {value}" for name, value in pairs)
 
 
 def csv(items: list[FakeGpu], header: bool = False) -> str:

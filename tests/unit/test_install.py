@@ -209,12 +209,20 @@ def test_inventory_script_groups_nodes() -> None:
          "facts": {"gpus": gpus, "address": "10.0.0.1"}},
         {"id": "n2", "hostname": None, "state": "discovered", "facts": {
             "last_report": {"gpus": [{"vendor": "0x10de", "device": "0x20b5"}]}}},
+        # an older ramdisk's name: the device ID table names it
+        {"id": "n3", "hostname": "gpu-03", "state": "inspected", "facts": {
+            "gpus": [{"vendor": "0x10de", "device": "0x2330", "name": "NVIDIA 0x2330"}] * 8}},
+        {"id": "n4", "hostname": "odd-04", "state": "inspected", "facts": {
+            "gpus": [{"vendor": "0x1002", "device": "0x74a1"}]}},
     ]
     inventory = script.build(nodes)
     assert inventory["state_active"] == {"hosts": ["gpu-01"]}
     assert inventory["rack_r_1"] == {"hosts": ["gpu-01"]}
-    assert inventory["gpu_nvidia_h100_80gb_hbm3"] == {"hosts": ["gpu-01"]}
-    assert inventory["gpu_0x10de_0x20b5"] == {"hosts": ["n2"]}
+    assert inventory["gpu_nvidia_h100_80gb_hbm3"] == {"hosts": ["gpu-01", "gpu-03"]}
+    assert inventory["gpu_nvidia_a100_80gb_pcie"] == {"hosts": ["n2"]}
+    assert inventory["gpu_0x1002_0x74a1"] == {"hosts": ["odd-04"]}
+    assert inventory["_meta"]["hostvars"]["gpu-03"]["provisioner_gpu_model"] == (
+        "NVIDIA H100 80GB HBM3")
     assert inventory["maintenance"] == {"hosts": ["gpu-01"]}
     one = inventory["_meta"]["hostvars"]["gpu-01"]
     assert one["ansible_host"] == "10.0.0.1" and one["provisioner_gpu_count"] == 8

@@ -137,3 +137,25 @@ def test_invalid_profile_label_is_rejected() -> None:
                                              ("a" * 70, "a" * 63), ("U12", "U12")])
 def test_label_value(text: str, value: str) -> None:
     assert label_value(text) == value
+
+
+COMPUTE_DOMAIN = "resource.nvidia.com/computeDomain"
+
+
+def test_the_dra_drivers_compute_domain_label_is_never_ours() -> None:
+    """GB200/GB300: the NVIDIA DRA driver labels the nodes of a ComputeDomain; our label
+    writes neither set it (refused, at start and at apply) nor remove it (even listed as
+    ours in an old managed annotation)."""
+    with pytest.raises(ValidationError, match="NVIDIA DRA driver"):
+        KubeProfile(labels={COMPUTE_DOMAIN: "cd-1"})
+    with pytest.raises(KubeRejected, match="NVIDIA DRA driver"):
+        desired_metadata(node(), KubeProfile(), validated=True,
+                         extra_labels={COMPUTE_DOMAIN: "cd-1"})
+    managed = json.dumps({"labels": [COMPUTE_DOMAIN, "example.com/pool"], "annotations": [],
+                          "taints": []})
+    info = NodeInfo(name="gb200-1", resource_version="3",
+                    labels={COMPUTE_DOMAIN: "3f1c-uid", "example.com/pool": "a"},
+                    annotations={ANNOTATION_MANAGED: managed})
+    patch = compute_patch(info, desired_metadata(node(), KubeProfile(), validated=True))
+    assert patch is not None and COMPUTE_DOMAIN not in patch["metadata"]["labels"]
+    assert apply(info, patch).labels[COMPUTE_DOMAIN] == "3f1c-uid"

@@ -57,6 +57,7 @@ COVERAGE: dict[str, tuple[Callable[[str], object], str]] = {
     "nvidia-smi/telegraf-a100-sxm4-v12.xml": (parse_nvidia_smi, OK),
     "nvidia-smi/telegraf-rtx-3060-v12.xml": (parse_nvidia_smi, OK),
     "nvidia-smi/telegraf-rtx-3080-v13.xml": (parse_nvidia_smi, OK),
+    "nvidia-smi/h100-580.159.04-q-x.xml": (parse_nvidia_smi, OK),
     "nvidia-smi/gpud-nvidia-smi-q.535.161.08.h100x8.txt": (parse_nvidia_smi, OK),
     "nvidia-smi/gpud-nvidia-smi-q.560.35.03.titanv.txt": (parse_nvidia_smi, OK),
     "nvidia-smi/gpud-nvidia-smi-nvlink-status.a100.txt": (parse_nvlink_status, OK),

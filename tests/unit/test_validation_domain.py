@@ -73,13 +73,16 @@ def test_passed_now_ignores_a_record_from_an_earlier_provisioning() -> None:
 
 
 def test_validation_modules_are_pure() -> None:
-    """Standard library, provisioner.errors and the topology parsers only (DESIGN §3)."""
+    """Standard library, provisioner.errors, the topology parsers and the GPU ID table
+    only (DESIGN §3)."""
     import sys
 
     import provisioner.validation
     from tests.unit.test_topology_purity import BLOCKING, imports
 
-    allowed = ("provisioner.errors", "provisioner.topology", "provisioner.validation")
+    # gpu_ids: the device ID table, standard library only (it runs in the ramdisk)
+    allowed = ("provisioner.errors", "provisioner.topology", "provisioner.validation",
+               "provisioner.agent.gpu_ids")
     package = Path(provisioner.validation.__file__).parent
     for path in sorted(package.glob("*.py")):
         for name in imports(path):

@@ -10,15 +10,24 @@ non-destructive diagnostic); changes nothing.
 from __future__ import annotations
 
 import glob
-import json
 import os
 import platform
 import re
 import shutil
 import subprocess
+import sys
 import xml.etree.ElementTree as ET
 
 from ansible.module_utils.basic import AnsibleModule
+
+try:  # Ansible ships the role's module_utils with the module
+    from ansible.module_utils.provisioner_dcgm import judge_dcgm
+    from ansible.module_utils.provisioner_gpu_ids import device_hex, model_name
+except ImportError:  # run as a plain script (tests): the same files, next to this library
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                    "module_utils"))
+    from provisioner_dcgm import judge_dcgm
+    from provisioner_gpu_ids import device_hex, model_name
 
 DOCUMENTATION = r"""
 module: provisioner_node_facts
@@ -43,9 +52,24 @@ options:
     type: bool
     default: true
   dcgm_timeout_s:
-    description: Seconds `dcgmi diag -r 1` may take.
+    description: Seconds `dcgmi diag` may take.
     type: int
     default: 600
+  dcgm_level:
+    description: The diagnostic level, `dcgmi diag -r <level>` (1 quick, 2 medium, 3 long).
+    type: int
+    default: 1
+    choices: [1, 2, 3]
+  systemctl:
+    description: >-
+      systemctl to ask for nvidia-imex and nvidia-fabricmanager; missing means no imex in
+      the report.
+    type: str
+    default: systemctl
+  imex_binary:
+    description: The IMEX daemon whose presence means the IMEX package is installed.
+    type: str
+    default: nvidia-imex
 """
 
 MAX_ITEMS = 512
@@ -133,89 +157,101 @@ def disks():
     return found
 
 
+LOST = re.compile(r"(Unable to determine the device handle for GPU.*|.*GPU is lost.*)$", re.M)
+
+
 def gpus_from_nvidia_smi(binary):
-    """(gpus, nvidia info, XML) from ``nvidia-smi -q -x``; (None, {}, None) when it cannot
-    run. The XML is None when larger than provisioner accepts."""
+    """(gpus, nvidia info, XML, error lines) from ``nvidia-smi -q -x``; (None, {}, None, [])
+    when it cannot run or prints no report. A GPU the driver lost is missing from the report
+    and named in a line such as ``Unable to determine the device handle for GPU
+    0000:05:00.0: GPU is lost. Reboot the system to recover this GPU`` (on stdout or stderr,
+    with a non-zero exit status): those lines are kept for the validation gate. The XML is
+    None when larger than provisioner accepts."""
     path = shutil.which(binary)
     if path is None:
-        return None, {}, None
+        return None, {}, None, []
     try:
-        out = subprocess.run([path, "-q", "-x"], capture_output=True, text=True, timeout=60,
-                             check=True).stdout
+        proc = subprocess.run([path, "-q", "-x"], capture_output=True, text=True, timeout=60,
+                              check=False)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None, {}, None, []
+    errors = [" ".join(line.split())[:512] for line in
+              LOST.findall(proc.stdout + "\n" + proc.stderr)][:MAX_ITEMS]
+    start = proc.stdout.find("<?xml")
+    start = proc.stdout.find("<nvidia_smi_log") if start < 0 else start
+    out = proc.stdout[start:] if start >= 0 else ""
+    try:
         root = ET.fromstring(out)
-    except (OSError, subprocess.SubprocessError, ET.ParseError, ValueError):
-        return None, {}, None
-    gpus = []
-    for gpu in root.findall("gpu")[:MAX_ITEMS]:
-        device_id = (gpu.findtext("pci/pci_device_id") or "").lower()
-        device = "0x" + device_id[2:6] if re.match(r"^0x[0-9a-f]{8}$", device_id) else None
-        entry = {"pci_address": pci_address(gpu.get("id", "")), "vendor": NVIDIA,
-                 "name": (gpu.findtext("product_name") or "").strip()[:256]}
-        entry["device"] = device or "0x0000"
-        gpus.append(entry)
+    except (ET.ParseError, ValueError):
+        return None, {}, None, errors
+    gpus = [gpu_entry(gpu) for gpu in root.findall("gpu")[:MAX_ITEMS]]
     info = {"driver_version": (root.findtext("driver_version") or "").strip(),
             "cuda_version": (root.findtext("cuda_version") or "").strip(),
             "count": len(gpus)}
     if len(out.encode()) > MAX_XML_BYTES:
         info["xml_omitted"] = f"larger than {MAX_XML_BYTES} bytes"
-        return gpus, info, None
-    return gpus, info, out
+        return gpus, info, None, errors
+    return gpus, info, out, errors
 
 
-def dcgm_diag(binary, timeout_s):
-    """``dcgmi diag -r 1 -j`` judged here: {"ran", "passed", "summary"}; None without dcgmi."""
+def gpu_entry(gpu):
+    """One ``<gpu>``: its device ID from ``pci/pci_device_id`` (``0x233010DE`` in DTD v12,
+    ``233010DE`` without ``0x`` from driver 580 on; device in the high 16 bits) and its product
+    name (the table's when nvidia-smi gives none)."""
+    device = device_hex(gpu.findtext("pci/pci_device_id") or "") or "0x0000"
+    name = (gpu.findtext("product_name") or "").strip()[:256]
+    return {"pci_address": pci_address(gpu.get("id", "")), "vendor": NVIDIA, "device": device,
+            "name": name or model_name(device)}
+
+
+def dcgm_diag(binary, timeout_s, level=1):
+    """``dcgmi diag -r <level> -j`` judged here: {"ran", "passed", "summary", "level"}; None
+    without dcgmi."""
     path = shutil.which(binary)
     if path is None:
         return None
+    command = f"dcgmi diag -r {level}"
     try:
-        proc = subprocess.run([path, "diag", "-r", "1", "-j"], capture_output=True, text=True,
-                              timeout=timeout_s)
+        proc = subprocess.run([path, "diag", "-r", str(level), "-j"], capture_output=True,
+                              text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        return {"ran": False, "passed": False,
-                "summary": f"dcgmi diag -r 1 timed out after {timeout_s} s"}
+        return {"ran": False, "passed": False, "level": level,
+                "summary": f"{command} timed out after {timeout_s} s"}
     except (OSError, ValueError) as exc:
-        return {"ran": False, "passed": False, "summary": f"dcgmi cannot run: {exc}"[:MAX_SUMMARY]}
-    return judge_dcgm(proc.returncode, proc.stdout, proc.stderr)
+        return {"ran": False, "passed": False, "level": level,
+                "summary": f"dcgmi cannot run: {exc}"[:MAX_SUMMARY]}
+    return dict(judge_dcgm(proc.returncode, proc.stdout, proc.stderr), level=level)
 
 
-def judge_dcgm(returncode, out, err):
-    """Passed: exit status 0 and no test with status Fail. No JSON at all: dcgmi did not get
-    to run the diagnostic (no nv-hostengine, say); its own words are the summary."""
-    start, end = out.find("{"), out.rfind("}")
-    try:
-        doc = json.loads(out[start:end + 1]) if 0 <= start < end else None
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict):
-        words = " ".join((err or out).split()[-60:])
-        return {"ran": returncode == 0, "passed": returncode == 0,
-                "summary": (words or f"exit status {returncode}")[:MAX_SUMMARY]}
-    failed = sorted(set(failed_tests(doc, "")))
-    passed = returncode == 0 and not failed
-    if passed:
-        summary = "all tests passed"
-    elif failed:
-        summary = "failed: " + ", ".join(failed)
-    else:
-        summary = f"exit status {returncode}"
-    return {"ran": True, "passed": passed, "summary": summary[:MAX_SUMMARY]}
+def unit_state(systemctl, unit):
+    """(``is-enabled``, ``is-active``) of a systemd unit: ``masked``/``enabled``/...,
+    ``active``/``inactive``/...; ``not-found`` for a unit that is not installed."""
+    states = []
+    for verb in ("is-enabled", "is-active"):
+        try:
+            proc = subprocess.run([systemctl, verb, unit], capture_output=True, text=True,
+                                  timeout=20, check=False)
+        except (OSError, subprocess.SubprocessError):
+            return "unknown", "unknown"
+        word = (proc.stdout.strip().splitlines() or [""])[0].strip()[:32]
+        if not word or "not-found" in proc.stderr or "No such file" in proc.stderr:
+            word = "not-found" if verb == "is-enabled" else (word or "inactive")
+        states.append(word)
+    return states[0], states[1]
 
 
-def failed_tests(value, name):
-    """Names of the tests whose status is Fail, anywhere in DCGM's JSON (its layout differs
-    between DCGM 2, 3 and 4; a status sits under the test that owns it)."""
-    if isinstance(value, list):
-        for item in value:
-            yield from failed_tests(item, name)
-    elif isinstance(value, dict):
-        here = value.get("name") or value.get("test_name") or name
-        here = here if isinstance(here, str) else name
-        status = value.get("status")
-        if isinstance(status, str) and status.strip().lower() in ("fail", "failed", "error"):
-            yield here or "unnamed test"
-        for item in value.values():
-            if isinstance(item, (dict, list)):
-                yield from failed_tests(item, here)
+def imex_facts(systemctl, imex_binary):
+    """GB200/GB300 prerequisites: the IMEX package, the host's own ``nvidia-imex`` service
+    (masked when the NVIDIA DRA driver runs IMEX in ComputeDomains) and no host Fabric
+    Manager. None without systemctl (no way to tell)."""
+    path = shutil.which(systemctl)
+    if path is None:
+        return None
+    imex_enabled, imex_active = unit_state(path, "nvidia-imex.service")
+    fm_enabled, fm_active = unit_state(path, "nvidia-fabricmanager.service")
+    return {"package": shutil.which(imex_binary) is not None,
+            "service_enabled": imex_enabled, "service_active": imex_active,
+            "fabricmanager_enabled": fm_enabled, "fabricmanager_active": fm_active}
 
 
 def pci_address(text):
@@ -225,16 +261,24 @@ def pci_address(text):
     return f"{int(match.group(1), 16):04x}:{match.group(2)}" if match else text[:32]
 
 
-def gpus_from_pci():
-    gpus = []
+def nvidia_pci():
+    """NVIDIA display and 3D controllers on PCI (the facts schema's ``pci`` entries)."""
+    found = []
     for path in sorted(glob.glob("/sys/bus/pci/devices/*"))[:4096]:
         if read(os.path.join(path, "vendor")) != NVIDIA:
             continue
-        if not read(os.path.join(path, "class")).startswith(("0x0300", "0x0302")):
+        klass = read(os.path.join(path, "class"))
+        if not klass.startswith(("0x0300", "0x0302")):
             continue
-        gpus.append({"pci_address": os.path.basename(path), "vendor": NVIDIA,
-                     "device": read(os.path.join(path, "device"))[:6]})
-    return gpus[:MAX_ITEMS]
+        found.append({"address": os.path.basename(path)[:32], "vendor": NVIDIA,
+                      "device": read(os.path.join(path, "device"))[:6], "class": klass[:16]})
+    return found[:MAX_ITEMS]
+
+
+def gpus_from_pci(devices):
+    """GPUs without a driver, named by model from the device ID table."""
+    return [{"pci_address": d["address"], "vendor": d["vendor"], "device": d["device"],
+             "name": model_name(d["device"])} for d in devices]
 
 
 def infiniband():
@@ -281,17 +325,28 @@ def main():
                        "extra_interfaces": {"type": "list", "elements": "str", "default": []},
                        "dcgmi": {"type": "str", "default": "dcgmi"},
                        "dcgm_diag": {"type": "bool", "default": True},
-                       "dcgm_timeout_s": {"type": "int", "default": 600}},
+                       "dcgm_timeout_s": {"type": "int", "default": 600},
+                       "dcgm_level": {"type": "int", "default": 1, "choices": [1, 2, 3]},
+                       "systemctl": {"type": "str", "default": "systemctl"},
+                       "imex_binary": {"type": "str", "default": "nvidia-imex"}},
         supports_check_mode=True)
-    gpus, nvidia, xml = gpus_from_nvidia_smi(module.params["nvidia_smi"])
+    gpus, nvidia, xml, smi_errors = gpus_from_nvidia_smi(module.params["nvidia_smi"])
+    on_pci = nvidia_pci()
     report = {"system": system(), "cpu": cpu(), "memory_mib": memory_mib(),
               "nics": nics(set(module.params["extra_interfaces"])), "disks": disks(),
-              "gpus": gpus if gpus is not None else gpus_from_pci(),
+              "gpus": gpus if gpus is not None else gpus_from_pci(on_pci),
+              "pci": on_pci,  # what is on the bus: the gate sees a GPU the driver lost
               "infiniband": infiniband()}
     if xml is not None:
         report["nvidia_smi_xml"] = xml
+    if smi_errors:
+        report["nvidia_smi_errors"] = smi_errors
+    imex = imex_facts(module.params["systemctl"], module.params["imex_binary"])
+    if imex is not None:
+        report["imex"] = imex
     if module.params["dcgm_diag"]:
-        diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"])
+        diag = dcgm_diag(module.params["dcgmi"], module.params["dcgm_timeout_s"],
+                         module.params["dcgm_level"])
         if diag is not None:
             report["dcgm_diag"] = diag
     module.exit_json(changed=False, report=report, nvidia=nvidia, driver_up=gpus is not None)
