@@ -52,12 +52,20 @@ started=$(date +%s)
 rm -rf "$DIR"
 mkdir -p "$DIR"
 log "debootstrap bookworm into $CHROOT ($MIRROR)"
-debootstrap --variant=minbase bookworm "$CHROOT" "$MIRROR" >"$DIR/debootstrap.log" 2>&1 \
+debootstrap --variant=minbase --include=ca-certificates bookworm "$CHROOT" "$MIRROR" \
+  >"$DIR/debootstrap.log" 2>&1 \
   || { tail -20 "$DIR/debootstrap.log" >&2; die "debootstrap failed"; }
 # Like the project's machines: installing a package never starts its service.
 printf '#!/bin/sh\nexit 101\n' >"$CHROOT/usr/sbin/policy-rc.d"
 chmod 0755 "$CHROOT/usr/sbin/policy-rc.d"
 cp /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+# What the machine image (not the project) provides: the site's own CAs (a TLS-inspecting
+# egress proxy, a local mirror) and pip's configuration. Nothing else of the host comes along.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
+  cp /usr/local/share/ca-certificates/*.crt "$CHROOT/usr/local/share/ca-certificates/"
+  chroot "$CHROOT" update-ca-certificates >/dev/null 2>&1 || die "update-ca-certificates failed"
+fi
+[[ -f /etc/pip.conf ]] && cp /etc/pip.conf "$CHROOT/etc/pip.conf"
 
 bind proc "$CHROOT/proc" -t proc
 bind sysfs "$CHROOT/sys" -t sysfs
