@@ -109,3 +109,15 @@ class TokenInfo:
     role: Role
     node_id: NodeId | None
     expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """What the console's fleet view shows of every node: no facts, no history."""
+
+    id: NodeId
+    hostname: str | None
+    state: str
+    maintenance: bool
+    rack: str | None
+    position: str | None

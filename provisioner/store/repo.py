@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, or_, update
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Session, col, select
 
@@ -26,6 +27,7 @@ from provisioner.domain import (
     NewNode,
     Node,
     NodeFilter,
+    NodeSummary,
 )
 from provisioner.errors import Conflict, InvalidRequest, NodeBusy, NotFound
 from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
@@ -125,6 +127,16 @@ class NodeRepo(SessionRepo):
         def work(s: Session) -> dict[str, int]:
             query = select(NodeRow.state, func.count()).group_by(col(NodeRow.state))
             return {state: int(n) for state, n in s.exec(query).all()}
+
+        return await self._run(work)
+
+    async def summaries(self) -> builtins.list[NodeSummary]:
+        """Every node, light (no facts, no MACs): the console's rack elevation and counts."""
+        def work(s: Session) -> builtins.list[NodeSummary]:
+            c = NodeRow.__table__.c  # type: ignore[attr-defined]  # plain rows: no ORM objects
+            rows = s.connection().execute(sa_select(
+                c.id, c.hostname, c.state, c.maintenance, c.rack, c.position)).all()
+            return [NodeSummary(NodeId(i), h, st, bool(m), r, p) for i, h, st, m, r, p in rows]
 
         return await self._run(work)
 

@@ -1,0 +1,456 @@
+"""The web console (``/ui/``) over HTTP on 127.0.0.1, against a real SQLite store and the fake
+drivers: sign-in and sessions, CSRF and roles on every mutating form, escaping of untrusted
+text, security headers, cached assets, and the ``/api/v1/events`` stream.
+(The same pages in a real browser: ``tests/e2e/test_console_browser.py``.)"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import re
+import socket
+from collections.abc import AsyncIterator
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+
+from provisioner.api import EVENTS
+from provisioner.config import ApiSettings
+from provisioner.domain import BmcEndpoint, Role
+from provisioner.lifecycle.states import NodeState
+from provisioner.simulation.world import SimWorld
+from provisioner.store.store import Store
+from tests.integration.test_api import SECRET, Api, running_api
+
+XSS = "<img src=x onerror=alert(1)>"
+
+
+class Elements(HTMLParser):
+    """Every start tag with its attributes, and the page's text."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+        self.feed(text)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+    def find(self, tag: str | None = None, **attrs: str) -> list[dict[str, str]]:
+        return [a for t, a in self.tags if (tag is None or t == tag)
+                and all(a.get(k.replace("_", "-")) == v for k, v in attrs.items())]
+
+    def with_attr(self, name: str) -> list[dict[str, str]]:
+        return [a for _, a in self.tags if name in a]
+
+
+class Browser:
+    """One console session (its own cookie), driven over HTTP."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+        self.cookie = ""
+        self.csrf = ""
+
+    async def request(self, method: str, path: str, data: dict[str, str] | None = None,
+                      ) -> tuple[int, dict[str, str], str]:
+        headers = {"Cookie": self.cookie} if self.cookie else {}
+        self.api.client.session.cookie_jar.clear()
+        async with self.api.client.request(method, path, data=data, headers=headers,
+                                           allow_redirects=False) as resp:
+            text = await resp.text()
+            self.api.seen.append(text)
+            found = re.search(r'name="csrf" value="([^"]+)"', text)
+            if found:
+                self.csrf = found.group(1)
+            return resp.status, dict(resp.headers), text
+
+    async def sign_in(self, role: Role) -> None:
+        status, headers, _ = await self.request("POST", "/ui/signin",
+                                                {"token": self.api.tokens[role],
+                                                 "next": "/ui/"})
+        assert status == 303, status
+        self.cookie = headers["Set-Cookie"].split(";")[0]
+        status, _, _ = await self.request("GET", "/ui/")  # picks up the CSRF token
+        assert status == 200
+
+    async def get(self, path: str) -> tuple[int, str]:
+        status, _, text = await self.request("GET", path)
+        return status, text
+
+
+@pytest.fixture
+async def api(aiohttp_client: Any, store: Store, world: SimWorld) -> AsyncIterator[Api]:
+    async with running_api(aiohttp_client, store, world) as started:
+        yield started
+
+
+async def _rack(api: Api, count: int = 4) -> list[dict[str, Any]]:
+    nodes = []
+    for i in range(count):
+        nodes.append(await api.enroll(
+            hostname=f"gpu-{i:02d}", serial=f"SN{i}", macs=[f"52:54:00:00:01:{i:02x}"],
+            rack="r1", position=f"u{i + 1}", profile="gpu-worker",
+            bmc={"driver": "fake", "address": f"10.0.0.{i + 1}", "username": "root",
+                 "password": SECRET}))
+    return nodes
+
+
+# -- sign-in and sessions -------------------------------------------------------------------
+
+
+async def test_ui_redirects_to_a_sign_in_form_with_a_token_field(api: Api) -> None:
+    browser = Browser(api)
+    status, headers, _ = await browser.request("GET", "/ui/")
+    assert status == 303 and headers["Location"].startswith("/ui/signin?next=")
+    status, headers, text = await browser.request("GET", headers["Location"])
+    assert status == 200
+    assert Elements(text).find("input", name="token")
+    csp = headers["Content-Security-Policy"]
+    assert "script-src 'self'" in csp and "default-src 'none'" in csp
+    assert "unsafe-inline" not in csp
+    assert headers["X-Frame-Options"] == "DENY"
+    assert "<script>" not in text and " on" not in re.sub(r"[^<]*", "", text)
+
+
+async def test_sign_in_sets_an_httponly_strict_cookie_with_an_expiry(api: Api) -> None:
+    browser = Browser(api)
+    status, headers, _ = await browser.request(
+        "POST", "/ui/signin", {"token": api.tokens[Role.VIEWER], "next": "/ui/nodes/x"})
+    assert status == 303 and headers["Location"] == "/ui/nodes/x"
+    cookie = headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Strict" in cookie and "Max-Age=28800" in cookie
+    assert api.tokens[Role.VIEWER] not in cookie  # the token stays on the server
+
+
+@pytest.mark.parametrize("token", ["", "pvt_not-a-token", "x" * 600, "\u00e9t\u00e9"])
+async def test_a_wrong_token_is_refused_with_the_form_again(api: Api, token: str) -> None:
+    status, headers, text = await Browser(api).request("POST", "/ui/signin",
+                                                       {"token": token})
+    assert status == 401 and "Set-Cookie" not in headers
+    assert "unknown, expired or unusable token" in text and Elements(text).find(
+        "input", name="token")
+
+
+async def test_an_agent_token_cannot_open_the_console(api: Api) -> None:
+    status, _, _ = await Browser(api).request("POST", "/ui/signin",
+                                              {"token": api.tokens[Role.AGENT]})
+    assert status == 401
+
+
+async def test_next_never_redirects_off_the_console(api: Api) -> None:
+    for target in ("https://evil.example/", "//evil.example/", "/api/v1/nodes"):
+        status, headers, _ = await Browser(api).request(
+            "POST", "/ui/signin", {"token": api.tokens[Role.VIEWER], "next": target})
+        assert status == 303 and headers["Location"] == "/ui/"
+
+
+async def test_sign_out_ends_the_session(api: Api) -> None:
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    status, _, _ = await browser.request("POST", "/ui/signout", {"csrf": browser.csrf})
+    assert status == 303
+    status, headers, _ = await browser.request("GET", "/ui/")
+    assert status == 303 and headers["Location"].startswith("/ui/signin")
+
+
+async def test_a_forged_cookie_is_not_a_session(api: Api) -> None:
+    browser = Browser(api)
+    browser.cookie = "pv_session=forged"
+    status, _, _ = await browser.request("GET", "/ui/")
+    assert status == 303
+
+
+# -- fleet ----------------------------------------------------------------------------------
+
+
+async def test_fleet_shows_every_node_with_its_state_and_counts_failed_first(
+        api: Api, make_node: Any) -> None:
+    await _rack(api)
+    await make_node(NodeState.DEPLOY_FAILED, hostname="bad-1", rack="r2", position="u1")
+    held = await make_node(NodeState.ACTIVE, hostname="held-1", rack="r2", position="u2")
+    await api.conductor.set_maintenance(held.id, True, actor="test", reason="fan",
+                                        propagate=False)
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    status, text = await browser.get("/ui/")
+    assert status == 200
+    page = Elements(text)
+    cells = {a["data-hostname"]: a["data-state"] for a in page.find("a") if "data-hostname" in a}
+    assert cells == {"gpu-00": "enrolled", "gpu-01": "enrolled", "gpu-02": "enrolled",
+                     "gpu-03": "enrolled", "bad-1": "deploy_failed", "held-1": "active"}
+    rows = {a["data-hostname"] for a in page.find("tr") if "data-hostname" in a}
+    assert rows == set(cells)
+    counts = [a["data-count"] for a in page.with_attr("data-count")]
+    assert counts[:2] == ["deploy_failed", "maintenance"]
+    assert [a for a in page.find("a") if a.get("data-hostname") == "held-1"][0][
+        "class"].endswith(" m")
+
+
+async def test_fleet_filters_are_the_apis_and_paginate(api: Api, make_node: Any) -> None:
+    await _rack(api)
+    await make_node(NodeState.DEPLOY_FAILED, hostname="bad-1", rack="r2")
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+
+    async def rows(query: str) -> list[str]:
+        status, text = await browser.get("/ui/?" + query)
+        assert status == 200, text
+        return [a["data-hostname"] for a in Elements(text).find("tr")
+                if "data-hostname" in a]
+
+    assert await rows("state=deploy_failed") == ["bad-1"]
+    assert await rows("rack=r1&q=gpu-0") == ["gpu-00", "gpu-01", "gpu-02", "gpu-03"]
+    assert await rows("q=gpu-01&state=&rack=") == ["gpu-01"]
+    assert await rows("maintenance=true") == []
+    assert await rows("limit=2&offset=2") == ["gpu-02", "gpu-03"]
+    status, text = await browser.get("/ui/?limit=2")
+    assert 'rel="next"' in text and "1–2 of 5" in text
+    status, text = await browser.get("/ui/?state=bogus")
+    assert status == 422 and "invalid filter: state" in text
+
+
+# -- node page and actions ------------------------------------------------------------------
+
+
+async def test_node_page_shows_identity_bmc_facts_history_but_never_the_password(
+        api: Api) -> None:
+    node = (await _rack(api, 1))[0]
+    await api.post(f"/api/v1/nodes/{node['id']}/actions/inspect")
+    for _ in range(200):
+        if (await api.store.nodes.get(node["id"])).state is NodeState.INSPECTED:
+            break
+        await asyncio.sleep(0.02)
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    status, text = await browser.get("/ui/nodes/gpu-00")
+    assert status == 200
+    page = Elements(text)
+    body = " ".join(page.text)
+    assert "10.0.0.1" in body and "set (never shown)" in body and SECRET not in text
+    assert "NVIDIA H100 80GB HBM3" in body and "Intel Xeon Platinum 8480+" in body
+    assert "InfiniBand (8)" in body and "2,048 GiB" in body
+    events = [a["data-event"] for a in page.find("li") if "data-event" in a]
+    assert events[:3] == ["done", "inspect", "enroll"]  # newest first
+    links = [a["data-link"] for a in page.find("li") if "data-link" in a]
+    assert links[0] == "bmc" and links[-1] == "slurm"
+    assert not page.find("form", class_="action")  # a viewer gets no action
+    assert "Actions" not in body
+
+
+async def test_unknown_node_is_a_404_page(api: Api) -> None:
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    status, text = await browser.get("/ui/nodes/nope")
+    assert status == 404 and "nope" in text
+
+
+async def test_operator_action_needs_confirmation_then_runs_through_the_conductor(
+        api: Api) -> None:
+    node = (await _rack(api, 1))[0]
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    status, text = await browser.get("/ui/nodes/gpu-00")
+    buttons = {a["data-action"] for a in Elements(text).with_attr("data-action")}
+    assert {"inspect", "retire", "maintenance-on", "power", "bootdev"} <= buttons
+    form = {"csrf": browser.csrf, "action": "maintenance-on", "reason": "swap PSU"}
+    status, _, text = await browser.request("POST", "/ui/nodes/gpu-00/action", form)
+    assert status == 200 and "swap PSU" in text and Elements(text).find(
+        "input", name="confirm", value="yes")
+    assert not (await api.store.nodes.get(node["id"])).maintenance  # not yet
+    status, headers, _ = await browser.request("POST", "/ui/nodes/gpu-00/action",
+                                               {**form, "confirm": "yes"})
+    assert status == 303 and headers["Location"].startswith("/ui/nodes/gpu-00?done=")
+    stored = await api.store.nodes.get(node["id"])
+    assert stored.maintenance and stored.maintenance_reason == "swap PSU"
+    last = (await api.store.nodes.history(node["id"]))[-1]
+    assert (last.event, last.actor) == ("maintenance_on", "token:operator-tok")
+    _, text = await browser.get(headers["Location"])
+    assert "Done: maintenance-on (swap PSU)" in text
+
+
+async def test_power_and_boot_device_forms_use_the_bmc(api: Api, world: SimWorld) -> None:
+    await _rack(api, 1)
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    await browser.get("/ui/nodes/gpu-00")
+    status, headers, _ = await browser.request(
+        "POST", "/ui/nodes/gpu-00/power", {"csrf": browser.csrf, "power": "on",
+                                            "confirm": "yes"})
+    assert status == 303 and "done=" in headers["Location"]
+    status, headers, _ = await browser.request(
+        "POST", "/ui/nodes/gpu-00/bootdev", {"csrf": browser.csrf, "device": "pxe",
+                                              "persistent": "yes", "confirm": "yes"})
+    assert status == 303 and "done=" in headers["Location"]
+    events = [h.event for h in await api.store.nodes.history(
+        (await api.store.nodes.find("gpu-00")).id)]
+    assert events[-2:] == ["power_on", "bootdev"]
+
+
+async def test_a_refused_action_says_why_on_the_node_page(api: Api) -> None:
+    await _rack(api, 1)
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    await browser.get("/ui/nodes/gpu-00")
+    status, headers, _ = await browser.request(
+        "POST", "/ui/nodes/gpu-00/action", {"csrf": browser.csrf, "action": "deploy",
+                                             "confirm": "yes"})
+    assert status == 303
+    _, text = await browser.get(headers["Location"])
+    assert "Refused: deploy" in text and "enrolled" in text
+
+
+@pytest.mark.parametrize("fields", [{"action": "explode"}, {"action": "maintenance-on"}])
+async def test_an_invalid_action_form_is_a_422(api: Api, fields: dict[str, str]) -> None:
+    await _rack(api, 1)
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    await browser.get("/ui/nodes/gpu-00")
+    status, _, _ = await browser.request("POST", "/ui/nodes/gpu-00/action",
+                                         {"csrf": browser.csrf, **fields, "confirm": "yes"})
+    assert status == 422
+
+
+async def test_viewer_post_and_missing_or_wrong_csrf_are_403(api: Api) -> None:
+    node = (await _rack(api, 1))[0]
+    viewer, operator = Browser(api), Browser(api)
+    await viewer.sign_in(Role.VIEWER)
+    await operator.sign_in(Role.OPERATOR)
+    form = {"action": "maintenance-on", "reason": "x", "confirm": "yes"}
+    for browser, sent in ((viewer, {**form, "csrf": viewer.csrf}),  # right CSRF, wrong role
+                          (operator, form),                          # no CSRF
+                          (operator, {**form, "csrf": viewer.csrf}),  # another session's
+                          (Browser(api), {**form, "csrf": operator.csrf})):  # no session
+        status, _, text = await browser.request("POST", "/ui/nodes/gpu-00/action", sent)
+        assert status == 403, (status, text)
+    assert not (await api.store.nodes.get(node["id"])).maintenance
+
+
+# -- escaping -------------------------------------------------------------------------------
+
+
+async def test_untrusted_text_is_escaped_everywhere(api: Api, make_node: Any,
+                                                    store: Store) -> None:
+    node = await make_node(NodeState.DEPLOY_FAILED, hostname=XSS, rack=XSS, position=XSS,
+                           serial=XSS, bmc=BmcEndpoint("fake", XSS, username=XSS))
+    await store.nodes.merge_facts(node.id, {"cpu": {"model": XSS}, XSS: [{XSS: XSS}]})
+    await api.conductor.set_maintenance(node.id, True, actor="test", reason=XSS,
+                                        propagate=False)
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    for path in ("/ui/", f"/ui/?q={XSS}", f"/ui/nodes/{node.id}", "/ui/fabric"):
+        status, text = await browser.get(path)
+        assert status == 200, path
+        assert XSS not in text and "<img" not in text, path
+        assert not [a for _, a in Elements(text).tags if "onerror" in a], path
+    _, text = await browser.get(f"/ui/nodes/{node.id}")
+    assert "&lt;img src=x onerror=alert(1)&gt;" in text
+    assert XSS in " ".join(Elements(text).text)  # shown, as text
+
+
+# -- assets and events ----------------------------------------------------------------------
+
+
+async def test_assets_are_versioned_and_cached(api: Api) -> None:
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    _, text = await browser.get("/ui/")
+    src = Elements(text).find("script")[0]["src"]
+    assert src.startswith("/ui/static/live.js?v=")
+    async with api.client.get(src) as resp:
+        assert resp.status == 200 and resp.content_type == "text/javascript"
+        assert "immutable" in resp.headers["Cache-Control"]
+        etag = resp.headers["ETag"]
+        assert "innerHTML" not in await resp.text()
+    async with api.client.get("/ui/static/live.js", headers={"If-None-Match": etag}) as resp:
+        assert resp.status == 304
+    async with api.client.get("/ui/static/nope.js") as resp:
+        assert resp.status == 404
+
+
+async def _read_events(resp: Any, count: int) -> list[str]:
+    frames: list[str] = []
+    buffer = ""
+    async with asyncio.timeout(5):
+        while len(frames) < count:
+            buffer += (await resp.content.readany()).decode()
+            while "\n\n" in buffer:
+                frame, buffer = buffer.split("\n\n", 1)
+                if "event: " in frame:
+                    frames.append(frame)
+    return frames
+
+
+async def test_events_stream_transitions_with_a_token_or_a_session(api: Api) -> None:
+    node = (await _rack(api, 1))[0]
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    async with api.client.get("/api/v1/events") as resp:
+        assert resp.status == 401
+    bearer = {"Authorization": f"Bearer {api.tokens[Role.VIEWER]}"}
+    async with api.client.get("/api/v1/events", headers=bearer) as by_token, \
+            api.client.get("/api/v1/events", headers={"Cookie": browser.cookie}) as by_session:
+        assert by_token.status == by_session.status == 200
+        assert by_token.content_type == "text/event-stream"
+        await api.post(f"/api/v1/nodes/{node['id']}/actions/maintenance-on",
+                       {"reason": "cable"})
+        for resp in (by_token, by_session):
+            frame = (await _read_events(resp, 1))[0]
+            assert "event: transition" in frame and '"hostname": "gpu-00"' in frame
+            assert '"maintenance": true' in frame and '"event": "maintenance_on"' in frame
+
+
+async def test_a_session_cookie_never_authorises_a_rest_write(api: Api) -> None:
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    async with api.client.post("/api/v1/nodes", json={"hostname": "x"},
+                               headers={"Cookie": browser.cookie}) as resp:
+        assert resp.status == 401
+
+
+async def test_a_client_that_stops_reading_is_dropped_and_others_keep_up(
+        aiohttp_client: Any, store: Store, world: SimWorld, make_node: Any) -> None:
+    async with running_api(aiohttp_client, store, world,
+                           settings=ApiSettings(events_queue_max=16)) as api:
+        await _drop_the_silent_one(api, make_node)
+
+
+async def _drop_the_silent_one(api: Api, make_node: Any) -> None:
+    node = await make_node(NodeState.ACTIVE, hostname="busy")
+    hub = api.client.app[EVENTS]
+    bearer = f"Bearer {api.tokens[Role.VIEWER]}"
+    silent = socket.socket()
+    silent.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: small
+    silent.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(silent, (api.client.host, api.client.port))
+    _, writer = await asyncio.open_connection(sock=silent)  # it sends a request, reads nothing
+    writer.write(f"GET /api/v1/events HTTP/1.1\r\nHost: x\r\n"
+                 f"Authorization: {bearer}\r\n\r\n".encode())
+    await writer.drain()
+    async with api.client.get("/api/v1/events", headers={"Authorization": bearer}) as good:
+        async with asyncio.timeout(5):
+            while len(hub) < 2:  # noqa: ASYNC110  (the handlers subscribe when they run)
+                await asyncio.sleep(0.01)
+        # fat frames (64 KiB) fill the silent client's socket buffers within a few MiB
+        fat = dataclasses.replace(node, maintenance_reason="r" * 65536)
+        sent = 0
+        async with asyncio.timeout(60):
+            while len(hub) > 1:
+                hub.observe(fat, "note", NodeState.ACTIVE)
+                sent += 1
+                frames = await _read_events(good, 1)
+                assert all("event: transition" in f for f in frames)
+        assert hub.dropped == 1 and len(hub) == 1  # the silent one went, not the reader
+        assert sent >= 16  # it was dropped for falling behind, not at once
+        await api.conductor.record(node.id, "after", actor="test", reason="still here")
+        async with asyncio.timeout(5):
+            while True:
+                frames = await _read_events(good, 1)
+                if any('"event": "after"' in f for f in frames):
+                    break
+    writer.close()
