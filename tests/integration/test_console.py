@@ -454,3 +454,94 @@ async def _drop_the_silent_one(api: Api, make_node: Any) -> None:
                 if any('"event": "after"' in f for f in frames):
                     break
     writer.close()
+
+
+# -- NVLink domains and the why-not-schedulable chain ---------------------------------------
+
+CLIQUE = "5f2c0d4e-1111-2222-3333-444455556666.1"
+GPU = {"vendor": "0x10de", "device": "0x2941", "name": "NVIDIA GB200"}
+
+
+async def nvl_domain(store: Store, make_node: Any, *, size: int = 4,
+                     failing: int | None = 3) -> list[str]:
+    """An NVLink domain of ``size`` nodes that passed validation (validating, waiting for
+    the domain), except the ``failing``-th, whose InfiniBand rate failed it."""
+    names = []
+    for i in range(size):
+        failed = i == failing
+        name = f"nvl-{i:02d}"
+        node = await make_node(NodeState.VALIDATING, hostname=name, rack="nvl72-a", position=f"u{i + 1}",
+                               bmc=BmcEndpoint("fake", f"10.9.0.{i + 1}"))
+        failures = ["infiniband: mlx5_3 runs at 200 Gb/s, expected 400"] if failed else []
+        record = {"passed": not failed, "at": "2026-11-25T10:00:00+00:00",
+                  "failures": failures, "clique": CLIQUE, "domain_nodes": size,
+                  "checks": ["gpu_count", "gpu_model", "ib_rate"]}
+        await store.nodes.merge_facts(node.id, {
+            "validation": record, "last_report": {"gpus": [GPU] * 4}})
+        node = await store.nodes.get(node.id)
+        if not failed:
+            node = await store.nodes.save_checkpoint(node, ["validate-node"])
+        else:
+            node = await store.nodes.transition(
+                node, to_state=NodeState.VALIDATE_FAILED, event="fail", actor="conductor",
+                reason="validation failed: " + failures[0], last_error=(
+                    "validation failed: " + failures[0]), reset_checkpoint=False)
+        await store.nodes.note_power(node.id, "on")
+        names.append(name)
+    return names
+
+
+async def test_domain_explainer_highlights_the_failing_nodes_validation_link(
+        api: Api, store: Store, make_node: Any) -> None:
+    await nvl_domain(store, make_node)
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    status, text = await browser.get("/ui/fabric")
+    assert status == 200
+    page = Elements(text)
+    assert page.find("div", data_clique=CLIQUE)
+    members = {a["data-hostname"]: a["data-state"] for a in page.find("li")
+               if "data-hostname" in a}
+    assert members == {"nvl-00": "validating", "nvl-01": "validating",
+                       "nvl-02": "validating", "nvl-03": "validate_failed"}
+    status, text = await browser.get(f"/ui/fabric/domains/{CLIQUE}")
+    assert status == 200
+    page = Elements(text)
+    first = [(a.get("data-link"), a["class"]) for t, a in page.tags
+             if "first-failing" in a.get("class", "").split()]
+    assert ("validation", "first-failing") in first  # the column
+    cells = [a for a in page.find("td") if "first-failing" in a["class"].split()]
+    assert [c["data-link"] for c in cells] == ["validation"]
+    rows = [a["data-hostname"] for a in page.find("tr") if "data-hostname" in a]
+    failing_row = rows.index("nvl-03")
+    tds = [a for a in page.find("td")]
+    links_per_row = len(tds) // len(rows)
+    assert cells[0] is tds[failing_row * links_per_row + 6]  # the failing node, link 7
+    body = " ".join(page.text)
+    assert "mlx5_3 runs at 200 Gb/s" in body and "What to do: fix or replace" in body
+    # the other members wait for the domain because of it
+    assert [a["data-status"] for a in page.find("td", data_link="domain")] == [
+        "fail", "fail", "fail", "fail"]
+
+
+async def test_node_page_walks_the_chain_to_its_first_failing_link(
+        api: Api, store: Store, make_node: Any) -> None:
+    await nvl_domain(store, make_node)
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    _, text = await browser.get("/ui/nodes/nvl-00")
+    page = Elements(text)
+    chain = {a["data-link"]: a["data-status"] for a in page.find("li") if "data-link" in a}
+    assert chain == {"bmc": "ok", "power": "ok", "boot": "ok", "callback": "ok",
+                     "kube": "ok", "gpu": "ok", "validation": "ok", "domain": "fail",
+                     "slurm": "wait"}
+    first = [a for a in page.find("li") if "first-failing" in a.get("class", "")]
+    assert [a["data-link"] for a in first] == ["domain"]
+    assert "failed: nvl-03 (infiniband: mlx5_3 runs at 200 Gb/s" in " ".join(page.text)
+
+
+async def test_an_unknown_domain_is_a_404(api: Api) -> None:
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    status, _ = await browser.get("/ui/fabric/domains/nope")
+    assert status == 404
