@@ -462,16 +462,16 @@ CLIQUE = "5f2c0d4e-1111-2222-3333-444455556666.1"
 GPU = {"vendor": "0x10de", "device": "0x2941", "name": "NVIDIA GB200"}
 
 
-async def nvl_domain(store: Store, make_node: Any, *, size: int = 4,
-                     failing: int | None = 3) -> list[str]:
+async def nvl_domain(store: Store, make_node: Any, *, size: int = 4, failing: int | None = 3,
+                     prefix: str = "nvl-", first: int = 0) -> list[str]:
     """An NVLink domain of ``size`` nodes that passed validation (validating, waiting for
     the domain), except the ``failing``-th, whose InfiniBand rate failed it."""
     names = []
     for i in range(size):
         failed = i == failing
-        name = f"nvl-{i:02d}"
-        node = await make_node(NodeState.VALIDATING, hostname=name, rack="nvl72-a", position=f"u{i + 1}",
-                               bmc=BmcEndpoint("fake", f"10.9.0.{i + 1}"))
+        name = f"{prefix}{first + i:02d}"
+        node = await make_node(NodeState.VALIDATING, hostname=name, rack="nvl72-a",
+                               position=f"u{i + 1}", bmc=BmcEndpoint("fake", f"10.9.0.{i + 1}"))
         failures = ["infiniband: mlx5_3 runs at 200 Gb/s, expected 400"] if failed else []
         record = {"passed": not failed, "at": "2026-11-25T10:00:00+00:00",
                   "failures": failures, "clique": CLIQUE, "domain_nodes": size,

@@ -16,16 +16,20 @@ from typing import Any, TypeVar
 
 import pytest
 
+from provisioner.config import TopologySettings
 from provisioner.domain import Role
 from provisioner.lifecycle.states import NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
+from provisioner.topology_live.live import LiveTopology
 from tests.conftest import wait_for_state
 from tests.integration.test_api import Api, running_api
 from tests.integration.test_console import CLIQUE, XSS, nvl_domain
 from tests.peers.chromium import chromium_unavailable_reason, running_chromium
 
 T = TypeVar("T")
+FAULTS = (Path(__file__).parents[1] / "fixtures" / "topology" / "infiniband-sim" / "faults"
+          / "ibnetdiscover.txt")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +75,7 @@ class Page:
     async def until(self, script: str, *args: Any, timeout_s: float = 5.0) -> Any:
         """Poll a JavaScript expression until it is truthy (a live update arrived)."""
         async with asyncio.timeout(timeout_s):
-            while not (value := await self.js(script, *args)):
+            while not (value := await self.js(script, *args)):  # noqa: ASYNC110
                 await asyncio.sleep(0.05)
         return value
 
@@ -297,7 +301,6 @@ async def test_the_nvlink_explainer_highlights_the_failing_nodes_validation(
     members = await page.js("""return [...document.querySelectorAll('.domain li')]
         .map(e => [e.dataset.hostname, e.dataset.state])""")
     assert dict(members)["nvl-02"] == "validate_failed" and len(members) == 4
-    await page.shot("console-fabric")
     await page.js("document.querySelector('.domain h3 a').click()")
     await page.until("return document.body.dataset.page === 'domain'")
     assert CLIQUE in await page.js("return document.querySelector('h1').textContent")
@@ -313,3 +316,32 @@ async def test_the_nvlink_explainer_highlights_the_failing_nodes_validation(
     first = await page.js("return document.querySelector('.chain .first-failing').dataset.link")
     assert first == "domain"
     await page.shot("console-node-chain")
+
+
+async def test_fabric_page_shows_the_ib_tree_slurm_blocks_and_topology_conf(
+        driver: Any, shots: Path, aiohttp_client: Any, store: Store, world: SimWorld,
+        make_node: Any) -> None:
+    live = LiveTopology(store.topology, TopologySettings())
+    async with running_api(aiohttp_client, store, world, topology=live) as api:
+        page = Page(driver, api, shots)
+        await nvl_domain(store, make_node, size=4, failing=1, prefix="gpu-node-", first=1)
+        for i in range(5, 17):
+            await make_node(NodeState.ACTIVE, hostname=f"gpu-node-{i:02d}", rack="r2")
+        await store.topology.save("default", FAULTS.read_text(), reporter_node_id=None)
+        await live.refresh()
+        await page.sign_in(Role.VIEWER, "/ui/fabric")
+        switches = await page.js(
+            "return [...document.querySelectorAll('.switch > b')].map(e => e.textContent)")
+        assert {"ib-spine-01", "ib-leaf-01", "ib-leaf-04"} <= set(switches)
+        leaf_hosts = await page.js("""return [...document.querySelectorAll('.hosts li')]
+            .map(e => e.dataset.hostname)""")
+        # members only (02 failed validation); 16's cable is down in this scan
+        assert set(leaf_hosts) == {f"gpu-node-{i:02d}" for i in range(1, 16)} - {"gpu-node-02"}
+        issues = await page.js("return document.querySelector('.issues').innerText")
+        assert "gpu-node-16" in issues
+        conf = await page.js("return document.querySelector('pre.conf').textContent")
+        assert "SwitchName=ib-leaf-01" in conf
+        text = await page.js("return document.body.innerText")
+        assert "gpu-node-02" in text and "validation failed" in text
+        await page.shot("console-fabric")
+    await live.aclose()
