@@ -139,6 +139,9 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         response = await handler(request)
         status = response.status
+        if not response.prepared:  # a stream (events) has sent its headers already
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            response.headers["Server-Timing"] = f"app;dur={elapsed_ms:.1f}"
         return response
     except web.HTTPException as exc:
         status = exc.status

@@ -130,12 +130,30 @@ class NodeRepo(SessionRepo):
 
         return await self._run(work)
 
-    async def summaries(self) -> builtins.list[NodeSummary]:
-        """Every node, light (no facts, no MACs): the console's rack elevation and counts."""
+    async def rack_stamps(self) -> dict[str | None, tuple[int, datetime]]:
+        """{rack: (node count, newest ``updated_at``)}: a rack's stamp changes whenever one of
+        its nodes does (every write sets ``updated_at``), so views per rack can be cached."""
+        def work(s: Session) -> dict[str | None, tuple[int, datetime]]:
+            rows = s.exec(select(NodeRow.rack, func.count(), func.max(NodeRow.updated_at))
+                          .group_by(col(NodeRow.rack))).all()
+            return {rack: (int(count), newest) for rack, count, newest in rows}
+
+        return await self._run(work)
+
+    async def summaries(self, racks: Iterable[str | None] | None = None,
+                        ) -> builtins.list[NodeSummary]:
+        """Nodes, light (no facts, no MACs), of ``racks`` (None: every node): the console's
+        rack elevation and counts."""
+        wanted = None if racks is None else set(racks)
+
         def work(s: Session) -> builtins.list[NodeSummary]:
             c = NodeRow.__table__.c  # type: ignore[attr-defined]  # plain rows: no ORM objects
-            rows = s.connection().execute(sa_select(
-                c.id, c.hostname, c.state, c.maintenance, c.rack, c.position)).all()
+            query = sa_select(c.id, c.hostname, c.state, c.maintenance, c.rack, c.position)
+            if wanted is not None:
+                named = [r for r in wanted if r is not None]
+                query = query.where(or_(c.rack.in_(named), c.rack.is_(None)) if None in wanted
+                                    else c.rack.in_(named))
+            rows = s.connection().execute(query).all()
             return [NodeSummary(NodeId(i), h, st, bool(m), r, p) for i, h, st, m, r, p in rows]
 
         return await self._run(work)

@@ -20,6 +20,7 @@ from provisioner.config import ApiSettings
 from provisioner.domain import BmcEndpoint, Role
 from provisioner.lifecycle.states import NodeState
 from provisioner.simulation.world import SimWorld
+from provisioner.store.repo import NodeChange
 from provisioner.store.store import Store
 from tests.integration.test_api import SECRET, Api, running_api
 
@@ -190,6 +191,40 @@ async def test_fleet_shows_every_node_with_its_state_and_counts_failed_first(
     assert counts[:2] == ["deploy_failed", "maintenance"]
     assert [a for a in page.find("a") if a.get("data-hostname") == "held-1"][0][
         "class"].endswith(" m")
+
+
+async def test_fleet_view_follows_changes_rack_by_rack(api: Api, make_node: Any,
+                                                     store: Store) -> None:
+    a = await make_node(NodeState.ACTIVE, hostname="a1", rack="ra", position="u1")
+    await make_node(NodeState.ACTIVE, hostname="b1", rack="rb", position="u1")
+    await make_node(NodeState.ENROLLED, hostname="loose")
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+
+    async def elevation() -> dict[str, list[tuple[str, str]]]:
+        _, text = await browser.get("/ui/")
+        out: dict[str, list[tuple[str, str]]] = {}
+        rack = ""
+        for tag, attrs in Elements(text).tags:
+            if attrs.get("class") == "rack-name":
+                rack = attrs["title"]
+                out[rack] = []
+            elif tag == "a" and "cell" in attrs.get("class", "") and "data-hostname" in attrs:
+                out[rack].append((attrs["data-hostname"], attrs["class"]))
+        return out
+
+    assert await elevation() == {"ra": [("a1", "cell s-active")],
+                                 "rb": [("b1", "cell s-active")],
+                                 "(no rack)": [("loose", "cell s-enrolled")]}
+    await api.conductor.set_maintenance(a.id, True, actor="test", reason="x",
+                                        propagate=False)
+    assert (await elevation())["ra"] == [("a1", "cell s-active m")]
+    await store.nodes.update_meta(a.id, NodeChange(rack="rb", position="u2"))
+    assert await elevation() == {"rb": [("b1", "cell s-active"), ("a1", "cell s-active m")],
+                                 "(no rack)": [("loose", "cell s-enrolled")]}
+    _, text = await browser.get("/ui/")
+    counts = {a["data-count"]: a for a in Elements(text).with_attr("data-count")}
+    assert set(counts) == {"maintenance", "enrolled", "active"}
 
 
 async def test_fleet_filters_are_the_apis_and_paginate(api: Api, make_node: Any) -> None:

@@ -9,7 +9,7 @@ from aiohttp import web
 from provisioner.api.ui import ASSETS, DOMAINS, ENV
 from provisioner.api.ui.auth import Handler, form, signin, signin_form, signout
 from provisioner.api.ui.fabric import domain_page, fabric_page
-from provisioner.api.ui.fleet import fleet
+from provisioner.api.ui.fleet import FLEET, FleetView, fleet
 from provisioner.api.ui.node import act, node_page
 from provisioner.api.ui.render import load_assets, make_environment, serve_asset
 from provisioner.domain import Role
@@ -33,6 +33,7 @@ def setup(app: web.Application, nodes: NodeRepo, *,
     app[ASSETS] = assets
     app[ENV] = make_environment(assets)
     app[DOMAINS] = DomainWatch(nodes, interval_s=domain_poll_s)
+    app[FLEET] = FleetView()
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/ui", _to_fleet),
         ("GET", "/ui/", fleet),
