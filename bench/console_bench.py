@@ -156,10 +156,16 @@ def main() -> None:
           "|---|---|---|---|---|---|---|---|")
     for count in args.nodes:
         for case, r in run(count, args.requests).items():
-            print(f"| {count:,} | {case} | {r['server_p50']:.1f} ms | {r['server_p99']:.1f} ms"
-                  f" | {r['wall_p50']:.1f} ms | {r['wall_p99']:.1f} ms | {r['size_kib']:,.0f} KiB"
-                  f" | {r['rss']:.0f} MiB |", flush=True)
+            cells = [fmt(r[k], unit) for k, unit in (
+                ("server_p50", "ms"), ("server_p99", "ms"), ("wall_p50", "ms"),
+                ("wall_p99", "ms"), ("size_kib", "KiB"), ("rss", "MiB"))]
+            print(f"| {count:,} | {case} | " + " | ".join(cells) + " |", flush=True)
 
+
+def fmt(value: float, unit: str) -> str:
+    if math.isnan(value):
+        return "–"
+    return f"{value:,.0f} {unit}" if unit != "ms" else f"{value:.1f} ms"
 
 if __name__ == "__main__":
     main()
