@@ -49,6 +49,7 @@ from provisioner.errors import (
     ProvisionerError,
 )
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.validation import DomainWatch
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -70,7 +71,10 @@ _MAX_TOKEN_CHARS: Final = 512
 
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
-             settings: ApiSettings, topology: LiveTopology | None = None) -> web.Application:
+             settings: ApiSettings, topology: LiveTopology | None = None,
+             domains: DomainWatch | None = None) -> web.Application:
+    """``domains``: the validation gate's view of NVLink domains, shared with the console
+    (it makes its own when none is given)."""
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
@@ -90,7 +94,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
-    roles.update({key: None for key in ui.setup(app, nodes)})  # the console checks sessions
+    console = ui.setup(app, nodes, domains=domains)
+    roles.update({key: None for key in console})  # the console checks sessions itself
     app[ROLES] = roles
     return app
 

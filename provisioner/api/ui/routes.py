@@ -25,14 +25,14 @@ async def _asset(request: web.Request) -> web.Response:
     return await serve_asset(request, request.app[ASSETS])
 
 
-def setup(app: web.Application, nodes: NodeRepo, *,
+def setup(app: web.Application, nodes: NodeRepo, *, domains: DomainWatch | None = None,
           domain_poll_s: float = 2.0) -> Sequence[tuple[str, str]]:
     """Register the console on ``app``; return its (method, canonical path) pairs (no
     bearer token: the handlers check the session)."""
     assets = load_assets()
     app[ASSETS] = assets
     app[ENV] = make_environment(assets)
-    app[DOMAINS] = DomainWatch(nodes, interval_s=domain_poll_s)
+    app[DOMAINS] = domains or DomainWatch(nodes, interval_s=domain_poll_s)
     app[FLEET] = FleetView()
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/ui", _to_fleet),
