@@ -130,6 +130,20 @@ class NodeRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def naming_clique(self, clique: str) -> builtins.list[Node]:
+        """Nodes whose stored facts name NVLink ``clique`` (a text match on the JSON, which
+        is written with ``json.dumps``: the caller confirms with the parsed record). Reads
+        one domain's nodes, not the fleet's."""
+        needle = "%" + _escape_like('"clique": ' + json.dumps(clique)) + "%"
+
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(
+                col(NodeRow.facts).like(needle, escape="\\"))).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
     async def rack_stamps(self) -> dict[str | None, tuple[int, datetime]]:
         """{rack: (node count, newest ``updated_at``)}: a rack's stamp changes whenever one of
         its nodes does (every write sets ``updated_at``), so views per rack can be cached."""

@@ -17,7 +17,7 @@ import pytest
 
 from provisioner.api import EVENTS
 from provisioner.config import ApiSettings
-from provisioner.domain import BmcEndpoint, Role
+from provisioner.domain import BmcEndpoint, NewNode, Role
 from provisioner.lifecycle.states import NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.repo import NodeChange
@@ -580,3 +580,30 @@ async def test_an_unknown_domain_is_a_404(api: Api) -> None:
     await browser.sign_in(Role.VIEWER)
     status, _ = await browser.get("/ui/fabric/domains/nope")
     assert status == 404
+
+
+# -- the console's store reads, on SQLite and PostgreSQL ------------------------------------
+
+
+async def test_console_reads_on_every_backend(any_store: Store) -> None:
+    repo = any_store.nodes
+    tricky = 'a%_"b\\.1'
+    made = {}
+    for name, clique, rack in (("x1", tricky, "r1"), ("x2", "a.1", "r1"), ("x3", None, None)):
+        node = await repo.create(NewNode(state=NodeState.VALIDATING, hostname=name, rack=rack),
+                                 actor="test")
+        if clique is not None:
+            await repo.merge_facts(node.id, {"validation": {"passed": True, "clique": clique}})
+        made[name] = node
+    assert [n.hostname for n in await repo.naming_clique(tricky)] == ["x1"]
+    assert [n.hostname for n in await repo.naming_clique("a.1")] == ["x2"]
+    assert await repo.naming_clique("a") == []
+    stamps = await repo.rack_stamps()
+    assert {k: v[0] for k, v in stamps.items()} == {"r1": 2, None: 1}
+    assert sorted(n.hostname or "" for n in await repo.summaries([None])) == ["x3"]
+    assert sorted(n.hostname or "" for n in await repo.summaries(["r1"])) == ["x1", "x2"]
+    assert len(await repo.summaries()) == 3
+    before = stamps["r1"]
+    await repo.merge_facts(made["x2"].id, {"cpu": {}})
+    after = (await repo.rack_stamps())["r1"]
+    assert after != before and (await repo.rack_stamps())[None] == stamps[None]

@@ -2,7 +2,8 @@
 powered → booted → OS called back → Kubernetes Ready → GPU operator ready → validation
 passed → whole domain passed → Slurm registered, each link with its evidence (a history
 row, the validation record, the domain's members) and what to do when it is the first one
-that fails. Pure: decides from a node, its history and its domain's members.
+that fails. ``explain`` is pure: it decides from a node, its history and its domain's
+members (``clique_members`` reads those).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from typing import Any, Final
 
 from provisioner.domain import HistoryEntry, Node
 from provisioner.lifecycle.states import FAILED, FAILED_TWIN, NodeState
-from provisioner.lifecycle.validation import report_of
+from provisioner.lifecycle.validation import member_of, report_of
+from provisioner.store.repo import NodeRepo
 from provisioner.validation.domain import Member, Standing, domain_status
 from provisioner.validation.record import ValidationRecord, passed_now
 
@@ -70,6 +72,16 @@ def rank(state: NodeState) -> int:
     in-flight state."""
     state = _TWIN_OF.get(state, state)
     return _PROGRESS.index(state) if state in _PROGRESS else -1
+
+
+async def clique_members(repo: NodeRepo, node: Node) -> list[Member]:
+    """The members of ``node``'s NVLink domain, as the validation gate sees them (read from
+    that domain's nodes only)."""
+    record = ValidationRecord.from_facts(node.facts)
+    if record is None or record.clique is None:
+        return []
+    found = [member_of(n) for n in await repo.naming_clique(record.clique)]
+    return [m for m in found if m is not None and m.clique == record.clique]
 
 
 def explain(node: Node, history: Sequence[HistoryEntry], members: Iterable[Member],

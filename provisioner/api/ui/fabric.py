@@ -19,6 +19,7 @@ from provisioner.api.ui.render import html
 from provisioner.api.ui.session import Session
 from provisioner.domain import Node, NodeSummary
 from provisioner.errors import NotFound
+from provisioner.lifecycle.validation import member_of
 from provisioner.validation.domain import Member
 
 _MAX_DEPTH = 6
@@ -118,21 +119,34 @@ class Explained:
 @page
 async def domain_page(request: web.Request, session: Session) -> web.Response:
     clique = request.match_info["clique"]
+    repo = request.app[NODES]
     topo = await _topology(request)
-    fleet = {n.hostname: n for n in await request.app[NODES].summaries() if n.hostname}
-    members = await request.app[DOMAINS].members()
-    rows = domains(members, topo, fleet).get(clique)
-    if rows is None:
+    loaded = {n.hostname or n.id: n for n in await repo.naming_clique(clique)}
+    members = [m for n in loaded.values() if (m := member_of(n)) is not None
+               and m.clique == clique]
+    names = {m.name for m in members}
+    if topo is not None:
+        names |= {h for d in topo.domains if d.clique == clique for h in d.members}
+    if not names:
         return html(request.app[ENV], "error.html.j2", {
             "session": session, "title": "Unknown NVLink domain",
             "detail": f"no node reports NVLink domain {clique[:200]}"}, status=404)
     blocks_of = {n.hostname: n.block for n in topo.nodes} if topo else {}
-    explained = await _explain(request, [r.hostname for r in rows][:_MAX_DOMAIN_NODES],
-                               members, blocks_of)
+    explained = []
+    for name in sorted(names)[:_MAX_DOMAIN_NODES]:
+        node = loaded.get(name)
+        if node is None:
+            try:
+                node = await repo.find(name)
+            except NotFound:
+                continue
+        chain = explain(node, await repo.history(node.id), members,
+                        block=blocks_of.get(name))
+        explained.append(Explained(node, chain))
     first, status = domain_first([e.chain for e in explained])
     return html(request.app[ENV], "domain.html.j2", {
         "session": session, "clique": clique, "explained": explained, "links": LINKS,
-        "first": first, "first_status": status, "rows": rows,
+        "first": first, "first_status": status,
     })
 
 
@@ -145,18 +159,3 @@ def domain_first(chains: Sequence[Chain]) -> tuple[str | None, Status | None]:
         if found:
             return LINKS[min(found)][0], wanted
     return None, None
-
-
-async def _explain(request: web.Request, names: Sequence[str], members: Sequence[Member],
-                   blocks_of: Mapping[str, str | None]) -> list[Explained]:
-    repo = request.app[NODES]
-    out = []
-    for name in names:
-        try:
-            node = await repo.find(name)
-        except NotFound:
-            continue
-        chain = explain(node, await repo.history(node.id), members,
-                        block=blocks_of.get(name))
-        out.append(Explained(node, chain))
-    return out

@@ -17,9 +17,9 @@ from aiohttp import web
 from provisioner.api import CONDUCTOR, NODES, TOPOLOGY, actor
 from provisioner.api.nodes import ACTIONS, allowed_actions, apply_action
 from provisioner.api.power import via_bmc
-from provisioner.api.ui import DOMAINS, ENV
+from provisioner.api.ui import ENV
 from provisioner.api.ui.auth import FormData, form, page, refuse
-from provisioner.api.ui.explain import explain
+from provisioner.api.ui.explain import clique_members, explain
 from provisioner.api.ui.facts import sections
 from provisioner.api.ui.render import html, node_ref
 from provisioner.api.ui.session import Session
@@ -48,7 +48,7 @@ async def node_page(request: web.Request, session: Session) -> web.Response:
     except NotFound as exc:
         return refuse(request, 404, str(exc))
     history = await request.app[NODES].history(node.id)
-    members = await request.app[DOMAINS].members()
+    members = await clique_members(request.app[NODES], node)
     block = None
     if (live := request.app.get(TOPOLOGY)) is not None and node.hostname:
         block = (await live.view()).snapshot.annotations.get(node.hostname)
