@@ -344,4 +344,8 @@ async def test_fabric_page_shows_the_ib_tree_slurm_blocks_and_topology_conf(
         text = await page.js("return document.body.innerText")
         assert "gpu-node-02" in text and "validation failed" in text
         await page.shot("console-fabric")
+        await page.open("/ui/nodes/gpu-node-05")  # active: its Slurm link names its block
+        slurm = await page.js(
+            "return document.querySelector('.chain [data-link=slurm] .evidence').textContent")
+        assert "in the published topology: ib-leaf-02" in slurm
     await live.aclose()

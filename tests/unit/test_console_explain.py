@@ -60,7 +60,7 @@ def test_an_active_node_holds_every_link_with_evidence() -> None:
     assert {link.status for link in chain.links} == {Status.OK}
     assert chain.first_failing is None
     slurm = chain.links[-1]
-    assert "registering → active" in slurm.evidence and "block b1" in slurm.evidence
+    assert "registering → active" in slurm.evidence and "published topology: b1" in slurm.evidence
     assert not any(link.todo for link in chain.links)
 
 

@@ -253,7 +253,7 @@ def _standing(node: Node, record: ValidationRecord) -> Standing:
 
 def _slurm(c: _Facts, block: str | None) -> Link:
     node = c.node
-    where = f"; topology block {block}" if block else ""
+    where = f"; in the published topology: {block}" if block else ""
     if node.state is S.ACTIVE:
         return _link("slurm", Status.OK, c.entered(S.ACTIVE) + where)
     if node.state is S.REGISTER_FAILED:

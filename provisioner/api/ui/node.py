@@ -27,6 +27,7 @@ from provisioner.bmc.base import BootDevice, PowerAction
 from provisioner.domain import Node, Role
 from provisioner.errors import Conflict, InvalidRequest, NotFound
 from provisioner.lifecycle.validation import report_of
+from provisioner.topology.emit import block_of
 from provisioner.validation.record import ValidationRecord
 
 POWER_ACTIONS: Final = ("on", "off", "soft-off", "cycle", "status")
@@ -51,7 +52,9 @@ async def node_page(request: web.Request, session: Session) -> web.Response:
     members = await clique_members(request.app[NODES], node)
     block = None
     if (live := request.app.get(TOPOLOGY)) is not None and node.hostname:
-        block = (await live.view()).snapshot.annotations.get(node.hostname)
+        snapshot = (await live.view()).snapshot  # where the published topology puts it
+        block = block_of(snapshot.blocks).get(node.hostname) or snapshot.annotations.get(
+            node.hostname)
     chain = explain(node, history, members, block=block)
     record = ValidationRecord.from_facts(node.facts)
     context = {
