@@ -94,7 +94,10 @@ def test_no_gpu_in_the_report_is_the_gpu_operators_link() -> None:
 
 
 def test_a_powered_off_node_fails_at_power_and_no_bmc_is_unknown() -> None:
-    assert explain(node(S.INSPECTED, power="off"), [], []).first_failing == "power"
+    assert explain(node(S.ACTIVE, power="off", facts=record(True)), [], []
+                   ).first_failing == "power"
+    waiting = explain(node(S.INSPECTED, power="off"), [], [])  # off until deployed: normal
+    assert waiting.first_failing == "power" and waiting.links[1].status is Status.WAIT
     chain = explain(node(S.ENROLLED, bmc=False, power=None), [], [])
     assert statuses(node(S.ENROLLED, bmc=False, power=None))["bmc"] == "unknown"
     assert chain.first_failing == "boot"  # nothing fails; the first wait: not deployed

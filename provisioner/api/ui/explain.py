@@ -139,9 +139,12 @@ def _power(c: _Facts) -> Link:
     state = c.node.power_state
     if state == "on":
         return _link("power", Status.OK, "last read or set: on")
+    if state == "off" and c.rank < 1:  # not deployed (or deploying): off is expected
+        return _link("power", Status.WAIT, "last read or set: off (not deployed yet)",
+                     "deploy it (a profile, then Deploy): deploying powers it on")
     if state == "off":
-        return _link("power", Status.FAIL, "last read or set: off",
-                     "power it on, or deploy it (deploying powers it on)")
+        return _link("power", Status.FAIL, "last read or set: off, but its OS should run",
+                     "power it on (Power: on), then find out who switched it off")
     return _link("power", Status.UNKNOWN, "power state never read")
 
 
