@@ -121,3 +121,7 @@ class NodeSummary:
     maintenance: bool
     rack: str | None
     position: str | None
+    profile: str | None = None
+    power_state: str | None = None
+    last_error: str = ""
+    maintenance_reason: str = ""

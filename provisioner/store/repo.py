@@ -144,6 +144,23 @@ class NodeRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def page(self, flt: NodeFilter, *, limit: int, offset: int,
+                   ) -> tuple[builtins.list[NodeSummary], int]:
+        """``list`` without facts or MACs (a node's facts may be megabytes): the console's
+        node table."""
+        def work(s: Session) -> tuple[builtins.list[NodeSummary], int]:
+            c = NodeRow.__table__.c  # type: ignore[attr-defined]
+            query = _filtered(sa_select(
+                c.id, c.hostname, c.state, c.maintenance, c.rack, c.position, c.profile,
+                c.power_state, c.last_error, c.maintenance_reason), flt)
+            total = s.exec(_filtered(select(func.count()).select_from(NodeRow), flt)).one()
+            rows = s.connection().execute(
+                query.order_by(c.created_at, c.id).offset(offset).limit(limit)).all()
+            return [NodeSummary(NodeId(r[0]), r[1], r[2], bool(r[3]), *r[4:]) for r in rows], \
+                int(total)
+
+        return await self._run(work)
+
     async def rack_stamps(self) -> dict[str | None, tuple[int, datetime]]:
         """{rack: (node count, newest ``updated_at``)}: a rack's stamp changes whenever one of
         its nodes does (every write sets ``updated_at``), so views per rack can be cached."""

@@ -17,7 +17,7 @@ import pytest
 
 from provisioner.api import EVENTS
 from provisioner.config import ApiSettings
-from provisioner.domain import BmcEndpoint, NewNode, Role
+from provisioner.domain import BmcEndpoint, NewNode, NodeFilter, Role
 from provisioner.lifecycle.states import NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.repo import NodeChange
@@ -603,6 +603,11 @@ async def test_console_reads_on_every_backend(any_store: Store) -> None:
     assert sorted(n.hostname or "" for n in await repo.summaries([None])) == ["x3"]
     assert sorted(n.hostname or "" for n in await repo.summaries(["r1"])) == ["x1", "x2"]
     assert len(await repo.summaries()) == 3
+    items, total = await repo.page(NodeFilter(rack="r1"), limit=1, offset=1)
+    assert total == 2 and [n.hostname for n in items] == ["x2"]
+    items, total = await repo.page(NodeFilter(query="x3", state="validating"), limit=5,
+                                   offset=0)
+    assert total == 1 and items[0].rack is None and items[0].last_error == ""
     before = stamps["r1"]
     await repo.merge_facts(made["x2"].id, {"cpu": {}})
     after = (await repo.rack_stamps())["r1"]

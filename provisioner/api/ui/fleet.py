@@ -24,7 +24,7 @@ from provisioner.api.ui import ENV
 from provisioner.api.ui.auth import page
 from provisioner.api.ui.render import SECURITY_HEADERS, node_ref
 from provisioner.api.ui.session import Session
-from provisioner.domain import Node, NodeFilter, NodeSummary
+from provisioner.domain import NodeFilter, NodeSummary
 from provisioner.lifecycle.states import FAILED, IN_FLIGHT, NodeState
 from provisioner.store.repo import NodeRepo
 
@@ -164,12 +164,12 @@ async def fleet(request: web.Request, session: Session) -> web.Response:
     given, query, error = _query(request)
     repo = request.app[NODES]
     view = await request.app[FLEET].current(repo)
-    items: list[Node] = []
+    items: list[NodeSummary] = []
     total = 0
     if query is not None:
         flt = NodeFilter(state=query.state, rack=query.rack, profile=query.profile,
                          maintenance=query.maintenance, query=query.q)
-        items, total = await repo.list(flt, limit=query.limit, offset=query.offset)
+        items, total = await repo.page(flt, limit=query.limit, offset=query.offset)
     status = request.app[CONDUCTOR].step_status
     context = {
         "session": session, "counts": view.counts, "elevation": view.elevation,
