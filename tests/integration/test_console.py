@@ -160,6 +160,17 @@ async def test_sign_out_ends_the_session(api: Api) -> None:
     assert status == 303 and headers["Location"].startswith("/ui/signin")
 
 
+async def test_signing_in_again_replaces_the_session(api: Api) -> None:
+    browser = Browser(api)
+    await browser.sign_in(Role.VIEWER)
+    old = browser.cookie
+    await browser.sign_in(Role.OPERATOR)
+    assert browser.cookie != old
+    browser.cookie = old
+    status, _, _ = await browser.request("GET", "/ui/")
+    assert status == 303  # the first session is gone
+
+
 async def test_a_forged_cookie_is_not_a_session(api: Api) -> None:
     browser = Browser(api)
     browser.cookie = "pv_session=forged"

@@ -111,6 +111,8 @@ async def signin(request: web.Request) -> web.StreamResponse:
                      "session": None}, status=401)
     assert isinstance(token, str)
     sessions = request.app[SESSIONS]
+    if (previous := request.cookies.get(COOKIE)) is not None:
+        sessions.close(previous)  # a new sign-in never keeps the old session id
     session = sessions.open(token.strip(), info.name, info.role)
     response = web.HTTPSeeOther(target)
     response.set_cookie(COOKIE, session.id, max_age=int(sessions.ttl_s), path="/",
