@@ -289,11 +289,15 @@ async def test_node_page_shows_identity_bmc_facts_history_but_never_the_password
     assert "Actions" not in body
 
 
-async def test_unknown_node_is_a_404_page(api: Api) -> None:
+async def test_unknown_node_and_page_are_404_pages(api: Api) -> None:
     browser = Browser(api)
+    status, headers, _ = await browser.request("GET", "/ui/typo")
+    assert status == 303  # not signed in: the sign-in form first
     await browser.sign_in(Role.VIEWER)
     status, text = await browser.get("/ui/nodes/nope")
     assert status == 404 and "nope" in text
+    status, text = await browser.get("/ui/typo/deeper")
+    assert status == 404 and "no console page at /ui/typo/deeper" in text
 
 
 async def test_operator_action_needs_confirmation_then_runs_through_the_conductor(

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from provisioner.api.ui import ASSETS, DOMAINS, ENV
-from provisioner.api.ui.auth import Handler, form, signin, signin_form, signout
+from provisioner.api.ui.auth import Handler, form, page, refuse, signin, signin_form, signout
 from provisioner.api.ui.fabric import domain_page, fabric_page
 from provisioner.api.ui.fleet import FLEET, FleetView, fleet
 from provisioner.api.ui.node import act, node_page
 from provisioner.api.ui.render import load_assets, make_environment, serve_asset
+from provisioner.api.ui.session import Session
 from provisioner.domain import Role
 from provisioner.lifecycle.validation import DomainWatch
 from provisioner.store.repo import NodeRepo
@@ -19,6 +20,11 @@ from provisioner.store.repo import NodeRepo
 
 async def _to_fleet(request: web.Request) -> web.StreamResponse:
     raise web.HTTPMovedPermanently("/ui/")
+
+
+@page
+async def _unknown(request: web.Request, session: Session) -> web.Response:
+    return refuse(request, 404, f"no console page at {request.path[:200]}")
 
 
 async def _asset(request: web.Request) -> web.Response:
@@ -45,6 +51,7 @@ def setup(app: web.Application, nodes: NodeRepo, *, domains: DomainWatch | None 
         ("GET", "/ui/fabric", fabric_page),
         ("GET", "/ui/fabric/domains/{clique}", domain_page),
         ("GET", "/ui/static/{name}", _asset),
+        ("GET", "/ui/{tail:.*}", _unknown),  # last: any other console path
     ]
     added = [app.router.add_route(method, path, handler) for method, path, handler in table]
     return [(r.method, r.resource.canonical) for r in added if r.resource is not None]
