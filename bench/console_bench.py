@@ -100,6 +100,25 @@ def measure(port: int, cookie: str, paths: list[str], requests: int,
     return server, wall, size
 
 
+def event_latency(port: int, cookie: str, operator: str, count: int) -> list[float]:
+    """ms from sending an operator's maintenance toggle to its transition arriving on
+    ``/api/v1/events`` (the session's stream, as the console's script reads it)."""
+    stream = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    stream.request("GET", "/api/v1/events", headers={"Cookie": cookie})
+    events = stream.getresponse()
+    events.fp.read1(65536)  # "retry" and the ": connected" comment
+    latencies = []
+    for i in range(count):
+        started = time.perf_counter()
+        touch(port, operator, on=i % 2 == 0)
+        seen = b""
+        while b"event: transition" not in seen:
+            seen += events.fp.read1(65536)
+        latencies.append((time.perf_counter() - started) * 1000)
+    stream.close()
+    return latencies
+
+
 def p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[max(0, int(len(ordered) * 0.99) - 1)]
@@ -129,6 +148,7 @@ def run(count: int, requests: int) -> dict[str, dict[str, float]]:
         cookie = sign_in(port, token)
         paths = ["/ui/", "/ui/?state=deploy_failed", f"/ui/?offset={count // 2}"]
         cold = measure(port, cookie, paths[:1], 1)[0][0]  # builds every rack's view
+        live = event_latency(port, cookie, operator, 100)
         measure(port, cookie, paths, 6)  # warm up
         results = {}
         for case, churn in (("unchanged fleet", None), ("a node changed before each", operator)):
@@ -141,6 +161,9 @@ def run(count: int, requests: int) -> dict[str, dict[str, float]]:
         proc.wait(30)
         notify.close()
         shutil.rmtree(work, ignore_errors=True)
+    results["transition → /api/v1/events (ms from the request)"] = {
+        "server_p50": math.nan, "server_p99": math.nan, "wall_p50": statistics.median(live),
+        "wall_p99": p99(live), "size_kib": math.nan, "rss": math.nan}
     results["first request after start"] = {
         "server_p50": cold, "server_p99": cold, "wall_p50": math.nan, "wall_p99": math.nan,
         "size_kib": math.nan, "rss": math.nan}
