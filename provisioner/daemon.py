@@ -59,7 +59,7 @@ from provisioner.lifecycle.routing import (
     Unavailable,
 )
 from provisioner.lifecycle.stagger import PowerOnStagger
-from provisioner.lifecycle.validation import DomainWatch, FactsValidator
+from provisioner.lifecycle.validation import FactsValidator
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
@@ -204,12 +204,9 @@ class Daemon:
                 "OS image deploy", "set http.listen (the agent that writes images reaches "
                 "the daemon over the boot HTTP server)")
             kube, slurm = self._kube_and_slurm(joiner, kube_client, slurm_client, topology)
-            domains = DomainWatch(  # shared by the validation gate and the web console
-                store.nodes, interval_s=self._settings.validation.domain_poll_interval_s)
             real = RealDrivers(
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
-                validator=FactsValidator(store.nodes, self._settings.validation, watch=domains),
-                slurm=slurm)
+                validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm)
             bmc = self._bmc(stack, world)
             ports = build_ports(self._settings, world, bmc, real, callbacks)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
@@ -217,7 +214,7 @@ class Daemon:
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
-            runner = await self._start_api(store, conductor, metrics, topology, domains)
+            runner = await self._start_api(store, conductor, metrics, topology)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs,
                                    callbacks)
@@ -309,10 +306,9 @@ class Daemon:
         self._stop.set()
 
     async def _start_api(self, store: Store, conductor: Conductor, metrics: Metrics,
-                         topology: LiveTopology, domains: DomainWatch) -> web.AppRunner:
+                         topology: LiveTopology) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                       metrics=metrics, settings=self._settings.api, topology=topology,
-                       domains=domains)
+                       metrics=metrics, settings=self._settings.api, topology=topology)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self._settings.api.host_port

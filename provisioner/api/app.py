@@ -49,7 +49,6 @@ from provisioner.errors import (
     ProvisionerError,
 )
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.validation import DomainWatch
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -71,10 +70,7 @@ _MAX_TOKEN_CHARS: Final = 512
 
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
-             settings: ApiSettings, topology: LiveTopology | None = None,
-             domains: DomainWatch | None = None) -> web.Application:
-    """``domains``: the validation gate's view of NVLink domains, shared with the console
-    (it makes its own when none is given)."""
+             settings: ApiSettings, topology: LiveTopology | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
@@ -94,7 +90,7 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
-    console = ui.setup(app, nodes, domains=domains)
+    console = ui.setup(app, nodes)
     roles.update({key: None for key in console})  # the console checks sessions itself
     app[ROLES] = roles
     return app

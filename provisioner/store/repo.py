@@ -144,6 +144,30 @@ class NodeRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def clique_stamps(self, states: Iterable[NodeState],
+                            ) -> dict[str, tuple[str, datetime]]:
+        """``stamps`` of the nodes in ``states`` whose facts name some NVLink clique (the
+        same text match as ``naming_clique``): the nodes a view of the domains must read."""
+        wanted = [str(st) for st in states]
+        needle = "%" + _escape_like('"clique": "') + "%"
+
+        def work(s: Session) -> dict[str, tuple[str, datetime]]:
+            rows = s.exec(select(NodeRow.id, NodeRow.state, NodeRow.updated_at).where(
+                col(NodeRow.state).in_(wanted),
+                col(NodeRow.facts).like(needle, escape="\\"))).all()
+            return {node_id: (state, updated) for node_id, state, updated in rows}
+
+        return await self._run(work)
+
+    async def get_many(self, node_ids: Sequence[str]) -> builtins.list[Node]:
+        """The nodes of ``node_ids`` that exist, in one query."""
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(col(NodeRow.id).in_(list(node_ids)))).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
     async def page(self, flt: NodeFilter, *, limit: int, offset: int,
                    ) -> tuple[builtins.list[NodeSummary], int]:
         """``list`` without facts or MACs (a node's facts may be megabytes): the console's

@@ -16,12 +16,14 @@ from typing import Any
 import pytest
 
 from provisioner.api import EVENTS
+from provisioner.api.ui.domains import STATES, DomainIndex
 from provisioner.config import ApiSettings
 from provisioner.domain import BmcEndpoint, NewNode, NodeFilter, Role
 from provisioner.lifecycle.states import NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.repo import NodeChange
 from provisioner.store.store import Store
+from provisioner.validation.domain import Standing
 from tests.integration.test_api import SECRET, Api, running_api
 
 XSS = "<img src=x onerror=alert(1)>"
@@ -627,3 +629,23 @@ async def test_console_reads_on_every_backend(any_store: Store) -> None:
     await repo.merge_facts(made["x2"].id, {"cpu": {}})
     after = (await repo.rack_stamps())["r1"]
     assert after != before and (await repo.rack_stamps())[None] == stamps[None]
+
+
+async def test_the_domain_index_reads_only_domain_nodes_and_follows_changes(
+        store: Store, make_node: Any) -> None:
+    await make_node(NodeState.ACTIVE, hostname="hgx-1")  # no NVLink domain: never read
+    names = await nvl_domain(store, make_node, size=3, failing=None)
+    stamps = await store.nodes.clique_stamps(STATES)
+    assert sorted([(await store.nodes.get(i)).hostname or "" for i in stamps]) == names
+    now = [0.0]
+    index = DomainIndex(store.nodes, interval_s=5, now=lambda: now[0])
+    assert {(m.name, m.standing) for m in await index.members()} == {
+        (n, Standing.PASSED) for n in names}
+    node = await store.nodes.find(names[0])
+    await store.nodes.transition(node, to_state=NodeState.VALIDATE_FAILED, event="fail",
+                                 actor="test", reason="x", last_error="x",
+                                 reset_checkpoint=False)
+    assert len([m for m in await index.members() if m.standing is Standing.FAILED]) == 0
+    now[0] += 5  # the next refresh sees it
+    failed = [m.name for m in await index.members() if m.standing is Standing.FAILED]
+    assert failed == [names[0]]
