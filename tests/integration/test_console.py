@@ -615,6 +615,10 @@ async def test_console_reads_on_every_backend(any_store: Store) -> None:
     assert [n.hostname for n in await repo.naming_clique(tricky)] == ["x1"]
     assert [n.hostname for n in await repo.naming_clique("a.1")] == ["x2"]
     assert await repo.naming_clique("a") == []
+    named = await repo.clique_stamps(STATES)
+    assert set(named) == {made["x1"].id, made["x2"].id}
+    assert sorted(n.hostname or "" for n in await repo.get_many([*named, "nope"])) == [
+        "x1", "x2"]
     stamps = await repo.rack_stamps()
     assert {k: v[0] for k, v in stamps.items()} == {"r1": 2, None: 1}
     assert sorted(n.hostname or "" for n in await repo.summaries([None])) == ["x3"]
