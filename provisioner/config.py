@@ -52,6 +52,10 @@ class ApiSettings(_Section):
         4 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 beyond)"
     )
     page_size_max: int = Field(1000, ge=1, description="Largest page a list call may ask for")
+    session_ttl_s: float = Field(
+        8 * 3600.0, gt=0, description="Web console: a session's lifetime from sign-in")
+    events_queue_max: int = Field(
+        256, ge=1, description="Events a slow /api/v1/events client may lag before it is dropped")
 
     @field_validator("listen")
     @classmethod

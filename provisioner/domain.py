@@ -109,3 +109,19 @@ class TokenInfo:
     role: Role
     node_id: NodeId | None
     expires_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSummary:
+    """What the console's fleet view shows of every node: no facts, no history."""
+
+    id: NodeId
+    hostname: str | None
+    state: str
+    maintenance: bool
+    rack: str | None
+    position: str | None
+    profile: str | None = None
+    power_state: str | None = None
+    last_error: str = ""
+    maintenance_reason: str = ""

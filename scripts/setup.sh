@@ -63,6 +63,8 @@ APT_PACKAGES=(
   extlinux
   mtools           # files into that image's FAT partition without a loop mount
   dosfstools       # mkfs.vfat
+  chromium         # headless browser of the console tests (tests/integration/test_console_browser.py)
+  chromium-driver  # chromedriver: Selenium drives the system chromium (nothing downloaded)
 )
 MIN_PYTHON=(3 11)
 

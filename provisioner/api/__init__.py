@@ -10,6 +10,8 @@ from typing import Final
 
 from aiohttp import web
 
+from provisioner.api.events import EventHub
+from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.conductor import Conductor
@@ -24,6 +26,8 @@ TOKENS: Final = web.AppKey("tokens", TokenRepo)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", ApiSettings)
 TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
+EVENTS: Final = web.AppKey("events", EventHub)
+SESSIONS: Final = web.AppKey("sessions", SessionStore)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

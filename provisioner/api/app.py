@@ -18,7 +18,18 @@ from typing import Final
 from aiohttp import hdrs, web
 from pydantic import ValidationError
 
-from provisioner.api import CONDUCTOR, METRICS, NODES, PRINCIPAL, SETTINGS, TOKENS, TOPOLOGY
+from provisioner.api import (
+    CONDUCTOR,
+    EVENTS,
+    METRICS,
+    NODES,
+    PRINCIPAL,
+    SESSIONS,
+    SETTINGS,
+    TOKENS,
+    TOPOLOGY,
+)
+from provisioner.api.events import EventHub, stream
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
@@ -26,6 +37,8 @@ from provisioner.api.openapi import Handler, Route, openapi_document
 from provisioner.api.power import ROUTES as POWER_ROUTES
 from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
 from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
+from provisioner.api.ui import routes as ui
+from provisioner.api.ui.session import COOKIE, SessionStore
 from provisioner.config import ApiSettings
 from provisioner.domain import Role
 from provisioner.errors import (
@@ -65,11 +78,21 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     app[METRICS], app[SETTINGS] = metrics, settings
     if topology is not None:
         app[TOPOLOGY] = topology
-    roles: Mapping[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
-    app[ROLES] = roles
+    hub = EventHub(settings.events_queue_max)
+    conductor.add_observer(hub.observe)
+    app[EVENTS], app[SESSIONS] = hub, SessionStore(settings.session_ttl_s)
+
+    async def close_streams(app: web.Application) -> None:
+        hub.close()  # before the server waits for handlers: SSE streams end at once
+
+    app.on_shutdown.append(close_streams)
+    roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
         app.router.add_route(route.method, route.path, route.handler)
+    console = ui.setup(app, nodes)
+    roles.update({key: None for key in console})  # the console checks sessions itself
+    app[ROLES] = roles
     return app
 
 
@@ -90,12 +113,20 @@ async def openapi_json(request: web.Request) -> web.Response:
     return web.Response(body=request.app[OPENAPI], content_type="application/json")
 
 
+async def events(request: web.Request) -> web.StreamResponse:
+    return await stream(request, request.app[EVENTS])
+
+
 _OWN_ROUTES: Final = (
     Route("GET", "/healthz", healthz, "Liveness: 200 while the API serves", None, Health),
     Route("GET", "/metrics", metrics_text, "Prometheus metrics, unauthenticated", None,
           media="text/plain"),
     Route("GET", f"{PREFIX}/openapi.json", openapi_json, "This OpenAPI document", None),
     Route("GET", "/openapi.json", openapi_json, "This OpenAPI document", None),
+    Route("GET", f"{PREFIX}/events", events,
+          "Node transitions as server-sent events (event: transition, data: JSON); a client "
+          "that falls behind is dropped (event: dropped). A bearer token, or the console's "
+          "session cookie", Role.VIEWER, media="text/event-stream"),
 )
 
 
@@ -109,6 +140,9 @@ async def _timing(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         response = await handler(request)
         status = response.status
+        if not response.prepared:  # a stream (events) has sent its headers already
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            response.headers["Server-Timing"] = f"app;dur={elapsed_ms:.1f}"
         return response
     except web.HTTPException as exc:
         status = exc.status
@@ -161,6 +195,9 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     if needed is None:
         return await handler(request)
     token = _bearer(request)
+    if token is None and request.method == "GET":  # the console's own reads (never writes)
+        session = request.app[SESSIONS].get(request.cookies.get(COOKIE))
+        token = session.token if session is not None else None
     info = await request.app[TOKENS].lookup(token) if token else None
     if info is None:
         return _unauthorized(invalid=token is not None)

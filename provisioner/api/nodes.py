@@ -92,12 +92,14 @@ async def act_on_node(request: web.Request) -> web.Response:
     body = ActionRequest.model_validate(parse_json(raw)) if raw.strip() else ActionRequest()
     node = await _node(request)
     conductor = request.app[CONDUCTOR]
-    node = await _apply(conductor, node.id, action, actor=actor(request), reason=body.reason)
+    node = await apply_action(conductor, node.id, action, actor=actor(request),
+                              reason=body.reason)
     return respond(node_out(node, conductor.step_status(node.id)), status=202)
 
 
-async def _apply(conductor: Conductor, node_id: str, action: str, *, actor: str,
-                 reason: str) -> Node:
+async def apply_action(conductor: Conductor, node_id: str, action: str, *, actor: str,
+                       reason: str) -> Node:
+    """One named action (the REST API's and the console's one code path)."""
     if action in MAINTENANCE_ACTIONS:
         on = MAINTENANCE_ACTIONS[action]
         if on and not reason:

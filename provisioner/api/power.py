@@ -38,8 +38,8 @@ async def node_power(request: web.Request) -> web.Response:
     body = PowerRequest.model_validate(parse_json(await request.read()))
     node = await _node(request)
     conductor = request.app[CONDUCTOR]
-    node, state = await _bmc(node, conductor.power(node.id, PowerAction(body.action),
-                                                   actor=actor(request)))
+    node, state = await via_bmc(node, conductor.power(node.id, PowerAction(body.action),
+                                                      actor=actor(request)))
     return respond(PowerOut(action=body.action, power_state=state,
                             node=node_out(node, conductor.step_status(node.id))))
 
@@ -48,7 +48,7 @@ async def node_boot_device(request: web.Request) -> web.Response:
     body = BootDeviceRequest.model_validate(parse_json(await request.read()))
     node = await _node(request)
     conductor = request.app[CONDUCTOR]
-    node = await _bmc(node, conductor.set_boot_device(
+    node = await via_bmc(node, conductor.set_boot_device(
         node.id, BootDevice(body.device), persistent=body.persistent, uefi=body.uefi,
         actor=actor(request)))
     return respond(BootDeviceOut(device=body.device, persistent=body.persistent,
@@ -56,7 +56,7 @@ async def node_boot_device(request: web.Request) -> web.Response:
                                  node=node_out(node, conductor.step_status(node.id))))
 
 
-async def _bmc(node: Node, call: Awaitable[T]) -> T:
+async def via_bmc(node: Node, call: Awaitable[T]) -> T:
     """A BMC failure is the BMC's, not ours: 502 with the driver's reason (never secrets)."""
     try:
         return await call

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from sqlalchemy import Engine, delete, func, or_, update
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Session, col, select
 
@@ -26,6 +27,7 @@ from provisioner.domain import (
     NewNode,
     Node,
     NodeFilter,
+    NodeSummary,
 )
 from provisioner.errors import Conflict, InvalidRequest, NodeBusy, NotFound
 from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
@@ -125,6 +127,89 @@ class NodeRepo(SessionRepo):
         def work(s: Session) -> dict[str, int]:
             query = select(NodeRow.state, func.count()).group_by(col(NodeRow.state))
             return {state: int(n) for state, n in s.exec(query).all()}
+
+        return await self._run(work)
+
+    async def naming_clique(self, clique: str) -> builtins.list[Node]:
+        """Nodes whose stored facts name NVLink ``clique`` (a text match on the JSON, which
+        is written with ``json.dumps``: the caller confirms with the parsed record). Reads
+        one domain's nodes, not the fleet's."""
+        needle = "%" + _escape_like('"clique": ' + json.dumps(clique)) + "%"
+
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(
+                col(NodeRow.facts).like(needle, escape="\\"))).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def clique_stamps(self, states: Iterable[NodeState],
+                            ) -> dict[str, tuple[str, datetime]]:
+        """``stamps`` of the nodes in ``states`` whose facts name some NVLink clique (the
+        same text match as ``naming_clique``): the nodes a view of the domains must read."""
+        wanted = [str(st) for st in states]
+        needle = "%" + _escape_like('"clique": "') + "%"
+
+        def work(s: Session) -> dict[str, tuple[str, datetime]]:
+            rows = s.exec(select(NodeRow.id, NodeRow.state, NodeRow.updated_at).where(
+                col(NodeRow.state).in_(wanted),
+                col(NodeRow.facts).like(needle, escape="\\"))).all()
+            return {node_id: (state, updated) for node_id, state, updated in rows}
+
+        return await self._run(work)
+
+    async def get_many(self, node_ids: Sequence[str]) -> builtins.list[Node]:
+        """The nodes of ``node_ids`` that exist, in one query."""
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(col(NodeRow.id).in_(list(node_ids)))).all()
+            macs = _macs_for(s, [r.id for r in rows])
+            return [self._to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def page(self, flt: NodeFilter, *, limit: int, offset: int,
+                   ) -> tuple[builtins.list[NodeSummary], int]:
+        """``list`` without facts or MACs (a node's facts may be megabytes): the console's
+        node table."""
+        def work(s: Session) -> tuple[builtins.list[NodeSummary], int]:
+            c = NodeRow.__table__.c  # type: ignore[attr-defined]
+            query = _filtered(sa_select(
+                c.id, c.hostname, c.state, c.maintenance, c.rack, c.position, c.profile,
+                c.power_state, c.last_error, c.maintenance_reason), flt)
+            total = s.exec(_filtered(select(func.count()).select_from(NodeRow), flt)).one()
+            rows = s.connection().execute(
+                query.order_by(c.created_at, c.id).offset(offset).limit(limit)).all()
+            return [NodeSummary(NodeId(r[0]), r[1], r[2], bool(r[3]), *r[4:]) for r in rows], \
+                int(total)
+
+        return await self._run(work)
+
+    async def rack_stamps(self) -> dict[str | None, tuple[int, datetime]]:
+        """{rack: (node count, newest ``updated_at``)}: a rack's stamp changes whenever one of
+        its nodes does (every write sets ``updated_at``), so views per rack can be cached."""
+        def work(s: Session) -> dict[str | None, tuple[int, datetime]]:
+            rows = s.exec(select(NodeRow.rack, func.count(), func.max(NodeRow.updated_at))
+                          .group_by(col(NodeRow.rack))).all()
+            return {rack: (int(count), newest) for rack, count, newest in rows}
+
+        return await self._run(work)
+
+    async def summaries(self, racks: Iterable[str | None] | None = None,
+                        ) -> builtins.list[NodeSummary]:
+        """Nodes, light (no facts, no MACs), of ``racks`` (None: every node): the console's
+        rack elevation and counts."""
+        wanted = None if racks is None else set(racks)
+
+        def work(s: Session) -> builtins.list[NodeSummary]:
+            c = NodeRow.__table__.c  # type: ignore[attr-defined]  # plain rows: no ORM objects
+            query = sa_select(c.id, c.hostname, c.state, c.maintenance, c.rack, c.position)
+            if wanted is not None:
+                named = [r for r in wanted if r is not None]
+                query = query.where(or_(c.rack.in_(named), c.rack.is_(None)) if None in wanted
+                                    else c.rack.in_(named))
+            rows = s.connection().execute(query).all()
+            return [NodeSummary(NodeId(i), h, st, bool(m), r, p) for i, h, st, m, r, p in rows]
 
         return await self._run(work)
 

@@ -25,6 +25,7 @@ from provisioner.lifecycle.states import NodeState
 from provisioner.metrics import Metrics
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
+from provisioner.topology_live.live import LiveTopology
 from tests.conftest import fake_ports
 
 SECRET = "Sup3r-secret-BMC-pw"
@@ -84,13 +85,14 @@ class Api:
 @asynccontextmanager
 async def running_api(aiohttp_client: Any, store: Store, world: SimWorld, *,
                       settings: ApiSettings | None = None,
-                      delay_s: float = 0.0, ports: Ports | None = None) -> AsyncIterator[Api]:
+                      delay_s: float = 0.0, ports: Ports | None = None,
+                      topology: LiveTopology | None = None) -> AsyncIterator[Api]:
     metrics = Metrics()
     lifecycle = LifecycleSettings(auto_inspect=False, auto_deploy=False)
     conductor = Conductor(store.nodes, ports or fake_ports(world, delay_s=delay_s), lifecycle,
                           observer=metrics.observe_transition)
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                   metrics=metrics, settings=settings or ApiSettings())
+                   metrics=metrics, settings=settings or ApiSettings(), topology=topology)
     client = await aiohttp_client(app)
     tokens = {role: (await store.tokens.create(f"{role}-tok", role))[1]
               for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.AGENT)}
