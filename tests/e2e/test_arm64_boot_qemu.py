@@ -17,9 +17,7 @@ import hashlib
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +27,7 @@ from typing import Any
 import pytest
 
 from provisioner.ramdisk.sysroot import arch_named, fetch_debs, foreign_sysroot
-from tests.e2e.daemon_proc import free_port
+from tests.e2e.test_pxe_qemu import node_rows, run_until_off, segment_config, serving
 from tests.peers.netns import Namespace, bridged_namespace, netns_unavailable_reason
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -112,41 +110,19 @@ def wait_for_log(path: Path, needle: str, daemon: subprocess.Popen[bytes] | _NoP
 
 def test_arm64_pxe_and_http_boot_into_inspection(tmp_path: Path, arm64_debs: Path) -> None:
     state = tmp_path / "state"  # empty: the daemon builds its own ramdisk and GRUB image
-    api_port = free_port()
+    log_path = tmp_path / "daemon.log"
     with bridged_namespace() as ns:
         taps = [ns.add_tap() for _ in VMS]
         config = tmp_path / "provisioner.toml"
-        config.write_text(
-            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:{api_port}"\n'
-            '[lifecycle]\nauto_deploy = false\n'
-            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
-            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
-            '[tftp]\nlisten = "10.77.0.1:69"\n[http]\nlisten = "10.77.0.1:8080"\n'
-            f'[boot]\nramdisk_arches = ["arm64"]\ncache_dir = "{arm64_debs}"\n')
-        log_path = tmp_path / "daemon.log"
-        log = log_path.open("wb")
-        daemon = subprocess.Popen(
-            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
-             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        vms: list[subprocess.Popen[bytes]] = []
-        try:
+        config.write_text(segment_config(state, extra=(
+            f'[boot]\nramdisk_arches = ["arm64"]\ncache_dir = "{arm64_debs}"\n')))
+        with serving(ns, config, log_path) as daemon:
             wait_for_log(log_path, "arm64 inspection ramdisk ready", daemon, 240)
-            for vm, tap in zip(VMS, taps, strict=True):
-                console = (tmp_path / f"{vm.name}.console").open("wb")
-                vms.append(subprocess.Popen(aarch64_command(ns, vm, tap, tmp_path),
-                                            stdout=console, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL))
-            deadline = time.monotonic() + 420
-            for proc in vms:
-                proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pytest.fail("a VM did not power off in time: " + logs(tmp_path))
-        finally:
-            for proc in vms:
-                proc.kill()
-            daemon.terminate()
-            daemon.wait(30)
-            log.close()
+            commands = [aarch64_command(ns, vm, tap, tmp_path)
+                        for vm, tap in zip(VMS, taps, strict=True)]
+            run_until_off(commands,
+                          [tmp_path / f"{vm.name}.console" for vm in VMS], 420,
+                          lambda: logs(tmp_path))
     daemon_log = log_path.read_text(errors="replace")
     rows = node_rows(state / "provisioner.sqlite")
     for vm in VMS:
@@ -165,13 +141,6 @@ def test_arm64_pxe_and_http_boot_into_inspection(tmp_path: Path, arm64_debs: Pat
     http_ip = http_lease.split("bound ")[1].split()[0]
     assert not any(f"to {http_ip} " in line for line in tftp_clients), \
         "the HTTP-booted VM fetched over TFTP"
-
-
-def node_rows(db: Path) -> dict[str, tuple[str, str | None, str]]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute("SELECT m.mac, n.state, n.serial, n.facts FROM node n "
-                            "JOIN node_mac m ON m.node_id = n.id").fetchall()
-    return {mac: (state, serial, facts) for mac, state, serial, facts in rows}
 
 
 def logs(tmp_path: Path) -> str:

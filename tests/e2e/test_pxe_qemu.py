@@ -11,6 +11,8 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +75,50 @@ def qemu_command(ns: Namespace, vm: Vm, tap: str, workdir: Path) -> list[str]:
     return [*cmd, "-device", nic]
 
 
+def segment_config(state: Path, *, tftp: bool = True, extra: str = "") -> str:
+    """``provisioner serve`` answering the namespace's segment (br0, 10.77.0.0/24)."""
+    return (f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:{free_port()}"\n'
+            '[lifecycle]\nauto_deploy = false\n'
+            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
+            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
+            + ('[tftp]\nlisten = "10.77.0.1:69"\n' if tftp else "")
+            + '[http]\nlisten = "10.77.0.1:8080"\n' + extra)
+
+
+@contextmanager
+def serving(ns: Namespace, config: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``provisioner serve`` in the namespace, its output in ``log_path``; stopped at the end."""
+    with log_path.open("wb") as log:
+        daemon = subprocess.Popen(
+            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
+             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            yield daemon
+        finally:
+            daemon.terminate()
+            daemon.wait(30)
+
+
+def run_until_off(commands: list[list[str]], consoles: list[Path], timeout_s: float,
+                  logs: Callable[[], str]) -> None:
+    """Start the VMs (each console to its file) and wait until every one has powered off,
+    as the ramdisk does after its report; a VM still running at the deadline fails the test."""
+    vms: list[subprocess.Popen[bytes]] = []
+    try:
+        for command, console in zip(commands, consoles, strict=True):
+            with console.open("wb") as out:
+                vms.append(subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL))
+        deadline = time.monotonic() + timeout_s
+        for proc in vms:
+            proc.wait(max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        pytest.fail("a VM did not power off in time: " + logs())
+    finally:
+        for proc in vms:
+            proc.kill()
+
+
 def node_rows(db: Path) -> dict[str, tuple[str, str | None, str]]:
     with sqlite3.connect(db) as conn:
         rows = conn.execute("SELECT m.mac, n.state, n.serial, n.facts FROM node n "
@@ -91,35 +137,14 @@ def test_two_vms_pxe_boot_into_inspection(tmp_path: Path) -> None:
     with bridged_namespace() as ns:
         taps = [ns.add_tap() for _ in VMS]
         config = tmp_path / "provisioner.toml"
-        config.write_text(
-            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:{free_port()}"\n'
-            '[lifecycle]\nauto_deploy = false\n'
-            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
-            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
-            '[tftp]\nlisten = "10.77.0.1:69"\n[http]\nlisten = "10.77.0.1:8080"\n')
-        log = (tmp_path / "daemon.log").open("wb")
-        daemon = subprocess.Popen(
-            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
-             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        vms: list[subprocess.Popen[bytes]] = []
-        try:
+        config.write_text(segment_config(state))
+        with serving(ns, config, tmp_path / "daemon.log") as daemon:
             _wait_for_http(ns, daemon, tmp_path)
-            for vm, tap in zip(VMS, taps, strict=True):
-                console = (tmp_path / f"{vm.name}.console").open("wb")
-                vms.append(subprocess.Popen(qemu_command(ns, vm, tap, tmp_path),
-                                            stdout=console, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL))
-            deadline = time.monotonic() + 240
-            for proc in vms:
-                proc.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pytest.fail("a VM did not power off in time: " + _logs(tmp_path))
-        finally:
-            for proc in vms:
-                proc.kill()
-            daemon.terminate()
-            daemon.wait(20)
-            log.close()
+            commands = [qemu_command(ns, vm, tap, tmp_path)
+                        for vm, tap in zip(VMS, taps, strict=True)]
+            run_until_off(commands,
+                          [tmp_path / f"{vm.name}.console" for vm in VMS], 240,
+                          lambda: _logs(tmp_path))
     rows = node_rows(state / "provisioner.sqlite")
     for vm in VMS:
         assert vm.mac in rows, f"{vm.name} never arrived: " + _logs(tmp_path)
@@ -169,34 +194,14 @@ def test_x86_uefi_http_boot_without_tftp(tmp_path: Path) -> None:
     with bridged_namespace() as ns:
         tap = ns.add_tap()
         config = tmp_path / "provisioner.toml"
-        config.write_text(
-            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:{free_port()}"\n'
-            '[lifecycle]\nauto_deploy = false\n'
-            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
-            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
-            '[http]\nlisten = "10.77.0.1:8080"\n[boot]\nramdisk_build = "off"\n')
-        log = (tmp_path / "daemon.log").open("wb")
-        daemon = subprocess.Popen(
-            [*ns.exec_prefix(), sys.executable, "-m", "provisioner", "--config", str(config),
-             "serve"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        proc: subprocess.Popen[bytes] | None = None
-        try:
+        config.write_text(segment_config(state, tftp=False,
+                                         extra='[boot]\nramdisk_build = "off"\n'))
+        with serving(ns, config, tmp_path / "daemon.log") as daemon:
             _wait_for_http(ns, daemon, tmp_path)
-            console = (tmp_path / "uefi.console").open("wb")
-            cmd = [*qemu_command(ns, vm, tap, tmp_path),
-                   "-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no",
-                   "-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=no"]
-            proc = subprocess.Popen(cmd, stdout=console, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL)
-            proc.wait(240)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the VM did not power off in time: " + _logs(tmp_path))
-        finally:
-            if proc is not None:
-                proc.kill()
-            daemon.terminate()
-            daemon.wait(20)
-            log.close()
+            pxe_off = ["-fw_cfg", "name=opt/org.tianocore/IPv4PXESupport,string=no",
+                       "-fw_cfg", "name=opt/org.tianocore/IPv6PXESupport,string=no"]
+            run_until_off([[*qemu_command(ns, vm, tap, tmp_path), *pxe_off]],
+                          [tmp_path / "uefi.console"], 240, lambda: _logs(tmp_path))
     daemon_log = (tmp_path / "daemon.log").read_text()
     console_text = (tmp_path / "uefi.console").read_text(errors="replace")
     rows = node_rows(state / "provisioner.sqlite")
