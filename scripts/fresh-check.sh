@@ -67,6 +67,9 @@ if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
 fi
 [[ -f /etc/pip.conf ]] && cp /etc/pip.conf "$CHROOT/etc/pip.conf"
 
+# The root must be a mount point of its own: `ip -n NS ...` remounts / as a slave mount in
+# its private mount namespace, which fails (EINVAL) on a plain directory.
+bind "$CHROOT" "$CHROOT" --bind
 bind proc "$CHROOT/proc" -t proc
 bind sysfs "$CHROOT/sys" -t sysfs
 bind /dev "$CHROOT/dev" --rbind
