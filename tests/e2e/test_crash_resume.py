@@ -47,8 +47,10 @@ def test_sigkill_at_random_points_resumes_every_node(tmp_path: Path) -> None:
     daemon = DaemonProcess(config, tmp_path / "daemon.log")
     db = state_dir / "provisioner.sqlite"
     progress = []
-    for _ in range(KILLS):
+    for kill in range(KILLS):
         daemon.start()
+        if kill % 2:  # every other kill lands while steps run, however slow the start-up
+            daemon.wait_ready(port, timeout_s=60)
         time.sleep(rng.uniform(0.3, 3.0))
         daemon.kill()
         progress.append(sum(1 for s in states(db).values() if s == "active"))
