@@ -175,6 +175,16 @@ class BootSettings(_Section):
     agent_token_ttl_s: int = Field(3600, ge=60, description="Lifetime of a node's agent token")
 
 
+class BmcProfile(_Section):
+    """Per node profile (``bmc.profiles.<name>``); a node without one gets the defaults."""
+
+    soft_off_timeout_s: float = Field(
+        300.0, gt=0, description="How long a soft power-off (ACPI, GracefulShutdown) may take")
+    hard_off_fallback: bool = Field(
+        False, description="After the soft-off timeout (or on a BMC with no soft off at "
+        "all), power off hard (ForceOff) instead of failing")
+
+
 class BmcSettings(_Section):
     timeout_s: float = Field(20.0, gt=0, description="Per-call BMC timeout")
     max_concurrency: int = Field(64, ge=1, description="BMC calls in flight, all BMCs")
@@ -201,6 +211,11 @@ class BmcSettings(_Section):
         True, description="Verify Redfish BMC certificates; false accepts any (lab only)")
     redfish_ca_file: Path | None = Field(
         None, description="CA bundle for Redfish BMC certificates; default the system's")
+    profiles: dict[str, BmcProfile] = Field(
+        default_factory=dict, description="Soft-off behaviour per node profile name")
+
+    def profile(self, name: str | None) -> BmcProfile:
+        return self.profiles.get(name or "", BmcProfile())
 
 
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")

@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from provisioner.api.app import make_app
+from provisioner.bmc.base import SoftOff
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.bmc.ipmi import IpmiDriver
 from provisioner.bmc.managed import BmcManager
 from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
-from provisioner.boot.stack import base_url, build_boot
-from provisioner.config import Settings
+from provisioner.boot.stack import base_url, build_boot, http_boot_uris
+from provisioner.config import BmcProfile, Settings
 from provisioner.errors import ConfigError, NotFound, SchemaError
 from provisioner.install.base import (
     AgentEndpoint,
@@ -140,7 +141,13 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
             FakeValidator(world, delay_s=delay_s, fail_rate=fail_rate), real.validator),
         slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate), real.slurm),
         boots=boots or NoBootWait(),
+        http_boot_uri=http_boot_uris(settings),
+        soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
     )
+
+
+def soft_off_for(profile: BmcProfile) -> SoftOff:
+    return SoftOff(profile.soft_off_timeout_s, profile.hard_off_fallback)
 
 
 def _ansible_to_history(conductor: Conductor) -> OnEvent:

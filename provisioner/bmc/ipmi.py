@@ -166,7 +166,7 @@ class IpmiBmc:
         await self._call("power cycle", lambda c: c.set_power("boot", wait=False))
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         if device is BootDevice.HTTP:
             log.info("ipmi %s: IPMI has no HTTP boot device; asking for UEFI network boot",
                      self._link.where)

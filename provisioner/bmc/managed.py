@@ -136,11 +136,12 @@ class ManagedBmc:
         log.info("bmc %s: power cycled", self._key)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         if await ensure_boot_device(self._raw, device, policy=self._manager.policy,
-                                    persistent=persistent, uefi=uefi):
-            log.info("bmc %s: boot device %s (%s, %s)", self._key, device,
-                     "persistent" if persistent else "once", "uefi" if uefi else "legacy")
+                                    persistent=persistent, uefi=uefi, http_uri=http_uri):
+            log.info("bmc %s: boot device %s (%s, %s)%s", self._key, device,
+                     "persistent" if persistent else "once", "uefi" if uefi else "legacy",
+                     f" from {http_uri}" if http_uri and device is BootDevice.HTTP else "")
 
     async def boot_device(self) -> BootSetting:
         return await self._manager.policy.run(self._raw.boot_device, what="boot device")
@@ -193,9 +194,9 @@ class _GuardedBmc:
         await self._call("power cycle", self._driver.power_cycle)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         await self._call(f"boot device {device}", lambda: self._driver.set_boot_device(
-            device, persistent=persistent, uefi=uefi))
+            device, persistent=persistent, uefi=uefi, http_uri=http_uri))
 
     async def boot_device(self) -> BootSetting:
         return await self._call("boot device status", self._driver.boot_device)

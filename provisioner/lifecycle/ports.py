@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from provisioner.bmc.base import BmcFactory
+from provisioner.bmc.base import BmcFactory, SoftOff
 from provisioner.domain import Node
 from provisioner.lifecycle.stagger import PowerOnStagger
 from provisioner.validation.record import ValidationRecord
@@ -108,6 +108,18 @@ class NoBootWait:
         return None
 
 
+HttpBootUri = Callable[[Node], str | None]
+"""A node's UEFI HTTP boot file URI (``boot.policy.uefi_http_boot_uri``); None: unknown."""
+
+
+def no_http_boot_uri(_node: Node) -> str | None:
+    return None
+
+
+def default_soft_off(_node: Node) -> SoftOff:
+    return SoftOff()
+
+
 @dataclass(frozen=True, slots=True)
 class Ports:
     bmc: BmcFactory
@@ -121,3 +133,8 @@ class Ports:
     """The deployed OS's "booted"/"installed" callback (``BootCallbacks`` in the daemon)."""
     validator: Validator = field(default_factory=AcceptAll)
     """The validation gate; the default passes every node."""
+    soft_off: Callable[[Node], SoftOff] = default_soft_off
+    """How a node's soft power-off may end (daemon: ``bmc.profiles``)."""
+    http_boot_uri: HttpBootUri = no_http_boot_uri
+    """What a ``http`` boot override hands the BMC as ``HttpBootUri`` (daemon: the boot
+    HTTP server's first stage for the node's architecture)."""

@@ -56,7 +56,8 @@ Step = Callable[[StepContext], Awaitable[None]]
 
 async def _boot_from(ctx: StepContext, device: BootDevice) -> None:
     bmc = await ctx.bmc()
-    await bmc.set_boot_device(device)
+    uri = ctx.ports.http_boot_uri(ctx.node) if device is BootDevice.HTTP else None
+    await bmc.set_boot_device(device, http_uri=uri)
 
 
 async def _power(ctx: StepContext, state: PowerState) -> None:

@@ -1,6 +1,6 @@
 """A small Redfish BMC simulator (aiohttp), for what sushy-tools cannot do: sessions
 (SessionService login, X-Auth-Token, expiry, DELETE), injected latency per request at the
-scale of 1,000 BMCs, and vendor quirks (no ``Once``, no ``UefiHttp``).
+scale of 1,000 BMCs, and vendor quirks (no ``Once``, no ``UefiHttp``, no ``HttpBootUri``).
 
 In-process: ``app = make_app(RedfishSim(...))``. As a process for the bench:
 ``python -m tests.sim.redfish --count 1000 --latency-s 2`` prints ``{"ports": [...],
@@ -35,6 +35,9 @@ class RedfishSim:
     sessions_supported: bool = True
     once_supported: bool = True
     http_boot_supported: bool = True
+    http_boot_uri_supported: bool = True
+    http_boot_uri_writable: bool = True
+    http_boot_uri: str = ""
     power: str = "Off"
     target: str = "None"
     enabled: str = "Disabled"
@@ -72,7 +75,9 @@ class RedfishSim:
                      "BootSourceOverrideEnabled": self.enabled,
                      "BootSourceOverrideMode": self.mode,
                      "BootSourceOverrideTarget@Redfish.AllowableValues": targets,
-                     "BootSourceOverrideEnabled@Redfish.AllowableValues": enabled},
+                     "BootSourceOverrideEnabled@Redfish.AllowableValues": enabled,
+                     **({"HttpBootUri": self.http_boot_uri}
+                        if self.http_boot_uri_supported else {})},
             "Actions": {"#ComputerSystem.Reset": {
                 "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
                 "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown",
@@ -158,9 +163,13 @@ async def patch_system(request: web.Request) -> web.Response:
     if boot.get("BootSourceOverrideTarget") not in (
             None, *allowed["BootSourceOverrideTarget@Redfish.AllowableValues"]):
         return web.json_response({"error": {"message": "bad Target"}}, status=400)
+    if "HttpBootUri" in boot and not (sim.http_boot_uri_supported
+                                      and sim.http_boot_uri_writable):
+        return web.json_response({"error": {"message": "no HttpBootUri"}}, status=400)
     sim.target = boot.get("BootSourceOverrideTarget", sim.target)
     sim.enabled = boot.get("BootSourceOverrideEnabled", sim.enabled)
     sim.mode = boot.get("BootSourceOverrideMode", sim.mode)
+    sim.http_boot_uri = boot.get("HttpBootUri", sim.http_boot_uri)
     return web.Response(status=204)
 
 
