@@ -213,6 +213,14 @@ class BmcSettings(_Section):
         None, description="CA bundle for Redfish BMC certificates; default the system's")
     profiles: dict[str, BmcProfile] = Field(
         default_factory=dict, description="Soft-off behaviour per node profile name")
+    ipmi_workers: int = Field(4, ge=1, description="IPMI worker processes (pyghmi); each "
+                              "owns a share of the BMCs and their sessions")
+    ipmi_worker_threads: int = Field(16, ge=1, description="IPMI calls in flight per worker")
+    ipmi_heartbeat_timeout_s: float = Field(
+        5.0, gt=0, description="An IPMI worker silent this long is killed and replaced")
+    ipmi_hang_grace_s: float = Field(
+        15.0, gt=0, description="An IPMI worker that leaves a call unanswered this long past "
+        "its deadline (timeout_s) is killed and replaced")
 
     def profile(self, name: str | None) -> BmcProfile:
         return self.profiles.get(name or "", BmcProfile())

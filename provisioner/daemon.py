@@ -19,11 +19,12 @@ from provisioner.api.app import make_app
 from provisioner.bmc.base import SoftOff
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.bmc.ipmi import IpmiDriver
+from provisioner.bmc.ipmi_pool import IpmiWorkers
 from provisioner.bmc.managed import BmcManager
 from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import base_url, build_boot, http_boot_uris
-from provisioner.config import BmcProfile, Settings
+from provisioner.config import BmcProfile, BmcSettings, Settings
 from provisioner.errors import ConfigError, NotFound, SchemaError
 from provisioner.install.base import (
     AgentEndpoint,
@@ -98,12 +99,12 @@ def run(settings: Settings) -> int:
         return 1
 
 
-def build_bmc(settings: Settings, world: SimWorld, pool: ThreadPoolExecutor) -> BmcManager:
-    """BMC drivers by each node's driver name, behind breakers and limits. ``pool`` is the
-    "bmc" pool (pyghmi blocks; its size bounds IPMI calls in flight). At shutdown:
-    ``aclose()`` (session logout, which still uses the pool), then the pool."""
+def build_bmc(settings: Settings, world: SimWorld) -> BmcManager:
+    """BMC drivers by each node's driver name, behind breakers and limits. IPMI runs in
+    worker processes (pyghmi blocks and keeps process-wide state); ``aclose()`` at
+    shutdown logs every session out and stops them."""
     bmc = settings.bmc
-    ipmi = IpmiDriver(pool, timeout_s=bmc.timeout_s)
+    ipmi = IpmiDriver(ipmi_workers(bmc), timeout_s=bmc.timeout_s)
     redfish = RedfishDriver(timeout_s=bmc.timeout_s, verify_tls=bmc.redfish_verify_tls,
                             ca_file=bmc.redfish_ca_file)
     fake = fake_bmc_factory(world, delay_s=settings.simulation.step_delay_s)
@@ -144,6 +145,12 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         http_boot_uri=http_boot_uris(settings),
         soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
     )
+
+
+def ipmi_workers(bmc: BmcSettings) -> IpmiWorkers:
+    return IpmiWorkers(count=bmc.ipmi_workers, threads=bmc.ipmi_worker_threads,
+                       heartbeat_timeout_s=bmc.ipmi_heartbeat_timeout_s,
+                       grace_s=bmc.ipmi_hang_grace_s)
 
 
 def soft_off_for(profile: BmcProfile) -> SoftOff:
@@ -256,11 +263,9 @@ class Daemon:
         return 0
 
     def _bmc(self, stack: AsyncExitStack, world: SimWorld) -> BmcManager:
-        """The BMC drivers and their "bmc" pool; at stop, after the conductor's steps
-        ended: BMC sessions logged out, then the pool shut down."""
-        pool = ThreadPoolExecutor(self._settings.bmc.max_concurrency, thread_name_prefix="bmc")
-        stack.callback(pool.shutdown, wait=False, cancel_futures=True)
-        bmc = build_bmc(self._settings, world, pool)
+        """The BMC drivers; at stop, after the conductor's steps ended: BMC sessions
+        logged out, then the IPMI workers stopped."""
+        bmc = build_bmc(self._settings, world)
         stack.push_async_callback(bmc.aclose)
         return bmc
 
