@@ -6,7 +6,11 @@ process of its own); the dead ones end ``inspect_failed`` with the reason; the f
 ones succeed after retries.
 
 Before the driver pinged BMCs on its own socket ahead of each login, this test wedged
-pyghmi's client for every BMC (dead logins timing out in its threads)."""
+pyghmi's client for every BMC (dead logins timing out in its threads). The client now runs
+pyghmi in worker processes (``bmc/ipmi_pool.py``), as the daemon does. It was ``xfail``
+while a simulator process could wedge in pyghmi's ``wait_for_rsp`` (an unbounded Event
+wait on a missed IO-thread wake-up; 2 of 7 CI runs): tests/sim/ipmi_bmc.py bounds that
+wait (fix 5) and a watchdog dumps and ends a stalled simulator instead of hanging."""
 
 from __future__ import annotations
 
