@@ -183,6 +183,9 @@ class BmcProfile(_Section):
     hard_off_fallback: bool = Field(
         False, description="After the soft-off timeout (or on a BMC with no soft off at "
         "all), power off hard (ForceOff) instead of failing")
+    rotate_credentials: bool = Field(
+        False, description="Inspection ends by rotating the node's BMC password (a per-node "
+        "generated one, or bmc.rotation_password), verified by a fresh login")
 
 
 class BmcSettings(_Section):
@@ -212,7 +215,11 @@ class BmcSettings(_Section):
     redfish_ca_file: Path | None = Field(
         None, description="CA bundle for Redfish BMC certificates; default the system's")
     profiles: dict[str, BmcProfile] = Field(
-        default_factory=dict, description="Soft-off behaviour per node profile name")
+        default_factory=dict, description="Soft-off and credential rotation per node "
+        "profile name")
+    rotation_password: SecretStr | None = Field(
+        None, description="Site BMC password that rotation sets; unset: a generated "
+        "password per node (16 letters and digits)")
     ipmi_workers: int = Field(4, ge=1, description="IPMI worker processes (pyghmi); each "
                               "owns a share of the BMCs and their sessions")
     ipmi_worker_threads: int = Field(16, ge=1, description="IPMI calls in flight per worker")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import base_url, build_boot, http_boot_uris
 from provisioner.config import BmcProfile, BmcSettings, Settings
+from provisioner.domain import Node
 from provisioner.errors import ConfigError, NotFound, SchemaError
 from provisioner.install.base import (
     AgentEndpoint,
@@ -52,6 +54,7 @@ from provisioner.lifecycle.ports import (
     Validator,
 )
 from provisioner.lifecycle.power import PowerSync
+from provisioner.lifecycle.rotation import BmcRotation, generated_password
 from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
@@ -125,7 +128,8 @@ class RealDrivers:
 
 
 def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
-                boots: BootWaiter | None = None) -> Ports:
+                boots: BootWaiter | None = None,
+                rotation: BmcRotation | None = None) -> Ports:
     """Pick the drivers per node: simulated nodes (fake BMC) act on the simulated rack, real
     ones use ``real``."""
     delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
@@ -144,7 +148,30 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         boots=boots or NoBootWait(),
         http_boot_uri=http_boot_uris(settings),
         soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
+        rotate_bmc=None if rotation is None else rotate_if_opted_in(settings.bmc, rotation),
     )
+
+
+def build_rotation(settings: BmcSettings, store: Store, bmc: BmcManager) -> BmcRotation:
+    site = settings.rotation_password
+    return BmcRotation(store.nodes, store.bmc_secrets, bmc, effective=bmc.credentials_for,
+                       passwords=generated_password if site is None
+                       else lambda _node: site.get_secret_value())
+
+
+async def _settle_rotations(rotation: BmcRotation) -> None:
+    outcome = await rotation.settle_all(actor="startup")
+    if outcome:
+        log.info("BMC password rotations a stop had interrupted: %s", outcome)
+
+
+def rotate_if_opted_in(settings: BmcSettings,
+                       rotation: BmcRotation) -> Callable[[Node], Awaitable[None]]:
+    async def rotate(node: Node) -> None:
+        if settings.profile(node.profile).rotate_credentials:
+            await rotation.rotate(node, actor="inspect")
+
+    return rotate
 
 
 def ipmi_workers(bmc: BmcSettings) -> IpmiWorkers:
@@ -222,13 +249,14 @@ class Daemon:
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
                 validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm)
             bmc = self._bmc(stack, world)
-            ports = build_ports(self._settings, world, bmc, real, callbacks)
+            rotation = build_rotation(self._settings.bmc, store, bmc)
+            ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
                                   observer=metrics.observe_transition)
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
-            runner = await self._start_api(store, conductor, metrics, topology)
+            runner = await self._start_api(store, conductor, metrics, topology, rotation)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs,
                                    callbacks)
@@ -242,6 +270,8 @@ class Daemon:
                 power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
                                        self._settings.bmc)
                 children.append(group.create_task(power_sync.run(), name="power-sync"))
+                children.append(group.create_task(  # rotations a crash left open
+                    _settle_rotations(rotation), name="bmc-rotation-settle"))
                 if kube_client is not None:
                     sync = KubeSync(kube_client, _maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
@@ -318,9 +348,10 @@ class Daemon:
         self._stop.set()
 
     async def _start_api(self, store: Store, conductor: Conductor, metrics: Metrics,
-                         topology: LiveTopology) -> web.AppRunner:
+                         topology: LiveTopology, rotation: BmcRotation) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                       metrics=metrics, settings=self._settings.api, topology=topology)
+                       metrics=metrics, settings=self._settings.api, topology=topology,
+                       rotation=rotation)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self._settings.api.host_port

@@ -13,6 +13,7 @@ from aiohttp import web
 from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -24,6 +25,7 @@ TOKENS: Final = web.AppKey("tokens", TokenRepo)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", ApiSettings)
 TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
+ROTATION: Final = web.AppKey("rotation", BmcRotation)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

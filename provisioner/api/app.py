@@ -18,7 +18,16 @@ from typing import Final
 from aiohttp import hdrs, web
 from pydantic import ValidationError
 
-from provisioner.api import CONDUCTOR, METRICS, NODES, PRINCIPAL, SETTINGS, TOKENS, TOPOLOGY
+from provisioner.api import (
+    CONDUCTOR,
+    METRICS,
+    NODES,
+    PRINCIPAL,
+    ROTATION,
+    SETTINGS,
+    TOKENS,
+    TOPOLOGY,
+)
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
@@ -36,6 +45,7 @@ from provisioner.errors import (
     ProvisionerError,
 )
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -57,7 +67,8 @@ _MAX_TOKEN_CHARS: Final = 512
 
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
-             settings: ApiSettings, topology: LiveTopology | None = None) -> web.Application:
+             settings: ApiSettings, topology: LiveTopology | None = None,
+             rotation: BmcRotation | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
@@ -65,6 +76,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     app[METRICS], app[SETTINGS] = metrics, settings
     if topology is not None:
         app[TOPOLOGY] = topology
+    if rotation is not None:
+        app[ROTATION] = rotation
     roles: Mapping[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[ROLES] = roles
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import FatalError, RetryableError
@@ -111,6 +111,18 @@ class Bmc(Protocol):
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PasswordSetter(Protocol):
+    """A driver that can change the password of the BMC user it logs in as."""
+
+    async def set_password(self, new_password: str) -> None: ...
+
+    async def verify_login(self) -> None:
+        """Log in afresh with this handle's credentials (a kept session is dropped first):
+        the proof that a password works, which a session opened before a change is not."""
+        ...
 
 
 BmcFactory = Callable[[str, BmcEndpoint, BmcCredentials], Bmc]

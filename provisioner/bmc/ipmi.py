@@ -138,6 +138,17 @@ class IpmiBmc:
         device = _FROM_IPMI.get(str(reply.get("bootdev")))
         return BootSetting(device, reply.get("persistent"), reply.get("uefimode"))
 
+    async def set_password(self, new_password: str) -> None:
+        """Set User Password for the user we log in as (IPMI allows 16 bytes here)."""
+        if len(new_password.encode()) > 16:
+            raise BmcUnsupported(f"BMC {self._link.where}: IPMI passwords are at most 16 "
+                                 "bytes")
+        await self._call("set password", "set_password", {
+            "user": self._link.credentials.username, "password": new_password})
+
+    async def verify_login(self) -> None:
+        await self._call("fresh login", "verify_login")
+
     async def aclose(self) -> None:
         """Nothing: the BMC's session is kept for the process (``IpmiDriver.aclose``)."""
 

@@ -102,9 +102,21 @@ def _get_bootdev(command: Any, _args: dict[str, Any]) -> dict[str, Any]:
     return _bootdev_reply(command.get_bootdev())
 
 
+def _set_password(command: Any, args: dict[str, Any]) -> int:
+    """Set User Password (IPMI 2.0, 16 bytes) for the user we are logged in as; its id is
+    found by name (Get User Name, ids 1-16)."""
+    name = str(args["user"])
+    for uid in range(1, 17):
+        if command.get_user_name(uid) == name:
+            command.set_user_password(uid, mode="set_password", password=str(args["password"]))
+            return uid
+    raise PyghmiException(f"user {name!r} not found among user ids 1-16")
+
+
 OPS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "power_state": _power_state, "set_power": _set_power,
     "set_bootdev": _set_bootdev, "get_bootdev": _get_bootdev,
+    "set_password": _set_password,
 }
 
 
@@ -168,6 +180,9 @@ class Worker:
                 if op == "logout":
                     link.logout()
                     result = None
+                elif op == "verify_login":  # a fresh login: drop the kept session first
+                    link.logout()
+                    result = link.run(lambda _c: None)
                 else:
                     result = link.run(lambda c: OPS[op](c, dict(request.get("args") or {})))
                 answer = {"id": rid, "ok": result, "session": link.logged_in}

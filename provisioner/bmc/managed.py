@@ -18,9 +18,11 @@ from typing import Protocol, TypeVar
 from provisioner.bmc.base import (
     Bmc,
     BmcTimeout,
+    BmcUnsupported,
     BootDevice,
     BootSetting,
     Clock,
+    PasswordSetter,
     PowerState,
     RetryPolicy,
     Sleep,
@@ -145,6 +147,25 @@ class ManagedBmc:
 
     async def boot_device(self) -> BootSetting:
         return await self._manager.policy.run(self._raw.boot_device, what="boot device")
+
+    async def set_password(self, new_password: str) -> None:
+        """Change the BMC password of our user (through the breaker and the deadline; a
+        retry sets the same password again, which is harmless)."""
+        driver = self._driver
+        if not isinstance(driver, PasswordSetter):
+            raise BmcUnsupported(f"BMC {self._key}: this driver cannot change BMC passwords")
+        await self._manager.policy.run(
+            lambda: self.call("set password", lambda: driver.set_password(new_password)),
+            what="set BMC password")
+
+    async def verify_login(self) -> None:
+        """A fresh login with this handle's credentials (retried if the BMC is busy; a
+        refused password is BmcAuthFailed at once)."""
+        driver = self._driver
+        if not isinstance(driver, PasswordSetter):
+            raise BmcUnsupported(f"BMC {self._key}: this driver cannot verify a login")
+        await self._manager.policy.run(
+            lambda: self.call("fresh login", driver.verify_login), what="fresh BMC login")
 
     async def aclose(self) -> None:
         await self._driver.aclose()

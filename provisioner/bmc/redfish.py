@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import ssl
 from collections.abc import Iterator, Mapping
@@ -172,6 +173,9 @@ class RedfishClient:
                 return values if isinstance(values, list) else []
         return []
 
+    def forget_session(self) -> None:
+        self._token = self._session_uri = None
+
     async def logout(self) -> None:
         if self._session_uri is None:
             return
@@ -302,6 +306,37 @@ class RedfishBmc:
     async def boot_device(self) -> BootSetting:
         boot = (await self._resource()).get("Boot")
         return read_boot(boot if isinstance(boot, dict) else {})
+
+    async def set_password(self, new_password: str) -> None:
+        """PATCH ``Password`` of our user's ManagerAccount (AccountService, found by
+        ``UserName``), with the account's ETag."""
+        client = self._client
+        root, _ = await client.request("GET", _ROOT)
+        service = _dig(root, "AccountService", "@odata.id")
+        if not isinstance(service, str):
+            raise BmcUnsupported(f"BMC {client.url}: no AccountService")
+        accounts = _dig((await client.request("GET", service))[0], "Accounts", "@odata.id")
+        if not isinstance(accounts, str):
+            raise BmcUnsupported(f"BMC {client.url}: AccountService lists no Accounts")
+        members = (await client.request("GET", accounts))[0].get("Members")
+        for member in members if isinstance(members, list) else []:
+            uri = member.get("@odata.id") if isinstance(member, dict) else None
+            if not isinstance(uri, str):
+                continue
+            account, etag = await client.request("GET", uri)
+            if account.get("UserName") == client.credentials.username:
+                await client.request("PATCH", uri, {"Password": new_password}, etag=etag)
+                return
+        raise BmcUnsupported(f"BMC {client.url}: no account named "
+                             f"{client.credentials.username!r} in {accounts}")
+
+    async def verify_login(self) -> None:
+        """Drop the kept session, log in again, read the System (basic auth: the read is
+        the login)."""
+        with contextlib.suppress(DriverError):
+            await self._client.logout()
+        self._client.forget_session()
+        await self.power_state()
 
     async def aclose(self) -> None:
         """Nothing: the BMC's session is kept for the process (``RedfishDriver.aclose``)."""

@@ -200,6 +200,13 @@ class Conductor:
         log.info("node %s: boot device %s (%s) by %s", node_id, device, how, actor)
         return node
 
+    async def while_idle(self, node_id: str, what: str,
+                         fn: Callable[[Node], Awaitable[T]]) -> T:
+        """Run ``fn(node)`` under the node's lock, refused (Conflict) while a step owns the
+        BMC: for BMC work outside the steps (password rotation)."""
+        async with self._no_step(node_id, what) as node:
+            return await fn(node)
+
     @asynccontextmanager
     async def _no_step(self, node_id: str, what: str) -> AsyncIterator[Node]:
         async with self._locks[node_id]:

@@ -135,6 +135,9 @@ class Ports:
     """The validation gate; the default passes every node."""
     soft_off: Callable[[Node], SoftOff] = default_soft_off
     """How a node's soft power-off may end (daemon: ``bmc.profiles``)."""
+    rotate_bmc: Callable[[Node], Awaitable[None]] | None = None
+    """Inspection's last sub-step for nodes whose profile opts in (``bmc.profiles.<p>.
+    rotate_credentials``): rotate the BMC password. None: never."""
     http_boot_uri: HttpBootUri = no_http_boot_uri
     """What a ``http`` boot override hands the BMC as ``HttpBootUri`` (daemon: the boot
     HTTP server's first stage for the node's architecture)."""

@@ -88,6 +88,9 @@ async def inspect(ctx: StepContext) -> None:
     await ctx.substep("collect-facts", collect)
     if ctx.node.bmc is not None:
         await ctx.substep("power-off", lambda: _power(ctx, PowerState.OFF))
+        rotate = ctx.ports.rotate_bmc
+        if rotate is not None:  # the daemon's hook: only profiles that opt in rotate
+            await ctx.substep("rotate-bmc-password", lambda: rotate(ctx.node))
 
 
 #: Deploy sub-steps others look at: once the image is written the node boots its disk,

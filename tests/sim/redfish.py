@@ -44,6 +44,7 @@ class RedfishSim:
     mode: str = "UEFI"
     tokens: dict[str, str] = field(default_factory=dict)  # token -> session id
     logins: int = 0
+    password_changes: int = 0
     logouts: int = 0
     requests: int = 0
     in_flight: int = 0
@@ -116,6 +117,7 @@ async def root(request: web.Request) -> web.Response:
     if request.app[SIM].sessions_supported:
         body["SessionService"] = {"@odata.id": "/redfish/v1/SessionService"}
         body["Links"] = {"Sessions": {"@odata.id": SESSIONS}}
+    body["AccountService"] = {"@odata.id": "/redfish/v1/AccountService"}
     return web.json_response(body)
 
 
@@ -141,6 +143,43 @@ async def logout(request: web.Request) -> web.Response:
         if value == sid:
             del sim.tokens[token]
             sim.logouts += 1
+    return web.Response(status=204)
+
+
+ACCOUNTS = "/redfish/v1/AccountService/Accounts"
+
+
+async def account_service(request: web.Request) -> web.Response:
+    return web.json_response({"@odata.id": "/redfish/v1/AccountService",
+                              "Accounts": {"@odata.id": ACCOUNTS}})
+
+
+async def accounts(request: web.Request) -> web.Response:
+    return web.json_response({"Members": [{"@odata.id": f"{ACCOUNTS}/1"},
+                                          {"@odata.id": f"{ACCOUNTS}/2"}]})
+
+
+async def account(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    aid = request.match_info["aid"]
+    if aid not in ("1", "2"):
+        raise web.HTTPNotFound()
+    name = "operator" if aid == "1" else sim.user  # ours is not the first account
+    return web.json_response({"@odata.id": f"{ACCOUNTS}/{aid}", "Id": aid, "UserName": name,
+                              "Password": None}, headers={"ETag": f'W/"{sim.password_changes}"'})
+
+
+async def patch_account(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    if request.match_info["aid"] != "2":
+        return web.json_response({"error": {"message": "not that account"}}, status=403)
+    if request.headers.get("If-Match") not in (None, f'W/"{sim.password_changes}"'):
+        return web.json_response({"error": {"message": "stale ETag"}}, status=412)
+    password = (await request.json()).get("Password")
+    if not isinstance(password, str) or len(password) < 8:
+        return web.json_response({"error": {"message": "password too short"}}, status=400)
+    sim.password = password
+    sim.password_changes += 1
     return web.Response(status=204)
 
 
@@ -198,6 +237,10 @@ def make_app(sim: RedfishSim) -> web.Application:
     app.router.add_get("/redfish/v1/", root)
     app.router.add_post(SESSIONS, login)
     app.router.add_delete(SESSIONS + "/{sid}", logout)
+    app.router.add_get("/redfish/v1/AccountService", account_service)
+    app.router.add_get(ACCOUNTS, accounts)
+    app.router.add_get(ACCOUNTS + "/{aid}", account)
+    app.router.add_patch(ACCOUNTS + "/{aid}", patch_account)
     app.router.add_get("/redfish/v1/Systems", systems)
     app.router.add_get(SYSTEM, system)
     app.router.add_patch(SYSTEM, patch_system)
