@@ -36,10 +36,12 @@ import pyghmi.ipmi.private.session as ipmisession
 
 log = logging.getLogger("ipmi-sim")
 _ROOT = Path(__file__).resolve().parents[2]
-PER_PROCESS = 20
+PER_PROCESS = 10
 """BMCs per simulator process. With ~85 in one process, pyghmi's server (or its routing of
 one client socket talking to many BMC ports of one process) wedged 2 runs in 7 under 32
-concurrent client threads; 17 per process: 0 in 7."""
+concurrent client threads; 17 per process: 0 in 7. On 2026-11-25 (clients in 4 IPMI worker
+processes, machine load 5-7 on 2 cores) 20 per process left a group of healthy BMCs
+unanswered in 4 of 16 reference runs; 10 per process: 0 in 8."""
 
 _due: list[tuple[float, int, Callable[[], None]]] = []
 _seq = itertools.count()
