@@ -159,6 +159,44 @@ async def test_api_rotate_returns_no_secret_and_needs_an_operator(
     await driver.aclose()
 
 
+@pytest.mark.parametrize("opted_in", [True, False], ids=["profile-opts-in", "default"])
+async def test_inspection_rotates_when_the_profile_opts_in(
+        aiohttp_server: Any, store: Store, world: SimWorld, opted_in: bool) -> None:
+    """The daemon's hook (``rotate_if_opted_in``) as inspection's last sub-step."""
+    from provisioner.config import BmcProfile
+    from provisioner.daemon import rotate_if_opted_in
+    from provisioner.lifecycle.states import Event
+
+    sim = RedfishSim(user="admin", password="factory-pw")
+    server = await aiohttp_server(make_app(sim))
+    settings = SETTINGS.model_copy(update={
+        "confirm_poll_s": 0.05, "profiles": {"gpu": BmcProfile(rotate_credentials=opted_in)}})
+    driver = RedfishDriver(timeout_s=5)
+    manager = BmcManager(BmcRegistry({"redfish": driver}), settings)
+    rotation = BmcRotation(store.nodes, store.bmc_secrets, manager)
+    ports = replace(fake_ports(world), bmc=manager,
+                    rotate_bmc=rotate_if_opted_in(settings, rotation))
+    conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_inspect=False,
+                                                                auto_deploy=False))
+    node = await store.nodes.create(NewNode(
+        state=NodeState.ENROLLED, serial="RF4", profile="gpu", bmc_password="factory-pw",
+        bmc=BmcEndpoint("redfish", f"http://127.0.0.1:{server.port}", username="admin",
+                        password_set=True)), actor="test")
+    await conductor.fire(node.id, Event.INSPECT, actor="test")
+    for _ in range(200):
+        if (await store.nodes.get(node.id)).state in (NodeState.INSPECTED,
+                                                      NodeState.INSPECT_FAILED):
+            break
+        await asyncio.sleep(0.05)
+    done = await store.nodes.get(node.id)
+    assert done.state is NodeState.INSPECTED, done.last_error
+    assert sim.password_changes == (1 if opted_in else 0)
+    stored = (await store.nodes.credentials(node.id)).password
+    assert (stored == sim.password) and (stored != "factory-pw") is opted_in
+    await conductor.stop()
+    await driver.aclose()
+
+
 async def test_a_refused_change_keeps_the_old_password(aiohttp_server: Any,
                                                        store: Store) -> None:
     """A BMC that refuses the new password (this one: shorter than 8 characters) changes
