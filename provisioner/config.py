@@ -224,7 +224,8 @@ class BmcSettings(_Section):
                               "owns a share of the BMCs and their sessions")
     ipmi_worker_threads: int = Field(16, ge=1, description="IPMI calls in flight per worker")
     ipmi_heartbeat_timeout_s: float = Field(
-        5.0, gt=0, description="An IPMI worker silent this long is killed and replaced")
+        10.0, gt=0, description="An IPMI worker silent this long is killed and replaced "
+        "(it beats every 0.5 s; a starved machine delays beats by seconds)")
     ipmi_hang_grace_s: float = Field(
         15.0, gt=0, description="An IPMI worker that leaves a call unanswered this long past "
         "its deadline (timeout_s) is killed and replaced")

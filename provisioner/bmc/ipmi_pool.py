@@ -64,7 +64,7 @@ class _Worker:
 
 class IpmiWorkers:
     def __init__(self, *, count: int = 4, threads: int = 8, heartbeat_s: float = 0.5,
-                 heartbeat_timeout_s: float = 3.0, grace_s: float = 10.0,
+                 heartbeat_timeout_s: float = 10.0, grace_s: float = 15.0,
                  python: str = sys.executable) -> None:
         self._count = count
         self._threads = threads
