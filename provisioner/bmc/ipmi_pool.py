@@ -88,10 +88,17 @@ class IpmiWorkers:
         worker = self._workers[slot]
         return worker.pid if worker is not None and not worker.dead else None
 
+    async def start(self, *, timeout_s: float = 30.0) -> None:
+        """Start every worker now (else each starts on its first call)."""
+        await asyncio.gather(*(self._ready(slot, timeout_s) for slot in range(self._count)))
+
     async def ready(self, address: str, port: int, *, timeout_s: float = 30.0) -> None:
         """Start the BMC's worker if needed and wait until it runs: a process start is
         not charged to a BMC call's deadline."""
-        worker = await self._worker(self.slot_of(address, port))
+        await self._ready(self.slot_of(address, port), timeout_s)
+
+    async def _ready(self, slot: int, timeout_s: float) -> None:
+        worker = await self._worker(slot)
         try:
             async with asyncio.timeout(timeout_s):
                 await worker.ready.wait()

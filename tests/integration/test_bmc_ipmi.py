@@ -34,7 +34,7 @@ from tests.peers.ipmi_sim import (
 from tests.sim.ipmi_bmc import SimBmcs
 
 ON, OFF = PowerState.ON, PowerState.OFF
-TIMEOUT_S = 1.5
+TIMEOUT_S = 3.0  # was 1.5 with the thread pool: a call now crosses a worker process
 SETTINGS = BmcSettings(timeout_s=TIMEOUT_S, retries=2, retry_backoff_s=0.05,
                        confirm_timeout_s=5, confirm_poll_s=0.05, breaker_threshold=5,
                        breaker_reset_s=1)
@@ -61,7 +61,9 @@ def workers(count: int = 2) -> IpmiWorkers:
 
 @pytest.fixture
 async def driver() -> AsyncIterator[IpmiDriver]:
-    ipmi = IpmiDriver(workers(), timeout_s=TIMEOUT_S)
+    pool = workers()
+    await pool.start()  # process start-up is not what these tests time
+    ipmi = IpmiDriver(pool, timeout_s=TIMEOUT_S)
     yield ipmi
     await ipmi.aclose()
 
@@ -193,9 +195,10 @@ async def test_silent_bmc_times_out_in_time_while_others_proceed(sims: SimBmcs,
     with pytest.raises(BmcTimeout, match=f"no answer to power status within {TIMEOUT_S:g} s"):
         await dead_call
     dead_s = time.monotonic() - started
-    # healthy calls never queue behind the silent BMC's deadline (a wall-clock margin, not a
-    # speed bar: the 2-core CI machine once took 0.86 s for one call under load)
-    assert healthy_s < TIMEOUT_S and slowest < 0.8 * TIMEOUT_S, (healthy_s, slowest)
+    # healthy calls never queue behind the silent BMC's deadline: none takes as long as it
+    # (not a speed bar: through a worker process on the loaded 2-core machine one call took
+    # up to ~1 s, and 20 in a row 1.7-2.7 s, so their sum is no longer bounded here)
+    assert slowest < TIMEOUT_S, (healthy_s, slowest)
     assert TIMEOUT_S - 0.1 <= dead_s <= TIMEOUT_S + 0.5, dead_s
 
 
