@@ -137,6 +137,7 @@ class IpmiWorkers:
                 await self._watchdog
         workers = [w for w in self._workers if w is not None and not w.dead]
         await asyncio.gather(*(self._stop(w, logout_timeout_s) for w in workers))
+        await asyncio.gather(*self._tasks, return_exceptions=True)  # killed ones reaped
         self._workers = [None] * self._count
 
     # -- workers ---------------------------------------------------------------------------
@@ -248,7 +249,10 @@ class IpmiWorkers:
 
 
 async def _reap(worker: _Worker) -> None:
+    """Wait for a killed worker and close its pipes (its transport then closes too)."""
     await worker.proc.wait()
+    if worker.proc.stdin is not None:
+        worker.proc.stdin.close()
     if worker.reader is not None and not worker.reader.done():
         worker.reader.cancel()
 
