@@ -25,13 +25,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from provisioner.bmc.ipmi import IpmiDriver  # noqa: E402
+from provisioner.bmc.ipmi_pool import IpmiWorkers  # noqa: E402
 from provisioner.bmc.managed import BmcManager  # noqa: E402
 from provisioner.bmc.redfish import RedfishDriver  # noqa: E402
 from provisioner.bmc.registry import BmcRegistry  # noqa: E402
@@ -59,8 +59,9 @@ async def bench_ipmi(count: int, latency_ms: float, threads: int,
     settings = BmcSettings(max_concurrency=threads, timeout_s=10, retries=2,
                            retry_backoff_s=0.2)
     with SimBmcs(count=count, latency_ms=latency_ms, per_process=per_process) as sim:
-        pool = ThreadPoolExecutor(threads, thread_name_prefix="bmc")
-        ipmi = IpmiDriver(pool, timeout_s=settings.timeout_s)
+        workers = IpmiWorkers(count=settings.ipmi_workers,
+                              threads=max(1, threads // settings.ipmi_workers))
+        ipmi = IpmiDriver(workers, timeout_s=settings.timeout_s)
         manager = BmcManager(BmcRegistry({"ipmi": ipmi}, closers=[ipmi.aclose]), settings)
         endpoints = [BmcEndpoint("ipmi", sim.address, port=p) for p in sim.ports]
         creds = BmcCredentials(sim.user, sim.password)
@@ -68,7 +69,6 @@ async def bench_ipmi(count: int, latency_ms: float, threads: int,
         warm_s, warm_failed = await sweep(manager, endpoints, creds)
         during = sim.stats()
         await manager.aclose()
-        pool.shutdown(wait=True)
         after = sim.stats()
     opened = sum(s["opened"] for s in after.values())
     closed = sum(s["closed"] for s in after.values())
@@ -116,7 +116,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--bmcs", type=int, default=1000)
     parser.add_argument("--ipmi-latency-ms", type=float, default=200.0)
-    parser.add_argument("--ipmi-threads", type=int, default=128, help="the bmc pool size")
+    parser.add_argument("--ipmi-threads", type=int, default=128,
+                        help="IPMI calls in flight, over all worker processes")
     parser.add_argument("--ipmi-per-process", type=int, default=50)
     parser.add_argument("--redfish-latency-s", type=float, default=2.0)
     parser.add_argument("--redfish-concurrency", type=int, default=1000)

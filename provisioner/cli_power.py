@@ -1,5 +1,6 @@
 """``provisioner node power NODE on|off|soft-off|cycle|status`` and
-``provisioner node bootdev NODE pxe|disk|http|bios [--persistent] [--legacy]``: an operator
+``provisioner node bootdev NODE pxe|disk|http|bios [--persistent] [--legacy]`` and
+``provisioner node bmc NODE rotate``: an operator
 drives a node's BMC through the API (operator token; recorded in the node's history).
 """
 
@@ -32,6 +33,13 @@ def add_power_commands(node: argparse._SubParsersAction[argparse.ArgumentParser]
     bootdev.add_argument("--json", action="store_true", help="the API's JSON")
     bootdev.set_defaults(command=cmd_node_bootdev)
 
+    bmc = node.add_parser("bmc", parents=[api], allow_abbrev=False,
+                          help="BMC credentials: rotate the node's BMC password")
+    bmc.add_argument("node", metavar="NODE")
+    bmc.add_argument("action", choices=("rotate",), metavar="ACTION", help="rotate")
+    bmc.add_argument("--json", action="store_true", help="the API's JSON")
+    bmc.set_defaults(command=cmd_node_bmc)
+
 
 def cmd_node_power(args: argparse.Namespace) -> int:
     from provisioner import cli, cli_format
@@ -60,4 +68,17 @@ def cmd_node_bootdev(args: argparse.Namespace) -> int:
     name = node.get("hostname") or node.get("serial") or node.get("id")
     how = "persistent" if args.persistent else "next boot"
     print(f"{name}: boot device {args.device} ({how}, {'legacy' if args.legacy else 'UEFI'})")
+    return 0
+
+
+def cmd_node_bmc(args: argparse.Namespace) -> int:
+    from provisioner import cli, cli_format
+
+    reply = cli.client(args).post(cli._node_path(args.node, "bmc", args.action))
+    if args.json:
+        print(cli_format.dump_json(reply))
+        return 0
+    name = reply.get("hostname") or reply.get("serial") or reply.get("id")
+    print(f"{name}: BMC password rotated (a fresh login with the new one worked; it is "
+          "stored encrypted and never shown)")
     return 0

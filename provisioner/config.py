@@ -179,6 +179,19 @@ class BootSettings(_Section):
     agent_token_ttl_s: int = Field(3600, ge=60, description="Lifetime of a node's agent token")
 
 
+class BmcProfile(_Section):
+    """Per node profile (``bmc.profiles.<name>``); a node without one gets the defaults."""
+
+    soft_off_timeout_s: float = Field(
+        300.0, gt=0, description="How long a soft power-off (ACPI, GracefulShutdown) may take")
+    hard_off_fallback: bool = Field(
+        False, description="After the soft-off timeout (or on a BMC with no soft off at "
+        "all), power off hard (ForceOff) instead of failing")
+    rotate_credentials: bool = Field(
+        False, description="Inspection ends by rotating the node's BMC password (a per-node "
+        "generated one, or bmc.rotation_password), verified by a fresh login")
+
+
 class BmcSettings(_Section):
     timeout_s: float = Field(20.0, gt=0, description="Per-call BMC timeout")
     max_concurrency: int = Field(64, ge=1, description="BMC calls in flight, all BMCs")
@@ -211,6 +224,24 @@ class BmcSettings(_Section):
         True, description="Verify Redfish BMC certificates; false accepts any (lab only)")
     redfish_ca_file: Path | None = Field(
         None, description="CA bundle for Redfish BMC certificates; default the system's")
+    profiles: dict[str, BmcProfile] = Field(
+        default_factory=dict, description="Soft-off and credential rotation per node "
+        "profile name")
+    rotation_password: SecretStr | None = Field(
+        None, description="Site BMC password that rotation sets; unset: a generated "
+        "password per node (16 letters and digits)")
+    ipmi_workers: int = Field(4, ge=1, description="IPMI worker processes (pyghmi); each "
+                              "owns a share of the BMCs and their sessions")
+    ipmi_worker_threads: int = Field(16, ge=1, description="IPMI calls in flight per worker")
+    ipmi_heartbeat_timeout_s: float = Field(
+        10.0, gt=0, description="An IPMI worker silent this long is killed and replaced "
+        "(it beats every 0.5 s; a starved machine delays beats by seconds)")
+    ipmi_hang_grace_s: float = Field(
+        15.0, gt=0, description="An IPMI worker that leaves a call unanswered this long past "
+        "its deadline (timeout_s) is killed and replaced")
+
+    def profile(self, name: str | None) -> BmcProfile:
+        return self.profiles.get(name or "", BmcProfile())
 
 
 _TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -16,13 +17,16 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from provisioner.api.app import make_app
+from provisioner.bmc.base import SoftOff
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.bmc.ipmi import IpmiDriver
+from provisioner.bmc.ipmi_pool import IpmiWorkers
 from provisioner.bmc.managed import BmcManager
 from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
-from provisioner.boot.stack import base_url, build_boot
-from provisioner.config import Settings
+from provisioner.boot.stack import base_url, build_boot, http_boot_uris
+from provisioner.config import BmcProfile, BmcSettings, Settings
+from provisioner.domain import Node
 from provisioner.errors import ConfigError, NotFound, SchemaError
 from provisioner.install.base import (
     AgentEndpoint,
@@ -51,6 +55,7 @@ from provisioner.lifecycle.ports import (
 )
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.rack_limit import RackBmcLimit
+from provisioner.lifecycle.rotation import BmcRotation, generated_password
 from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
@@ -98,12 +103,12 @@ def run(settings: Settings) -> int:
         return 1
 
 
-def build_bmc(settings: Settings, world: SimWorld, pool: ThreadPoolExecutor) -> BmcManager:
-    """BMC drivers by each node's driver name, behind breakers and limits. ``pool`` is the
-    "bmc" pool (pyghmi blocks; its size bounds IPMI calls in flight). At shutdown:
-    ``aclose()`` (session logout, which still uses the pool), then the pool."""
+def build_bmc(settings: Settings, world: SimWorld) -> BmcManager:
+    """BMC drivers by each node's driver name, behind breakers and limits. IPMI runs in
+    worker processes (pyghmi blocks and keeps process-wide state); ``aclose()`` at
+    shutdown logs every session out and stops them."""
     bmc = settings.bmc
-    ipmi = IpmiDriver(pool, timeout_s=bmc.timeout_s)
+    ipmi = IpmiDriver(ipmi_workers(bmc), timeout_s=bmc.timeout_s)
     redfish = RedfishDriver(timeout_s=bmc.timeout_s, verify_tls=bmc.redfish_verify_tls,
                             ca_file=bmc.redfish_ca_file)
     fake = fake_bmc_factory(world, delay_s=settings.simulation.step_delay_s)
@@ -124,7 +129,8 @@ class RealDrivers:
 
 
 def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
-                boots: BootWaiter | None = None) -> Ports:
+                boots: BootWaiter | None = None,
+                rotation: BmcRotation | None = None) -> Ports:
     """Pick the drivers per node: simulated nodes (fake BMC) act on the simulated rack, real
     ones use ``real``."""
     delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
@@ -143,7 +149,42 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
             FakeValidator(world, delay_s=delay_s, fail_rate=fail_rate), real.validator),
         slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate), real.slurm),
         boots=boots or NoBootWait(),
+        http_boot_uri=http_boot_uris(settings),
+        soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
+        rotate_bmc=None if rotation is None else rotate_if_opted_in(settings.bmc, rotation),
     )
+
+
+def build_rotation(settings: BmcSettings, store: Store, bmc: BmcManager) -> BmcRotation:
+    site = settings.rotation_password
+    return BmcRotation(store.nodes, store.bmc_secrets, bmc, effective=bmc.credentials_for,
+                       passwords=generated_password if site is None
+                       else lambda _node: site.get_secret_value())
+
+
+async def _settle_rotations(rotation: BmcRotation) -> None:
+    outcome = await rotation.settle_all(actor="startup")
+    if outcome:
+        log.info("BMC password rotations a stop had interrupted: %s", outcome)
+
+
+def rotate_if_opted_in(settings: BmcSettings,
+                       rotation: BmcRotation) -> Callable[[Node], Awaitable[None]]:
+    async def rotate(node: Node) -> None:
+        if settings.profile(node.profile).rotate_credentials:
+            await rotation.rotate(node, actor="inspect")
+
+    return rotate
+
+
+def ipmi_workers(bmc: BmcSettings) -> IpmiWorkers:
+    return IpmiWorkers(count=bmc.ipmi_workers, threads=bmc.ipmi_worker_threads,
+                       heartbeat_timeout_s=bmc.ipmi_heartbeat_timeout_s,
+                       grace_s=bmc.ipmi_hang_grace_s)
+
+
+def soft_off_for(profile: BmcProfile) -> SoftOff:
+    return SoftOff(profile.soft_off_timeout_s, profile.hard_off_fallback)
 
 
 def _ansible_to_history(conductor: Conductor) -> OnEvent:
@@ -211,13 +252,14 @@ class Daemon:
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
                 validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm)
             bmc = self._bmc(stack, world)
-            ports = build_ports(self._settings, world, bmc, real, callbacks)
+            rotation = build_rotation(self._settings.bmc, store, bmc)
+            ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
                                   observer=metrics.observe_transition)
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
-            runner = await self._start_api(store, conductor, metrics, topology)
+            runner = await self._start_api(store, conductor, metrics, topology, rotation)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs,
                                    callbacks)
@@ -231,6 +273,8 @@ class Daemon:
                 power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
                                        self._settings.bmc)
                 children.append(group.create_task(power_sync.run(), name="power-sync"))
+                children.append(group.create_task(  # rotations a crash left open
+                    _settle_rotations(rotation), name="bmc-rotation-settle"))
                 if kube_client is not None:
                     sync = KubeSync(kube_client, _maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
@@ -252,11 +296,9 @@ class Daemon:
         return 0
 
     def _bmc(self, stack: AsyncExitStack, world: SimWorld) -> BmcManager:
-        """The BMC drivers and their "bmc" pool; at stop, after the conductor's steps
-        ended: BMC sessions logged out, then the pool shut down."""
-        pool = ThreadPoolExecutor(self._settings.bmc.max_concurrency, thread_name_prefix="bmc")
-        stack.callback(pool.shutdown, wait=False, cancel_futures=True)
-        bmc = build_bmc(self._settings, world, pool)
+        """The BMC drivers; at stop, after the conductor's steps ended: BMC sessions
+        logged out, then the IPMI workers stopped."""
+        bmc = build_bmc(self._settings, world)
         stack.push_async_callback(bmc.aclose)
         return bmc
 
@@ -310,9 +352,10 @@ class Daemon:
         self._stop.set()
 
     async def _start_api(self, store: Store, conductor: Conductor, metrics: Metrics,
-                         topology: LiveTopology) -> web.AppRunner:
+                         topology: LiveTopology, rotation: BmcRotation) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                       metrics=metrics, settings=self._settings.api, topology=topology)
+                       metrics=metrics, settings=self._settings.api, topology=topology,
+                       rotation=rotation)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self._settings.api.host_port

@@ -15,6 +15,7 @@ from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -28,6 +29,7 @@ SETTINGS: Final = web.AppKey("settings", ApiSettings)
 TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
 EVENTS: Final = web.AppKey("events", EventHub)
 SESSIONS: Final = web.AppKey("sessions", SessionStore)
+ROTATION: Final = web.AppKey("rotation", BmcRotation)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

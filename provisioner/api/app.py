@@ -24,6 +24,7 @@ from provisioner.api import (
     METRICS,
     NODES,
     PRINCIPAL,
+    ROTATION,
     SESSIONS,
     SETTINGS,
     TOKENS,
@@ -49,6 +50,7 @@ from provisioner.errors import (
     ProvisionerError,
 )
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -70,7 +72,8 @@ _MAX_TOKEN_CHARS: Final = 512
 
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
-             settings: ApiSettings, topology: LiveTopology | None = None) -> web.Application:
+             settings: ApiSettings, topology: LiveTopology | None = None,
+             rotation: BmcRotation | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
@@ -86,6 +89,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         hub.close()  # before the server waits for handlers: SSE streams end at once
 
     app.on_shutdown.append(close_streams)
+    if rotation is not None:
+        app[ROTATION] = rotation
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

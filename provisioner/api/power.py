@@ -13,11 +13,12 @@ from typing import Final, TypeVar
 
 from aiohttp import web
 
-from provisioner.api import CONDUCTOR, NODES, actor
+from provisioner.api import CONDUCTOR, NODES, ROTATION, actor
 from provisioner.api.openapi import Route
 from provisioner.api.schemas import (
     BootDeviceOut,
     BootDeviceRequest,
+    NodeOut,
     PowerOut,
     PowerRequest,
     node_out,
@@ -26,7 +27,7 @@ from provisioner.api.schemas import (
 )
 from provisioner.bmc.base import BootDevice, PowerAction
 from provisioner.domain import Node, Role
-from provisioner.errors import DriverError, NotFound
+from provisioner.errors import DriverError, InvalidRequest, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,19 @@ async def node_boot_device(request: web.Request) -> web.Response:
                                  node=node_out(node, conductor.step_status(node.id))))
 
 
+async def node_bmc_rotate(request: web.Request) -> web.Response:
+    node = await _node(request)
+    rotation = request.app.get(ROTATION)
+    if rotation is None:
+        raise InvalidRequest("BMC password rotation is not available in this daemon")
+    conductor = request.app[CONDUCTOR]
+    who = actor(request)
+    await via_bmc(node, conductor.while_idle(
+        node.id, "BMC password rotation", lambda idle: rotation.rotate(idle, actor=who)))
+    node = await request.app[NODES].get(node.id)
+    return respond(node_out(node, conductor.step_status(node.id)))
+
+
 async def via_bmc(node: Node, call: Awaitable[T]) -> T:
     """A BMC failure is the BMC's, not ours: 502 with the driver's reason (never secrets)."""
     try:
@@ -80,6 +94,11 @@ ROUTES: Final = (
           "Power a node on, off (soft-off: ACPI) or cycle it through its BMC, confirmed by "
           "read-back, or read it (status); 409 while a step runs, except status",
           Role.OPERATOR, PowerOut, body=PowerRequest, path_params=(_ID,), errors=_ERRORS),
+    Route("POST", f"{PREFIX}/nodes/{{id}}/bmc/rotate", node_bmc_rotate,
+          "Rotate the node's BMC password: a new per-node password (or the site's "
+          "bmc.rotation_password) set through the BMC, verified by a fresh login before the "
+          "old one is forgotten, stored encrypted; never returned. 409 while a step runs",
+          Role.OPERATOR, NodeOut, path_params=(_ID,), errors=_ERRORS),
     Route("POST", f"{PREFIX}/nodes/{{id}}/bootdev", node_boot_device,
           "Set a node's boot device (once or persistent, UEFI or legacy) through its BMC; "
           "409 while a step runs", Role.OPERATOR, BootDeviceOut, body=BootDeviceRequest,

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, runtime_checkable
 
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import FatalError, RetryableError
@@ -55,6 +55,9 @@ class BootSetting:
     device: BootDevice | None
     persistent: bool | None = None
     uefi: bool | None = None
+    http_uri: str | None = None
+    """UEFI HTTP boot only: the boot file URI the BMC hands the firmware (Redfish
+    ``HttpBootUri``); None where there is none or the BMC does not say."""
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -97,13 +100,29 @@ class Bmc(Protocol):
         ...
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None: ...
+                              uefi: bool = True, http_uri: str | None = None) -> None:
+        """``http_uri``: for ``HTTP`` only, the boot file the firmware fetches, where the
+        BMC can be told one (Redfish ``HttpBootUri``); other drivers ignore it and the
+        firmware takes the URI from DHCP."""
+        ...
 
     async def boot_device(self) -> BootSetting:
         """The boot override as the BMC reports it (device None: no override)."""
         ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class PasswordSetter(Protocol):
+    """A driver that can change the password of the BMC user it logs in as."""
+
+    async def set_password(self, new_password: str) -> None: ...
+
+    async def verify_login(self) -> None:
+        """Log in afresh with this handle's credentials (a kept session is dropped first):
+        the proof that a password works, which a session opened before a change is not."""
+        ...
 
 
 BmcFactory = Callable[[str, BmcEndpoint, BmcCredentials], Bmc]
@@ -208,6 +227,36 @@ async def ensure_power_cycle(bmc: Bmc, *, policy: RetryPolicy, confirm_timeout_s
     await policy.run(attempt, what="power cycle")
 
 
+@dataclass(frozen=True, slots=True)
+class SoftOff:
+    """How a soft power-off may end: within ``timeout_s`` (None: the BMC layer's own
+    confirmation timeout), else a hard off when ``hard_fallback``, else BmcTimeout."""
+
+    timeout_s: float | None = None
+    hard_fallback: bool = False
+
+
+async def ensure_soft_off(bmc: Bmc, how: SoftOff) -> bool:
+    """Soft power-off (the OS shuts down); True when it had to fall back to a hard off.
+
+    A BMC without any soft off (no GracefulShutdown, no PushPowerButton) falls back at
+    once when allowed; one whose soft off does not read back in time, after the timeout."""
+    try:
+        async with asyncio.timeout(how.timeout_s):
+            await bmc.set_power(PowerState.OFF, soft=True)
+        return False
+    except (TimeoutError, BmcTimeout, BmcUnsupported) as exc:
+        reason = (f"not off {how.timeout_s:g} s after a soft off"
+                  if isinstance(exc, TimeoutError) else str(exc))
+        if not how.hard_fallback:
+            if isinstance(exc, TimeoutError):
+                raise BmcTimeout(f"soft power-off: {reason}") from None
+            raise
+    log.warning("soft power-off failed (%s); powering off hard", reason)
+    await bmc.set_power(PowerState.OFF)
+    return True
+
+
 def same_device(seen: BootDevice | None, want: BootDevice) -> bool:
     """Whether a read-back device satisfies a request. BMCs may report an HTTP-boot request
     as network boot (IPMI has no HTTP device; sushy-tools stores UefiHttp as Pxe)."""
@@ -215,16 +264,18 @@ def same_device(seen: BootDevice | None, want: BootDevice) -> bool:
 
 
 async def ensure_boot_device(bmc: Bmc, device: BootDevice, *, policy: RetryPolicy,
-                             persistent: bool = False, uefi: bool = True) -> bool:
+                             persistent: bool = False, uefi: bool = True,
+                             http_uri: str | None = None) -> bool:
     """Set the boot override unless it already is exactly that; confirm the device by
     read-back (not the persistence and UEFI bits, which many BMCs do not report
     faithfully; a BMC that reports no override at all cannot confirm anything)."""
+    uri = http_uri if device is BootDevice.HTTP else None
 
     async def attempt() -> bool:
         seen = await bmc.boot_device()
-        if seen == BootSetting(device, persistent, uefi):
+        if seen == BootSetting(device, persistent, uefi, uri):
             return False
-        await bmc.set_boot_device(device, persistent=persistent, uefi=uefi)
+        await bmc.set_boot_device(device, persistent=persistent, uefi=uefi, http_uri=uri)
         after = await bmc.boot_device()
         if after.device is None:  # e.g. ipmi_sim: accepts overrides, never reports them
             log.debug("boot device %s set; the BMC reports no override to confirm it", device)

@@ -31,7 +31,7 @@ class FakeBmc:
         await self._world.ensure(self._key, "power_cycle", "power", str(PowerState.ON))
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         await asyncio.sleep(self._delay_s / 5)
         await self._world.ensure(self._key, "bootdev", "bootdev", str(device))
 

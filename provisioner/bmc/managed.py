@@ -18,9 +18,11 @@ from typing import Protocol, TypeVar
 from provisioner.bmc.base import (
     Bmc,
     BmcTimeout,
+    BmcUnsupported,
     BootDevice,
     BootSetting,
     Clock,
+    PasswordSetter,
     PowerState,
     RetryPolicy,
     Sleep,
@@ -136,14 +138,34 @@ class ManagedBmc:
         log.info("bmc %s: power cycled", self._key)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         if await ensure_boot_device(self._raw, device, policy=self._manager.policy,
-                                    persistent=persistent, uefi=uefi):
-            log.info("bmc %s: boot device %s (%s, %s)", self._key, device,
-                     "persistent" if persistent else "once", "uefi" if uefi else "legacy")
+                                    persistent=persistent, uefi=uefi, http_uri=http_uri):
+            log.info("bmc %s: boot device %s (%s, %s)%s", self._key, device,
+                     "persistent" if persistent else "once", "uefi" if uefi else "legacy",
+                     f" from {http_uri}" if http_uri and device is BootDevice.HTTP else "")
 
     async def boot_device(self) -> BootSetting:
         return await self._manager.policy.run(self._raw.boot_device, what="boot device")
+
+    async def set_password(self, new_password: str) -> None:
+        """Change the BMC password of our user (through the breaker and the deadline; a
+        retry sets the same password again, which is harmless)."""
+        driver = self._driver
+        if not isinstance(driver, PasswordSetter):
+            raise BmcUnsupported(f"BMC {self._key}: this driver cannot change BMC passwords")
+        await self._manager.policy.run(
+            lambda: self.call("set password", lambda: driver.set_password(new_password)),
+            what="set BMC password")
+
+    async def verify_login(self) -> None:
+        """A fresh login with this handle's credentials (retried if the BMC is busy; a
+        refused password is BmcAuthFailed at once)."""
+        driver = self._driver
+        if not isinstance(driver, PasswordSetter):
+            raise BmcUnsupported(f"BMC {self._key}: this driver cannot verify a login")
+        await self._manager.policy.run(
+            lambda: self.call("fresh login", driver.verify_login), what="fresh BMC login")
 
     async def aclose(self) -> None:
         await self._driver.aclose()
@@ -193,9 +215,9 @@ class _GuardedBmc:
         await self._call("power cycle", self._driver.power_cycle)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         await self._call(f"boot device {device}", lambda: self._driver.set_boot_device(
-            device, persistent=persistent, uefi=uefi))
+            device, persistent=persistent, uefi=uefi, http_uri=http_uri))
 
     async def boot_device(self) -> BootSetting:
         return await self._call("boot device status", self._driver.boot_device)

@@ -7,9 +7,9 @@ basic auth. The System is discovered once (its URI and its Reset target); the Sy
 resource itself is read fresh each time, as power and boot settings change under us.
 
 Vendor quirks tolerated: power actions that show seconds later (read-back confirmation
-in ``base.ensure_power`` polls for them), a BMC without ``Once`` (``Continuous`` is used
-and logged), ``UefiHttp`` only where ``BootSourceOverrideTarget@Redfish.AllowableValues``
-lists it (network boot otherwise), ETags answered with ``If-Match``.
+in ``base.ensure_power`` polls for them), boot overrides as each BMC offers them
+(``redfish_boot.py``: ``Once``/``Continuous``, ``UefiHttp`` with ``HttpBootUri``, network
+boot where there is no HTTP boot), ETags answered with ``If-Match``.
 
 The endpoint's address is a host (``https://host[:port]``) or a base URL
 (``http://127.0.0.1:8000`` for emulators). TLS is verified unless the site turns it off
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import ssl
 from collections.abc import Iterator, Mapping
@@ -39,6 +40,8 @@ from provisioner.bmc.base import (
     BootSetting,
     PowerState,
 )
+from provisioner.bmc.redfish_boot import boot_patch, hides_uefi_http, read_boot
+from provisioner.bmc.redfish_reset import PREFERENCE, Intent, candidates, offered
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import DriverError
 
@@ -46,10 +49,6 @@ log = logging.getLogger(__name__)
 
 JsonObject = dict[str, object]
 _ROOT: Final = "/redfish/v1/"
-_TARGETS: Final = {BootDevice.PXE: "Pxe", BootDevice.HTTP: "UefiHttp",
-                   BootDevice.DISK: "Hdd", BootDevice.BIOS: "BiosSetup"}
-_DEVICES: Final = {"Pxe": BootDevice.PXE, "UefiHttp": BootDevice.HTTP,
-                   "Hdd": BootDevice.DISK, "BiosSetup": BootDevice.BIOS}
 # PoweringOn is not on yet, PoweringOff not off yet: read-back keeps polling
 _POWER: Final = {"On": PowerState.ON, "PoweringOff": PowerState.ON,
                  "Off": PowerState.OFF, "PoweringOn": PowerState.OFF}
@@ -153,9 +152,29 @@ class RedfishClient:
             if not isinstance(reset, dict) or not isinstance(reset.get("target"), str):
                 raise BmcUnsupported(f"BMC {self.url}: System {first} has no Reset action")
             allowed = reset.get("ResetType@Redfish.AllowableValues")
-            types = tuple(str(t) for t in allowed) if isinstance(allowed, list) else ()
-            self._system = _System(first, str(reset["target"]), types)
+            if not isinstance(allowed, list):
+                allowed = await self._action_info(reset.get("@Redfish.ActionInfo"))
+            self._system = _System(first, str(reset["target"]), offered(allowed))
         return self._system
+
+    async def _action_info(self, uri: object) -> list[object]:
+        """ResetType's allowable values from an ActionInfo resource (Supermicro lists them
+        only there); [] when there is none or it cannot be read (every type is tried)."""
+        if not isinstance(uri, str):
+            return []
+        try:
+            info, _ = await self.request("GET", uri)
+        except BmcUnsupported:
+            return []
+        params = info.get("Parameters")
+        for param in params if isinstance(params, list) else []:
+            if isinstance(param, dict) and param.get("Name") == "ResetType":
+                values = param.get("AllowableValues")
+                return values if isinstance(values, list) else []
+        return []
+
+    def forget_session(self) -> None:
+        self._token = self._session_uri = None
 
     async def logout(self) -> None:
         if self._session_uri is None:
@@ -221,7 +240,12 @@ class RedfishClient:
                                                headers=sent) as response:
             data: JsonObject = {}
             if response.status != 204 and response.content_type.endswith("json"):
-                parsed = await response.json()
+                try:
+                    parsed = await response.json()
+                except ValueError:  # an error page labelled JSON (sushy-tools): its status
+                    if response.status < 400:  # decides, its text is the message
+                        raise
+                    parsed = {"error": {"message": (await response.text())[:200]}}
                 data = parsed if isinstance(parsed, dict) else {}
             else:
                 await response.read()
@@ -241,34 +265,78 @@ class RedfishBmc:
 
     async def set_power(self, state: PowerState, *, soft: bool = False) -> None:
         if state is PowerState.ON:
-            await self._reset("On", fallback="ForceOn")
+            await self._reset(Intent.ON)
         else:
-            await self._reset("GracefulShutdown" if soft else "ForceOff")
+            await self._reset(Intent.SOFT_OFF if soft else Intent.OFF)
 
     async def power_cycle(self) -> None:
-        await self._reset("ForceRestart", fallback="PowerCycle")
+        await self._reset(Intent.CYCLE)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         system = await self._client.system()
         resource, etag = await self._client.request("GET", system.uri)
         boot = resource.get("Boot")
-        boot = boot if isinstance(boot, dict) else {}
-        patch: JsonObject = {"BootSourceOverrideTarget": self._target(boot, device),
-                             "BootSourceOverrideEnabled": self._enabled(boot, persistent)}
-        if "BootSourceOverrideMode" in boot:
-            patch["BootSourceOverrideMode"] = "UEFI" if uefi else "Legacy"
-        await self._client.request("PATCH", system.uri, {"Boot": patch}, etag=etag)
+        if device is BootDevice.HTTP and isinstance(boot, dict) and hides_uefi_http(boot):
+            # some BMCs (sushy-tools) list UefiHttp only while the override mode is UEFI
+            log.info("redfish %s: boot mode %s; switching to UEFI to see UefiHttp",
+                     self._client.url, boot.get("BootSourceOverrideMode"))
+            await self._client.request("PATCH", system.uri,
+                                       {"Boot": {"BootSourceOverrideMode": "UEFI"}}, etag=etag)
+            resource, etag = await self._client.request("GET", system.uri)
+            boot = resource.get("Boot")
+        patch = boot_patch(boot if isinstance(boot, dict) else {}, device,
+                           persistent=persistent, uefi=uefi, http_uri=http_uri,
+                           where=self._client.url)
+        for note in patch.notes:
+            log.info("redfish %s: %s", self._client.url, note)
+        try:
+            await self._client.request("PATCH", system.uri, {"Boot": patch.body}, etag=etag)
+        except BmcUnsupported as exc:
+            if "HttpBootUri" not in patch.body:
+                raise
+            # some BMCs show HttpBootUri but refuse to set it (sushy-tools' fake driver,
+            # read-only firmware settings): UEFI HTTP boot with the URI from DHCP
+            log.info("redfish %s: HttpBootUri refused (%s); the firmware takes the boot "
+                     "file URI from DHCP", self._client.url, exc)
+            body = {k: v for k, v in patch.body.items() if k != "HttpBootUri"}
+            _, etag = await self._client.request("GET", system.uri)
+            await self._client.request("PATCH", system.uri, {"Boot": body}, etag=etag)
 
     async def boot_device(self) -> BootSetting:
         boot = (await self._resource()).get("Boot")
-        boot = boot if isinstance(boot, dict) else {}
-        target = boot.get("BootSourceOverrideTarget")
-        enabled = boot.get("BootSourceOverrideEnabled")
-        mode = boot.get("BootSourceOverrideMode")
-        device = _DEVICES.get(str(target)) if enabled != "Disabled" else None
-        return BootSetting(device, None if enabled is None else enabled == "Continuous",
-                           None if mode is None else mode == "UEFI")
+        return read_boot(boot if isinstance(boot, dict) else {})
+
+    async def set_password(self, new_password: str) -> None:
+        """PATCH ``Password`` of our user's ManagerAccount (AccountService, found by
+        ``UserName``), with the account's ETag."""
+        client = self._client
+        root, _ = await client.request("GET", _ROOT)
+        service = _dig(root, "AccountService", "@odata.id")
+        if not isinstance(service, str):
+            raise BmcUnsupported(f"BMC {client.url}: no AccountService")
+        accounts = _dig((await client.request("GET", service))[0], "Accounts", "@odata.id")
+        if not isinstance(accounts, str):
+            raise BmcUnsupported(f"BMC {client.url}: AccountService lists no Accounts")
+        members = (await client.request("GET", accounts))[0].get("Members")
+        for member in members if isinstance(members, list) else []:
+            uri = member.get("@odata.id") if isinstance(member, dict) else None
+            if not isinstance(uri, str):
+                continue
+            account, etag = await client.request("GET", uri)
+            if account.get("UserName") == client.credentials.username:
+                await client.request("PATCH", uri, {"Password": new_password}, etag=etag)
+                return
+        raise BmcUnsupported(f"BMC {client.url}: no account named "
+                             f"{client.credentials.username!r} in {accounts}")
+
+    async def verify_login(self) -> None:
+        """Drop the kept session, log in again, read the System (basic auth: the read is
+        the login)."""
+        with contextlib.suppress(DriverError):
+            await self._client.logout()
+        self._client.forget_session()
+        await self.power_state()
 
     async def aclose(self) -> None:
         """Nothing: the BMC's session is kept for the process (``RedfishDriver.aclose``)."""
@@ -278,34 +346,26 @@ class RedfishBmc:
         resource, _ = await self._client.request("GET", system.uri)
         return resource
 
-    async def _reset(self, kind: str, *, fallback: str | None = None) -> None:
+    async def _reset(self, intent: Intent) -> None:
+        """The best ResetType the BMC offers for ``intent``; one it refuses as invalid
+        (a 4xx) moves on to the next candidate."""
         system = await self._client.system()
-        if system.reset_types and kind not in system.reset_types:
-            if fallback is None or fallback not in system.reset_types:
-                raise BmcUnsupported(f"BMC {self._client.url}: ResetType {kind} not offered "
-                                     f"(offered: {', '.join(system.reset_types)})")
-            kind = fallback
-        await self._client.request("POST", system.reset_uri, {"ResetType": kind})
-
-    def _target(self, boot: JsonObject, device: BootDevice) -> str:
-        target = _TARGETS[device]
-        allowed = boot.get("BootSourceOverrideTarget@Redfish.AllowableValues")
-        if isinstance(allowed, list) and allowed and target not in allowed:
-            if device is not BootDevice.HTTP or "Pxe" not in allowed:
-                raise BmcUnsupported(f"BMC {self._client.url}: boot target {target} not "
-                                     f"offered (offered: {', '.join(map(str, allowed))})")
-            log.info("redfish %s: no UefiHttp boot target; using network boot (Pxe)",
-                     self._client.url)
-            target = "Pxe"
-        return target
-
-    def _enabled(self, boot: JsonObject, persistent: bool) -> str:
-        allowed = boot.get("BootSourceOverrideEnabled@Redfish.AllowableValues")
-        if not persistent and isinstance(allowed, list) and "Once" not in allowed:
-            log.info("redfish %s: BMC offers no one-time boot override; using Continuous",
-                     self._client.url)
-            return "Continuous"
-        return "Continuous" if persistent else "Once"
+        kinds = candidates(intent, system.reset_types)
+        if not kinds:
+            raise BmcUnsupported(f"BMC {self._client.url}: no ResetType for {intent} "
+                                 f"(offered: {', '.join(system.reset_types)})")
+        refused: list[str] = []
+        for kind in kinds:
+            try:
+                await self._client.request("POST", system.reset_uri, {"ResetType": kind})
+            except BmcUnsupported as exc:
+                refused.append(f"{kind}: {exc}")
+                continue
+            if kind != PREFERENCE[intent][0]:
+                log.info("redfish %s: %s by ResetType %s", self._client.url, intent, kind)
+            return
+        raise BmcUnsupported(f"BMC {self._client.url}: every ResetType for {intent} refused "
+                             f"({'; '.join(refused)})")
 
 
 def _dig(data: object, *keys: str) -> object:

@@ -114,6 +114,26 @@ def http_asset_url(http_base_url: str, name: str) -> str:
     return f"{http_base_url.rstrip('/')}/ipxe/{name}"
 
 
+X86_64_ARCHES = frozenset({"x86_64", "amd64"})
+ARM64_ARCHES = frozenset({"aarch64", "arm64"})
+
+
+def uefi_http_boot_uri(http_base_url: str, arch: str | None, *,
+                       arm64_bootfile: str) -> str | None:
+    """The boot file a node's firmware fetches when its BMC is told to UEFI HTTP boot it
+    (Redfish ``HttpBootUri``): the same first stage the DHCP server hands an HTTPClient
+    (``snponly.efi``, which then chains the node's per-MAC iPXE script; on arm64 the GRUB
+    image, which loads the node's per-MAC grub.cfg). ``arch`` is ``uname -m`` from the
+    node's facts; None while it is unknown (the firmware then takes the URI from DHCP,
+    which knows the architecture from option 93)."""
+    name = (arch or "").lower()
+    if name in X86_64_ARCHES:
+        return http_asset_url(http_base_url, UEFI_X64_BOOTFILE)
+    if name in ARM64_ARCHES:
+        return http_asset_url(http_base_url, arm64_bootfile)
+    return None
+
+
 def boot_reply(request: BootRequest, node_known: bool, *, ipxe_script_url: str,
                tftp_server: str, http_base_url: str, arm64_bootfile: str) -> BootReply | None:
     """What to serve ``request``; None for clients that get no boot file.

@@ -11,8 +11,10 @@ from aiohttp import web
 
 from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.install_http import InstallerHttp
+from provisioner.boot.policy import uefi_http_boot_uri
 from provisioner.boot.render import Renderer
 from provisioner.config import BmcSettings, Settings, parse_host_port
+from provisioner.domain import Node
 from provisioner.errors import ConfigError
 from provisioner.install.images import AgentJobs
 from provisioner.install.unattended import UnattendedInstalls
@@ -22,6 +24,7 @@ from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
 from provisioner.lifecycle.fabrics import FabricReports
+from provisioner.lifecycle.ports import HttpBootUri, no_http_boot_uri
 from provisioner.ramdisk.netboot import stage_ipxe
 from provisioner.ramdisk.service import BuildJob, RamdiskBuilder
 from provisioner.ramdisk.sysroot import arch_named
@@ -109,6 +112,23 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
         servers.append(HttpServer(http.app(), settings.http.listen))
     servers += _network_servers(settings, store, discovery, assets)
     return servers
+
+
+def http_boot_uris(settings: Settings) -> HttpBootUri:
+    """A node's ``HttpBootUri`` for a ``http`` boot override: the first stage for its
+    architecture (facts ``cpu.arch``) on the boot HTTP server; None without that server
+    or before inspection (the firmware then asks DHCP)."""
+    if settings.http.listen is None and not settings.http.public_url:
+        return no_http_boot_uri
+    url, bootfile = base_url(settings), settings.boot.arm64_bootfile
+
+    def uri(node: Node) -> str | None:
+        cpu = node.facts.get("cpu")
+        arch = cpu.get("arch") if isinstance(cpu, dict) else None
+        return uefi_http_boot_uri(url, arch if isinstance(arch, str) else None,
+                                  arm64_bootfile=bootfile)
+
+    return uri
 
 
 def netboot_dir(settings: Settings) -> Path:

@@ -199,7 +199,9 @@ class Conductor:
             await self.record_power(node_id, str(state), actor=actor)
             return await self._repo.get(node_id), state
         async with self._no_step(node_id, f"power {action}") as node:
-            state = await self._with_bmc(node, lambda bmc: apply_power(bmc, action))
+            soft_off = self._ports.soft_off(node)
+            state = await self._with_bmc(node, lambda bmc: apply_power(
+                bmc, action, soft_off=soft_off))
             node = await self._repo.record_power(
                 node, str(state), event="power_" + str(action).replace("-", "_"), actor=actor,
                 reason=f"power {action} requested")
@@ -211,13 +213,22 @@ class Conductor:
         """An operator's boot-device request; needs an idle node; goes into the history."""
         how = f"{'persistent' if persistent else 'once'}, {'UEFI' if uefi else 'legacy'}"
         async with self._no_step(node_id, "boot device") as node:
+            uri = self._ports.http_boot_uri(node) if device is BootDevice.HTTP else None
+            how += f", from {uri}" if uri else ""
             await self._with_bmc(node, lambda bmc: bmc.set_boot_device(
-                device, persistent=persistent, uefi=uefi))
+                device, persistent=persistent, uefi=uefi, http_uri=uri))
             node = await self._repo.transition(node, to_state=node.state, event="bootdev",
                                                actor=actor, reason=f"boot device {device} "
                                                f"({how})", reset_checkpoint=False)
         log.info("node %s: boot device %s (%s) by %s", node_id, device, how, actor)
         return node
+
+    async def while_idle(self, node_id: str, what: str,
+                         fn: Callable[[Node], Awaitable[T]]) -> T:
+        """Run ``fn(node)`` under the node's lock, refused (Conflict) while a step owns the
+        BMC: for BMC work outside the steps (password rotation)."""
+        async with self._no_step(node_id, what) as node:
+            return await fn(node)
 
     @asynccontextmanager
     async def _no_step(self, node_id: str, what: str) -> AsyncIterator[Node]:

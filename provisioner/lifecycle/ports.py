@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from provisioner.bmc.base import BmcFactory
+from provisioner.bmc.base import BmcFactory, SoftOff
 from provisioner.domain import Node
 from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.stagger import PowerOnStagger
@@ -117,6 +117,18 @@ class NoBootWait:
         return None
 
 
+HttpBootUri = Callable[[Node], str | None]
+"""A node's UEFI HTTP boot file URI (``boot.policy.uefi_http_boot_uri``); None: unknown."""
+
+
+def no_http_boot_uri(_node: Node) -> str | None:
+    return None
+
+
+def default_soft_off(_node: Node) -> SoftOff:
+    return SoftOff()
+
+
 @dataclass(frozen=True, slots=True)
 class Ports:
     bmc: BmcFactory
@@ -132,3 +144,11 @@ class Ports:
     """The deployed OS's "booted"/"installed" callback (``BootCallbacks`` in the daemon)."""
     validator: Validator = field(default_factory=AcceptAll)
     """The validation gate; the default passes every node."""
+    soft_off: Callable[[Node], SoftOff] = default_soft_off
+    """How a node's soft power-off may end (daemon: ``bmc.profiles``)."""
+    rotate_bmc: Callable[[Node], Awaitable[None]] | None = None
+    """Inspection's last sub-step for nodes whose profile opts in (``bmc.profiles.<p>.
+    rotate_credentials``): rotate the BMC password. None: never."""
+    http_boot_uri: HttpBootUri = no_http_boot_uri
+    """What a ``http`` boot override hands the BMC as ``HttpBootUri`` (daemon: the boot
+    HTTP server's first stage for the node's architecture)."""

@@ -9,7 +9,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from provisioner.bmc.base import Bmc, BmcFactory, PowerAction, PowerState
+from provisioner.bmc.base import (
+    Bmc,
+    BmcFactory,
+    PowerAction,
+    PowerState,
+    SoftOff,
+    ensure_soft_off,
+)
 from provisioner.config import BmcSettings
 from provisioner.domain import Node
 from provisioner.errors import DriverError
@@ -21,15 +28,23 @@ log = logging.getLogger(__name__)
 SYNC_ACTOR = "power-sync"
 
 
-async def apply_power(bmc: Bmc, action: PowerAction) -> PowerState:
-    """Carry out ``action``; return the power state it leaves (read for ``status``)."""
+_DEFAULT_SOFT_OFF = SoftOff()
+
+
+async def apply_power(bmc: Bmc, action: PowerAction, *,
+                      soft_off: SoftOff = _DEFAULT_SOFT_OFF) -> PowerState:
+    """Carry out ``action``; return the power state it leaves (read for ``status``).
+    ``soft_off``: how long a soft-off may take, and whether a hard off may follow."""
     if action is PowerAction.STATUS:
         return await bmc.power_state()
     if action is PowerAction.CYCLE:
         await bmc.power_cycle()
         return PowerState.ON
+    if action is PowerAction.SOFT_OFF:
+        await ensure_soft_off(bmc, soft_off)
+        return PowerState.OFF
     want = PowerState.ON if action is PowerAction.ON else PowerState.OFF
-    await bmc.set_power(want, soft=action is PowerAction.SOFT_OFF)
+    await bmc.set_power(want)
     return want
 
 

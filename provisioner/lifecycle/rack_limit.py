@@ -82,9 +82,10 @@ class _RackLimitedBmc:
             await self._bmc.power_cycle()
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         async with self._limit.slot(self._rack, self._size):
-            await self._bmc.set_boot_device(device, persistent=persistent, uefi=uefi)
+            await self._bmc.set_boot_device(device, persistent=persistent, uefi=uefi,
+                                            http_uri=http_uri)
 
     async def boot_device(self) -> BootSetting:
         async with self._limit.slot(self._rack, self._size):

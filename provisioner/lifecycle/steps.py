@@ -59,7 +59,8 @@ Step = Callable[[StepContext], Awaitable[None]]
 
 async def _boot_from(ctx: StepContext, device: BootDevice) -> None:
     bmc = await ctx.bmc()
-    await bmc.set_boot_device(device)
+    uri = ctx.ports.http_boot_uri(ctx.node) if device is BootDevice.HTTP else None
+    await bmc.set_boot_device(device, http_uri=uri)
 
 
 async def _power(ctx: StepContext, state: PowerState) -> None:
@@ -102,6 +103,9 @@ async def inspect(ctx: StepContext) -> None:
     await ctx.substep(SKU_CHECKED, sku)
     if ctx.node.bmc is not None:
         await ctx.substep("power-off", lambda: _power(ctx, PowerState.OFF))
+        rotate = ctx.ports.rotate_bmc
+        if rotate is not None:  # the daemon's hook: only profiles that opt in rotate
+            await ctx.substep("rotate-bmc-password", lambda: rotate(ctx.node))
 
 
 #: Deploy sub-steps others look at: once the image is written the node boots its disk,

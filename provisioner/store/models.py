@@ -35,6 +35,7 @@ class NodeRow(SQLModel, table=True):
     bmc_port: int | None = Field(default=None)
     bmc_username: str | None = Field(default=None, max_length=255)
     bmc_password_enc: str | None = Field(default=None)
+    bmc_password_pending_enc: str | None = Field(default=None)
     bmc_mac: str | None = Field(default=None, max_length=17)
     power_state: str | None = Field(default=None, max_length=16)
     power_checked_at: datetime | None = None

@@ -9,6 +9,7 @@ from sqlalchemy import Engine
 
 from provisioner.config import Settings
 from provisioner.store import db
+from provisioner.store.bmc_secrets import BmcSecretRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.secretbox import SecretBox
 from provisioner.store.tokens import TokenRepo
@@ -22,6 +23,7 @@ class Store:
     nodes: NodeRepo
     tokens: TokenRepo
     topology: TopologyRepo
+    bmc_secrets: BmcSecretRepo
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
@@ -42,4 +44,5 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
     box = SecretBox.from_key_file(settings.state_dir / "secret.key")
     return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box),
-                 tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool))
+                 tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool),
+                 bmc_secrets=BmcSecretRepo(engine, pool, box))

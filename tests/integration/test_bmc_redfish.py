@@ -179,3 +179,87 @@ async def test_latency_one_request_in_flight_per_bmc(aiohttp_server: Any) -> Non
     assert max(s.max_in_flight for s in sims) == 1
     assert all(s.logins == 1 for s in sims)
     await driver.aclose()
+
+
+# -- UEFI HTTP boot: UefiHttp + HttpBootUri -------------------------------------------------
+
+
+@pytest.fixture
+async def boot_files(aiohttp_server: Any) -> tuple[str, list[str]]:
+    """A boot HTTP server on loopback serving ``/ipxe/snponly.efi``; the paths it served."""
+    from aiohttp import web
+
+    served: list[str] = []
+
+    async def nbp(request: web.Request) -> web.Response:
+        served.append(request.path)
+        return web.Response(body=b"MZ" + bytes(510), content_type="application/efi")
+
+    app = web.Application()
+    app.router.add_get("/ipxe/{name}", nbp)
+    server = await aiohttp_server(app)
+    return f"http://127.0.0.1:{server.port}", served
+
+
+async def test_sushy_uefi_http_sends_the_uri_and_falls_back_when_refused(
+        sushy: Sushy, driver: RedfishDriver, boot_files: tuple[str, list[str]],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """sushy-tools (fake driver) lists HttpBootUri, fetches the image at the URI we send,
+    then refuses to store the URI (400): we set UefiHttp without it (the firmware takes
+    the URI from DHCP), which this emulator stores as Pxe."""
+    caplog.set_level(logging.INFO, logger="provisioner.bmc")
+    base, served = boot_files
+    uri = f"{base}/ipxe/snponly.efi"
+    bmc = managed(driver, sushy.url)
+    await bmc.set_boot_device(BootDevice.DISK, uefi=False)  # Legacy: UefiHttp not listed
+    assert "UefiHttp" not in (await asyncio.to_thread(sushy_system, sushy))["Boot"][
+        "BootSourceOverrideTarget@Redfish.AllowableValues"]
+    await bmc.set_boot_device(BootDevice.HTTP, http_uri=uri)
+    assert "switching to UEFI to see UefiHttp" in caplog.text
+    assert served == ["/ipxe/snponly.efi"]  # the BMC really got our URI and fetched it
+    boot = (await asyncio.to_thread(sushy_system, sushy))["Boot"]
+    assert (boot["BootSourceOverrideTarget"], boot["BootSourceOverrideMode"]) == ("Pxe", "UEFI")
+    assert "HttpBootUri" in boot and "HttpBootUri refused" in caplog.text
+
+
+async def test_uefi_http_uri_is_set_read_back_and_idempotent(
+        sim: tuple[RedfishSim, str], caplog: pytest.LogCaptureFixture) -> None:
+    state, url = sim
+    caplog.set_level(logging.INFO, logger="provisioner.bmc")
+    driver = RedfishDriver(timeout_s=5)
+    bmc = managed(driver, url)
+    uri = "http://10.77.0.1:8080/ipxe/snponly.efi"
+    await bmc.set_boot_device(BootDevice.HTTP, http_uri=uri)
+    assert state.patches == [{"BootSourceOverrideTarget": "UefiHttp",
+                              "BootSourceOverrideEnabled": "Once",
+                              "BootSourceOverrideMode": "UEFI", "HttpBootUri": uri}]
+    assert (await bmc.boot_device()).http_uri == uri
+    await bmc.set_boot_device(BootDevice.HTTP, http_uri=uri)  # already so: no PATCH
+    assert len(state.patches) == 1
+    other = "http://10.77.0.1:8080/ipxe/grubaa64.efi"
+    await bmc.set_boot_device(BootDevice.HTTP, http_uri=other)  # a new URI is a change
+    assert state.http_boot_uri == other and len(state.patches) == 2
+    await bmc.set_boot_device(BootDevice.PXE)
+    assert "HttpBootUri" not in state.patches[-1]
+    assert (await bmc.boot_device()).http_uri is None  # the stale URI means nothing to Pxe
+    await driver.aclose()
+
+
+async def test_uefi_http_without_http_boot_uri_and_when_refused(
+        sim: tuple[RedfishSim, str], caplog: pytest.LogCaptureFixture) -> None:
+    state, url = sim
+    caplog.set_level(logging.INFO, logger="provisioner.bmc")
+    driver = RedfishDriver(timeout_s=5)
+    uri = "http://10.77.0.1:8080/ipxe/snponly.efi"
+    state.http_boot_uri_supported = False  # an older BMC (ComputerSystem < 1.9)
+    await managed(driver, url).set_boot_device(BootDevice.HTTP, http_uri=uri)
+    assert state.patches[-1] == {"BootSourceOverrideTarget": "UefiHttp",
+                                 "BootSourceOverrideEnabled": "Once",
+                                 "BootSourceOverrideMode": "UEFI"}
+    assert "takes the boot file URI from DHCP" in caplog.text
+    state.http_boot_uri_supported, state.http_boot_uri_writable = True, False
+    state.target = "None"
+    await managed(driver, url).set_boot_device(BootDevice.HTTP, http_uri=uri)
+    assert [p.get("HttpBootUri") for p in state.patches[-2:]] == [uri, None]
+    assert state.target == "UefiHttp" and "HttpBootUri refused" in caplog.text
+    await driver.aclose()

@@ -5,14 +5,16 @@ on one loopback address (ports picked by the OS), real RMCP+ on the wire. It pri
 JSON line, ``{"ports": [...]}``, when every BMC listens, then answers commands on stdin,
 one per line: ``stats`` prints a JSON line with each BMC's power, boot device and session
 counts. PEERS.md §5's three fixes are applied (SHA-1 cipher, wake the IO thread, a listen
-loop that survives exceptions). Options inject a latency per IPMI command (answered later
-from the same loop, so 1,000 slow BMCs do not serialise), flapping BMCs (the first k
-commands answer "node busy") and silent ones (a bound UDP socket that never answers).
+loop that survives exceptions), plus a bounded IO wait (fix 5: no wedge) and a watchdog.
+Options inject a latency per IPMI command (answered later from the same loop, so 1,000
+slow BMCs do not serialise), flapping BMCs (the first k commands answer "node busy") and
+silent ones (a bound UDP socket that never answers).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import heapq
 import itertools
 import json
@@ -34,10 +36,12 @@ import pyghmi.ipmi.private.session as ipmisession
 
 log = logging.getLogger("ipmi-sim")
 _ROOT = Path(__file__).resolve().parents[2]
-PER_PROCESS = 20
+PER_PROCESS = 10
 """BMCs per simulator process. With ~85 in one process, pyghmi's server (or its routing of
 one client socket talking to many BMC ports of one process) wedged 2 runs in 7 under 32
-concurrent client threads; 17 per process: 0 in 7."""
+concurrent client threads; 17 per process: 0 in 7. On 2026-11-25 (clients in 4 IPMI worker
+processes, machine load 5-7 on 2 cores) 20 per process left a group of healthy BMCs
+unanswered in 4 of 16 reference runs; 10 per process: 0 in 8."""
 
 _due: list[tuple[float, int, Callable[[], None]]] = []
 _seq = itertools.count()
@@ -175,10 +179,58 @@ class SimBmc(pyghmi_bmc.Bmc):  # type: ignore[misc]
                 "commands": self.commands, "log": self.log[-20:]}
 
 
+def bounded_io_wait(timeout: float, myaddr: Any = None, evq: Any = None) -> None:
+    """Fix 5 (the simulator wedge of 2026-11-21): pyghmi's ``_io_wait`` queues a wake-up for
+    its IO thread and then waits on an Event with no timeout; when the IO thread misses
+    that wake-up, the listen loop (``wait_for_rsp``) blocks until the IO thread's next
+    300 s select() ends, and every BMC of the process and its stdin go silent. Same
+    protocol with the wait bounded by the timeout asked for: a missed wake-up costs at
+    most that (the loop asks for 0.1 s), never a wedge."""
+    evt = threading.Event()
+    if evq is not None:
+        evq.append(evt)
+    deadline = timeout + ipmisession._monotonic_time()
+    ipmisession.ioqueue.append((deadline, evt, myaddr))
+    if deadline < ipmisession.selectdeadline:
+        wake = ipmisession.iosockets[0]
+        wake.sendto(b"\x01", (ipmisession.myself, wake.getsockname()[1]))
+    evt.wait(timeout + 0.05)
+
+
+class LoopWatchdog:
+    """Liveness of the listen loop: a stall longer than ``dump_s`` dumps every thread's
+    stack to stderr (what the wedge looked like); longer than ``exit_s`` ends the process
+    (exit 70), so a test fails on a dead simulator at once instead of waiting on it."""
+
+    def __init__(self, *, dump_s: float = 5.0, exit_s: float = 30.0) -> None:
+        self.beat = time.monotonic()
+        self._dump_s, self._exit_s = dump_s, exit_s
+        threading.Thread(target=self._watch, daemon=True, name="watchdog").start()
+
+    def _watch(self) -> None:
+        dumped = False
+        while True:
+            time.sleep(0.5)
+            stalled = time.monotonic() - self.beat
+            if stalled > self._exit_s:
+                print(f"ipmi simulator: listen loop stalled {stalled:.0f} s; exiting",
+                      file=sys.stderr, flush=True)
+                os._exit(70)
+            if stalled > self._dump_s and not dumped:
+                print(f"ipmi simulator: listen loop stalled {stalled:.0f} s:",
+                      file=sys.stderr, flush=True)
+                faulthandler.dump_traceback(file=sys.stderr)
+                dumped = True
+            elif stalled <= self._dump_s:
+                dumped = False
+
+
 def serve(bmcs: list[SimBmc], commands: deque[str]) -> None:
     """Fix 3: one exception must not end every BMC's listen loop."""
     by_port = {bmc.port: bmc for bmc in bmcs}
+    watchdog = LoopWatchdog()
     while True:
+        watchdog.beat = time.monotonic()
         timeout = 0.1
         if _due:
             timeout = max(0.0, min(timeout, _due[0][0] - time.monotonic()))
@@ -211,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     serversession.ServerSession = CountingSession  # type: ignore[misc]
+    ipmisession._io_wait = bounded_io_wait
     bmcs = [SimBmc({args.user: args.password}, 0, args.address,
                    latency_s=args.latency_ms / 1000.0,
                    flap=args.flap_calls if i < args.flap else 0) for i in range(args.count)]

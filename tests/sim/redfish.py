@@ -1,6 +1,6 @@
 """A small Redfish BMC simulator (aiohttp), for what sushy-tools cannot do: sessions
 (SessionService login, X-Auth-Token, expiry, DELETE), injected latency per request at the
-scale of 1,000 BMCs, and vendor quirks (no ``Once``, no ``UefiHttp``).
+scale of 1,000 BMCs, and vendor quirks (no ``Once``, no ``UefiHttp``, no ``HttpBootUri``).
 
 In-process: ``app = make_app(RedfishSim(...))``. As a process for the bench:
 ``python -m tests.sim.redfish --count 1000 --latency-s 2`` prints ``{"ports": [...],
@@ -35,12 +35,16 @@ class RedfishSim:
     sessions_supported: bool = True
     once_supported: bool = True
     http_boot_supported: bool = True
+    http_boot_uri_supported: bool = True
+    http_boot_uri_writable: bool = True
+    http_boot_uri: str = ""
     power: str = "Off"
     target: str = "None"
     enabled: str = "Disabled"
     mode: str = "UEFI"
     tokens: dict[str, str] = field(default_factory=dict)  # token -> session id
     logins: int = 0
+    password_changes: int = 0
     logouts: int = 0
     requests: int = 0
     in_flight: int = 0
@@ -72,7 +76,9 @@ class RedfishSim:
                      "BootSourceOverrideEnabled": self.enabled,
                      "BootSourceOverrideMode": self.mode,
                      "BootSourceOverrideTarget@Redfish.AllowableValues": targets,
-                     "BootSourceOverrideEnabled@Redfish.AllowableValues": enabled},
+                     "BootSourceOverrideEnabled@Redfish.AllowableValues": enabled,
+                     **({"HttpBootUri": self.http_boot_uri}
+                        if self.http_boot_uri_supported else {})},
             "Actions": {"#ComputerSystem.Reset": {
                 "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
                 "ResetType@Redfish.AllowableValues": ["On", "ForceOff", "GracefulShutdown",
@@ -111,6 +117,7 @@ async def root(request: web.Request) -> web.Response:
     if request.app[SIM].sessions_supported:
         body["SessionService"] = {"@odata.id": "/redfish/v1/SessionService"}
         body["Links"] = {"Sessions": {"@odata.id": SESSIONS}}
+    body["AccountService"] = {"@odata.id": "/redfish/v1/AccountService"}
     return web.json_response(body)
 
 
@@ -139,6 +146,43 @@ async def logout(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+ACCOUNTS = "/redfish/v1/AccountService/Accounts"
+
+
+async def account_service(request: web.Request) -> web.Response:
+    return web.json_response({"@odata.id": "/redfish/v1/AccountService",
+                              "Accounts": {"@odata.id": ACCOUNTS}})
+
+
+async def accounts(request: web.Request) -> web.Response:
+    return web.json_response({"Members": [{"@odata.id": f"{ACCOUNTS}/1"},
+                                          {"@odata.id": f"{ACCOUNTS}/2"}]})
+
+
+async def account(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    aid = request.match_info["aid"]
+    if aid not in ("1", "2"):
+        raise web.HTTPNotFound()
+    name = "operator" if aid == "1" else sim.user  # ours is not the first account
+    return web.json_response({"@odata.id": f"{ACCOUNTS}/{aid}", "Id": aid, "UserName": name,
+                              "Password": None}, headers={"ETag": f'W/"{sim.password_changes}"'})
+
+
+async def patch_account(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    if request.match_info["aid"] != "2":
+        return web.json_response({"error": {"message": "not that account"}}, status=403)
+    if request.headers.get("If-Match") not in (None, f'W/"{sim.password_changes}"'):
+        return web.json_response({"error": {"message": "stale ETag"}}, status=412)
+    password = (await request.json()).get("Password")
+    if not isinstance(password, str) or len(password) < 8:
+        return web.json_response({"error": {"message": "password too short"}}, status=400)
+    sim.password = password
+    sim.password_changes += 1
+    return web.Response(status=204)
+
+
 async def systems(request: web.Request) -> web.Response:
     return web.json_response({"Members": [{"@odata.id": SYSTEM}], "Members@odata.count": 1})
 
@@ -158,9 +202,13 @@ async def patch_system(request: web.Request) -> web.Response:
     if boot.get("BootSourceOverrideTarget") not in (
             None, *allowed["BootSourceOverrideTarget@Redfish.AllowableValues"]):
         return web.json_response({"error": {"message": "bad Target"}}, status=400)
+    if "HttpBootUri" in boot and not (sim.http_boot_uri_supported
+                                      and sim.http_boot_uri_writable):
+        return web.json_response({"error": {"message": "no HttpBootUri"}}, status=400)
     sim.target = boot.get("BootSourceOverrideTarget", sim.target)
     sim.enabled = boot.get("BootSourceOverrideEnabled", sim.enabled)
     sim.mode = boot.get("BootSourceOverrideMode", sim.mode)
+    sim.http_boot_uri = boot.get("HttpBootUri", sim.http_boot_uri)
     return web.Response(status=204)
 
 
@@ -189,6 +237,10 @@ def make_app(sim: RedfishSim) -> web.Application:
     app.router.add_get("/redfish/v1/", root)
     app.router.add_post(SESSIONS, login)
     app.router.add_delete(SESSIONS + "/{sid}", logout)
+    app.router.add_get("/redfish/v1/AccountService", account_service)
+    app.router.add_get(ACCOUNTS, accounts)
+    app.router.add_get(ACCOUNTS + "/{aid}", account)
+    app.router.add_patch(ACCOUNTS + "/{aid}", patch_account)
     app.router.add_get("/redfish/v1/Systems", systems)
     app.router.add_get(SYSTEM, system)
     app.router.add_patch(SYSTEM, patch_system)

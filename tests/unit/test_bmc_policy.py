@@ -75,10 +75,10 @@ class ScriptedBmc:
         self.pending = (self.t.now + self.lag_s, ON)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                              uefi: bool = True) -> None:
+                              uefi: bool = True, http_uri: str | None = None) -> None:
         self._maybe_fail()
         self.requests.append(f"boot {device}")
-        self.boot = BootSetting(device, persistent, uefi)
+        self.boot = BootSetting(device, persistent, uefi, http_uri)
 
     async def boot_device(self) -> BootSetting:
         self._maybe_fail()
@@ -195,7 +195,7 @@ async def test_boot_device_is_idempotent_and_read_back(t: FakeTime) -> None:
 async def test_boot_device_http_may_read_back_as_network(t: FakeTime) -> None:
     class HttpAsPxe(ScriptedBmc):
         async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
-                                  uefi: bool = True) -> None:
+                                  uefi: bool = True, http_uri: str | None = None) -> None:
             await super().set_boot_device(BootDevice.PXE, persistent=persistent, uefi=uefi)
 
     bmc = HttpAsPxe(t)

@@ -1,0 +1,239 @@
+"""An IPMI worker process: pyghmi for the BMCs the daemon assigns it, driven over a pipe.
+
+Run by ``ipmi_pool.IpmiWorkers`` as ``python -m provisioner.bmc.ipmi_worker``. Requests
+come on stdin, one JSON object a line (``{"id", "bmc": [address, port, user, password],
+"op", "args"}``); answers go to stdout (``{"id", "ok", "session"}`` or ``{"id",
+"error": {"kind", "text"}}``), and a heartbeat line (``{"hb": n}``) every
+``--heartbeat-s`` from a thread of its own, so the daemon sees a stopped or dead process
+even when no call is running. Calls run in a small thread pool (pyghmi blocks), one at a
+time per BMC; pyghmi's process-wide session state lives here, never in the daemon, so a
+wedged pyghmi costs the daemon this process (killed and replaced), not its event loop.
+
+Exactly one pyghmi ``Command`` per BMC for the worker's lifetime; only a session pyghmi
+marked broken is replaced. This module and nothing else in the package imports pyghmi.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO
+
+from pyghmi.exceptions import IpmiException, PyghmiException
+from pyghmi.ipmi.command import Command
+
+Key = tuple[str, int, str]
+
+
+class MissingCredentials(Exception):
+    pass
+
+
+class Link:
+    """One BMC's pyghmi ``Command``, one call at a time."""
+
+    def __init__(self, address: str, port: int, user: str, password: str) -> None:
+        self.address, self.port = address, port
+        self.user, self.password = user, password
+        self.lock = threading.Lock()
+        self._command: Any = None
+
+    @property
+    def logged_in(self) -> bool:
+        command = self._command
+        return command is not None and not command.ipmi_session.broken
+
+    def run(self, fn: Callable[[Any], Any]) -> Any:
+        command = self._command_blocking()
+        try:
+            return fn(command)
+        except Exception:  # IpmiException, or pyghmi tripping over its own relogin state
+            if command.ipmi_session.broken:
+                self._command = None  # a broken session is replaced on the next call
+                forget(command.ipmi_session)
+            raise
+
+    def logout(self) -> None:
+        command, self._command = self._command, None
+        if command is not None:
+            if not command.ipmi_session.broken:
+                command.ipmi_session.logout()
+            forget(command.ipmi_session)
+
+    def _command_blocking(self) -> Any:
+        command = self._command
+        if command is not None and not command.ipmi_session.broken:
+            return command
+        if not self.user or not self.password:
+            raise MissingCredentials("no IPMI credentials")
+        self._command = Command(bmc=self.address, userid=self.user, password=self.password,
+                                port=self.port)
+        return self._command
+
+
+def forget(session: Any) -> None:
+    """Drop a dead session from pyghmi's login cache. pyghmi 1.6.19 never does (it deletes
+    with a bytes key it stored as str), so every later ``Command()`` to that BMC got the
+    dead session back and failed with a TypeError: after a logout, and after a BMC died."""
+    cache = type(session).initting_sessions
+    for key in [key for key, value in cache.items() if value is session]:
+        del cache[key]
+
+
+def _power_state(command: Any, _args: dict[str, Any]) -> str:
+    return str(command.get_power()["powerstate"])
+
+
+def _set_power(command: Any, args: dict[str, Any]) -> None:
+    command.set_power(str(args["action"]), wait=False)
+
+
+def _set_bootdev(command: Any, args: dict[str, Any]) -> dict[str, Any]:
+    return _bootdev_reply(command.set_bootdev(str(args["target"]), persist=bool(
+        args["persistent"]), uefiboot=bool(args["uefi"])))
+
+
+def _get_bootdev(command: Any, _args: dict[str, Any]) -> dict[str, Any]:
+    return _bootdev_reply(command.get_bootdev())
+
+
+def _set_password(command: Any, args: dict[str, Any]) -> int:
+    """Set User Password (IPMI 2.0, 16 bytes) for the user we are logged in as; its id is
+    found by name (Get User Name, ids 1-16)."""
+    name = str(args["user"])
+    for uid in range(1, 17):
+        if command.get_user_name(uid) == name:
+            command.set_user_password(uid, mode="set_password", password=str(args["password"]))
+            return uid
+    raise PyghmiException(f"user {name!r} not found among user ids 1-16")
+
+
+OPS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
+    "power_state": _power_state, "set_power": _set_power,
+    "set_bootdev": _set_bootdev, "get_bootdev": _get_bootdev,
+    "set_password": _set_password,
+}
+
+
+def _bootdev_reply(reply: Any) -> dict[str, Any]:
+    if not isinstance(reply, dict):
+        return {}
+    keep = ("bootdev", "persistent", "uefimode", "error")
+    return {k: reply[k] for k in keep if k in reply and isinstance(
+        reply[k], str | bool | int | type(None))}
+
+
+def error_of(exc: BaseException) -> dict[str, str]:
+    """An exception as ``{"kind", "text"}``: the daemon maps kinds to its errors."""
+    if isinstance(exc, IpmiException):
+        text = exc.args[0] if exc.args and exc.args[0] is not None else ""
+        return {"kind": "ipmi", "text": str(text)}
+    if isinstance(exc, PyghmiException):
+        return {"kind": "pyghmi", "text": str(exc)}
+    if isinstance(exc, MissingCredentials):
+        return {"kind": "credentials", "text": str(exc)}
+    if isinstance(exc, OSError):
+        return {"kind": "os", "text": exc.strerror or str(exc)}
+    return {"kind": "internal", "text": f"{type(exc).__name__}: {exc}"}
+
+
+class Worker:
+    def __init__(self, out: BinaryIO, threads: int) -> None:
+        self._out = out
+        self._write = threading.Lock()
+        self._links: dict[Key, Link] = {}
+        self._links_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ipmi")
+
+    def send(self, message: dict[str, Any]) -> None:
+        line = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        with self._write:
+            self._out.write(line)
+            self._out.flush()
+
+    def submit(self, request: dict[str, Any]) -> None:
+        self._pool.submit(self._handle, request)
+
+    def _link(self, bmc: list[Any]) -> Link:
+        address, port, user, password = str(bmc[0]), int(bmc[1]), str(bmc[2]), str(bmc[3])
+        with self._links_lock:
+            link = self._links.get((address, port, user))
+            if link is None or link.password != password:
+                link = self._links[address, port, user] = Link(address, port, user, password)
+            return link
+
+    def _handle(self, request: dict[str, Any]) -> None:
+        rid = request.get("id")
+        try:
+            link = self._link(request["bmc"])
+            # a call still running on this BMC (past its deadline) holds the lock: wait no
+            # longer than this call's own deadline, so queued calls never pile up threads
+            if not link.lock.acquire(timeout=float(request.get("timeout_s") or 30.0)):
+                raise IpmiException("node busy: an earlier call on this BMC still runs")
+            try:
+                op = str(request["op"])
+                if op == "logout":
+                    link.logout()
+                    result = None
+                elif op == "verify_login":  # a fresh login: drop the kept session first
+                    link.logout()
+                    result = link.run(lambda _c: None)
+                else:
+                    result = link.run(lambda c: OPS[op](c, dict(request.get("args") or {})))
+                answer = {"id": rid, "ok": result, "session": link.logged_in}
+            finally:
+                link.lock.release()
+        except BaseException as exc:  # every failure goes back as an answer
+            answer = {"id": rid, "error": error_of(exc)}
+        self.send(answer)
+
+    def logout_all(self) -> None:
+        with self._links_lock:
+            links = list(self._links.values())
+        for link in links:
+            try:
+                with link.lock:
+                    link.logout()
+            except Exception as exc:  # a dead BMC: its session times out on its own
+                print(f"ipmi worker: logout {link.address}:{link.port}: {exc}",
+                      file=sys.stderr)
+
+
+def heartbeat(worker: Worker, period_s: float, stop: threading.Event) -> None:
+    beat = 0
+    while not stop.wait(period_s):
+        beat += 1
+        worker.send({"hb": beat})
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="IPMI worker (pyghmi) for the daemon")
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--heartbeat-s", type=float, default=0.5)
+    args = parser.parse_args(argv)
+    worker = Worker(sys.stdout.buffer, args.threads)
+    stop = threading.Event()
+    threading.Thread(target=heartbeat, args=(worker, args.heartbeat_s, stop), daemon=True,
+                     name="heartbeat").start()
+    worker.send({"ready": os.getpid()})
+    for line in sys.stdin.buffer:
+        try:
+            request = json.loads(line)
+        except ValueError:
+            continue
+        if request.get("op") == "logout_all":
+            worker.logout_all()
+            worker.send({"id": request.get("id"), "ok": None})
+            continue
+        worker.submit(request)
+    stop.set()
+    os._exit(0)  # stdin closed: the daemon is gone or done; never wait on pyghmi threads
+
+
+if __name__ == "__main__":
+    sys.exit(main())
