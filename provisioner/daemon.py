@@ -301,7 +301,8 @@ class Daemon:
         stack.callback(pool.shutdown, wait=False)
         agent = None
         if self._settings.http.listen is not None:
-            agent = AgentEndpoint(base_url(self._settings), agent_tokens.issue_token)
+            # a controller token: the facts role posts from this host, not from the node
+            agent = AgentEndpoint(base_url(self._settings), agent_tokens.issue_controller_token)
         return AnsibleInstaller.create(settings, state_dir=self._settings.state_dir, pool=pool,
                                        agent=agent)
 

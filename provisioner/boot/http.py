@@ -16,11 +16,12 @@ from pathlib import Path
 from aiohttp import web
 
 from provisioner.agent.facts import MAX_NVIDIA_SMI_XML_BYTES
-from provisioner.boot.install_http import InstallerHttp
+from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
 from provisioner.domain import Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
+from provisioner.lifecycle.agent_binding import SourceRefused
 from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricReports
@@ -118,6 +119,11 @@ class BootHttp:
             return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
                           reason="discovery rate exceeded")
         purpose = _NETBOOT_STATES.get(node.state)
+        if purpose is not None and not node.maintenance:
+            try:  # the script carries the node's token: only to the node's leased address
+                await self._agents.check_boot_source(node, request.remote)
+            except SourceRefused as exc:
+                raise _problem(403, str(exc)) from None
         if purpose is None or node.maintenance:
             reason = "in maintenance" if node.maintenance else f"node is {node.state}"
             log.info("node %s: served local boot (%s)", node.id, reason)
@@ -228,6 +234,11 @@ class BootHttp:
             log.warning("agent call %s from %s refused: missing or invalid token",
                         request.path, request.remote)
             raise _problem(401, "missing, expired or invalid agent token")
+        try:
+            await self._agents.check_source(info, token, request.remote,
+                                            local=_local_address(request))
+        except SourceRefused as exc:
+            raise _problem(403, str(exc)) from None
         return info.node_id
 
 
@@ -236,7 +247,8 @@ def _script(text: str) -> web.Response:
 
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
-    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 422: web.HTTPUnprocessableEntity}
+    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
+    422: web.HTTPUnprocessableEntity}
 
 
 def _problem(status: int, detail: str) -> web.HTTPException:
