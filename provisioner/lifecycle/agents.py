@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 _MAX_PENDING = 10_000
 CONTROLLER_TOKEN_PREFIX = "controller:"
 #: an agent report may fold a discovered node into an enrolled one with the same serial only
-#: while that one has not been inspected yet; past that, an operator confirms (API ``adopt``)
+#: while that one has not been inspected yet; past that, an operator confirms (the API's
+#: ``adopt`` action on the discovered node)
 ADOPTABLE_BY_REPORT = frozenset({NodeState.ENROLLED, NodeState.INSPECTING,
                                  NodeState.INSPECT_FAILED})
 
@@ -221,7 +222,7 @@ class AgentService:
         await self._repo.merge_facts(node.id, {"last_report": facts})
         reason = (f"report from node {node.id} claims serial {owner.serial!r} of node "
                   f"{owner.id}, which is {owner.state}: adoption needs an operator's "
-                  f"confirmation (POST /api/v1/nodes/{node.id}/adopt)")
+                  f"confirmation (POST /api/v1/nodes/{node.id}/actions/adopt)")
         for who in (node.id, owner.id):
             await self._conductor.record(who, "adopt_refused", actor="agent", reason=reason,
                                          level=logging.WARNING)

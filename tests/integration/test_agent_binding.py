@@ -16,15 +16,18 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+from provisioner.api.app import make_app
 from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.render import Renderer
-from provisioner.config import LifecycleSettings
+from provisioner.config import ApiSettings, LifecycleSettings
+from provisioner.domain import Role
 from provisioner.lifecycle.agent_binding import AgentBinding, SourceRefused
 from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
+from provisioner.metrics import Metrics
 from provisioner.simulation.world import SimWorld
 from provisioner.store.leases import AddressRange, Holder, LeaseRepo
 from provisioner.store.store import Store
@@ -138,8 +141,8 @@ async def test_with_a_lease_only_the_leased_address_gets_and_uses_the_token(
     assert (await segment.call(LEASED, "GET", "/agent/v1/command", token=token))[0] == 200
 
 
-async def test_a_report_cannot_adopt_a_node_past_inspection(segment: Segment,
-                                                            make_node: Any) -> None:
+async def test_a_report_cannot_adopt_a_node_past_inspection(segment: Segment, make_node: Any,
+                                                            aiohttp_client: Any) -> None:
     owner = await make_node(S.ACTIVE, serial="SER-ACTIVE", macs=("52:54:00:aa:00:01",))
     status, script = await segment.script(NODE_A)  # an unknown MAC: discovered, inspected
     token = agent_args(script)["token"]
@@ -153,6 +156,21 @@ async def test_a_report_cannot_adopt_a_node_past_inspection(segment: Segment,
     for node_id in (discovered.id, owner.id):
         last = (await segment.store.nodes.history(node_id))[-1]
         assert last.event == "adopt_refused" and "SER-ACTIVE" in last.reason
+    # an operator confirms through the API: the discovered node folds into the active one
+    api = await aiohttp_client(make_app(conductor=segment.conductor, nodes=segment.store.nodes,
+                                        tokens=segment.store.tokens, metrics=Metrics(),
+                                        settings=ApiSettings()))
+    operator = (await segment.store.tokens.create("op", Role.OPERATOR))[1]
+    async with api.post(f"/api/v1/nodes/{discovered.id}/actions/adopt",
+                        headers={"Authorization": f"Bearer {operator}"}) as response:
+        assert response.status == 202, await response.text()
+    adopted = await segment.store.nodes.find(MAC)
+    assert adopted.id == owner.id and adopted.state is S.ACTIVE and MAC in adopted.macs
+    last = (await segment.store.nodes.history(owner.id))[-1]
+    assert last.event == "adopt" and last.actor == "token:op"
+    async with api.post(f"/api/v1/nodes/{owner.id}/actions/adopt",
+                        headers={"Authorization": f"Bearer {operator}"}) as response:
+        assert response.status == 422  # nothing waits for adoption on this one
 
 
 async def test_a_report_still_adopts_a_node_awaiting_inspection(segment: Segment,
