@@ -220,6 +220,10 @@ class TftpServer:
             log.warning("TFTP: cannot serve %r to %s: %s", req.filename, peer[0], exc)
             self._reply_error(peer, E_ACCESS, "cannot read the file")
             self._active.pop(peer, None)
+        except Exception:  # the task's boundary: never leave the peer's slot taken
+            log.exception("TFTP: request %r from %s crashed", req.filename, peer[0])
+            self._reply_error(peer, E_UNDEFINED, "internal error")
+            self._active.pop(peer, None)
 
     def _reply_error(self, peer: tuple[str, int], code: int, message: str) -> None:
         if self._listener is not None:
@@ -374,7 +378,9 @@ def negotiate(options: dict[str, str], size: int) -> dict[str, str]:
     """The options we accept (RFC 2347): what goes into the OACK, in request order."""
     accepted: dict[str, str] = {}
     for name, value in options.items():
-        if not value.isdigit():
+        # ASCII digits only: str.isdigit() also takes "²" (int() refuses it), and a few
+        # thousand digits overflow int()'s limit; no option needs more than 10
+        if not (value.isascii() and value.isdigit() and len(value) <= 10):
             continue
         number = int(value)
         if name == "blksize" and number >= 8:
