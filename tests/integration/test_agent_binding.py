@@ -12,80 +12,30 @@ from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from aiohttp import web
 
 from provisioner.api.app import make_app
-from provisioner.boot.http import BootHttp, BootHttpConfig
-from provisioner.boot.render import Renderer
-from provisioner.config import ApiSettings, LifecycleSettings
+from provisioner.config import ApiSettings
 from provisioner.domain import Role
 from provisioner.lifecycle.agent_binding import AgentBinding, SourceRefused
 from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
-from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.discovery import Discovery, TokenBucket
-from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
 from provisioner.metrics import Metrics
 from provisioner.simulation.world import SimWorld
-from provisioner.store.leases import AddressRange, Holder, LeaseRepo
+from provisioner.store.leases import AddressRange, Holder
 from provisioner.store.store import Store
-from tests.conftest import fake_ports, wait_for_state
+from tests.conftest import wait_for_state
+from tests.integration.boot_support import MAC, Segment, running_segment
 from tests.integration.test_boot_http import agent_args, host_facts
 
 S = NodeState
-MAC = "52:54:00:77:01:10"
 NODE_A, ATTACKER, LEASED = "127.0.0.1", "127.0.0.2", "127.0.0.3"
-
-
-class Segment:
-    def __init__(self, url: str, store: Store, conductor: Conductor, leases: LeaseRepo) -> None:
-        self.url, self.store, self.conductor, self.leases = url, store, conductor, leases
-
-    async def call(self, source: str, method: str, path: str, *, token: str = "",
-                   body: object = None) -> tuple[int, Any]:
-        """One HTTP request from ``source`` (a loopback address of our choice)."""
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        connector = aiohttp.TCPConnector(local_addr=(source, 0))
-        async with aiohttp.ClientSession(connector=connector) as session, session.request(
-                method, f"{self.url}{path}", json=body, headers=headers) as response:
-            text = await response.text()
-            return response.status, text
-
-    async def script(self, source: str, mac: str = MAC) -> tuple[int, str]:
-        status, text = await self.call(source, "GET", f"/boot/{mac}.ipxe")
-        return status, text
-
-    async def history(self, mac: str = MAC) -> list[tuple[str, str]]:
-        node = await self.store.nodes.find(mac)
-        return [(h.event, h.reason) for h in await self.store.nodes.history(node.id)]
 
 
 @pytest.fixture
 async def segment(store: Store, world: SimWorld, tmp_path: Path) -> AsyncIterator[Segment]:
-    mailbox = FactsMailbox()
-    base = fake_ports(world)
-    ports = Ports(bmc=base.bmc, inspector=mailbox, installer=base.installer, kube=base.kube,
-                  slurm=base.slurm)
-    conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_deploy=False))
-    leases = LeaseRepo(store.engine, store.pool)
-    agents = AgentService(conductor, store.nodes, store.tokens, mailbox, token_ttl_s=600,
-                          binding=AgentBinding(leases))
-    discovery = Discovery(store.nodes, conductor, TokenBucket(rate_per_s=0.001, burst=5))
-    http = BootHttp(BootHttpConfig(base_url="", artefacts_dir=tmp_path, assets_dir=tmp_path,
-                                   kernel="inspect/vmlinuz", initrd="inspect/initrd.gz",
-                                   kernel_args="console=ttyS0"),
-                    discovery=discovery, agents=agents, tokens=store.tokens,
-                    renderer=Renderer())
-    runner = web.AppRunner(http.app())
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield Segment(f"http://127.0.0.1:{port}", store, conductor, leases)
-    await conductor.stop()
-    await runner.cleanup()
+    async with running_segment(store, world, tmp_path) as started:
+        yield started
 
 
 async def test_without_a_lease_the_token_is_bound_to_its_first_address(
