@@ -24,6 +24,7 @@ from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import base_url, build_boot
 from provisioner.config import Settings
 from provisioner.errors import ConfigError, NotFound, SchemaError
+from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.base import (
     AgentEndpoint,
     ComposedInstaller,
@@ -314,10 +315,11 @@ class Daemon:
                          topology: LiveTopology) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                        metrics=metrics, settings=self._settings.api, topology=topology)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        limits = HttpLimits()  # slow clients, floods from one address (httpguard)
+        runner = guarded_runner(app, limits)
         await runner.setup()
         host, port = self._settings.api.host_port
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        await GuardedSite(runner, host, port, limits=limits, reuse_address=True).start()
         return runner
 
     def _image_writer(self, jobs: AgentJobs,

@@ -14,6 +14,7 @@ from provisioner.boot.install_http import InstallerHttp
 from provisioner.boot.render import Renderer
 from provisioner.config import BmcSettings, Settings, parse_host_port
 from provisioner.errors import ConfigError
+from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.images import AgentJobs
 from provisioner.install.unattended import UnattendedInstalls
 from provisioner.lifecycle.agent_binding import AgentBinding
@@ -41,13 +42,17 @@ class Server(Protocol):
 
 
 class HttpServer:
-    def __init__(self, app: web.Application, listen: str) -> None:
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    def __init__(self, app: web.Application, listen: str,
+                 limits: HttpLimits | None = None) -> None:
+        self._limits = limits or HttpLimits()
+        # slow clients and floods from one address (httpguard)
+        self._runner = guarded_runner(app, self._limits)
         self._host, self._port = parse_host_port(listen)
 
     async def start(self) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port, reuse_address=True).start()
+        await GuardedSite(self._runner, self._host, self._port, limits=self._limits,
+                          reuse_address=True).start()
         log.info("boot HTTP on %s:%d", self._host, self._port)
 
     async def stop(self) -> None:

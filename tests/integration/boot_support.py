@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.render import Renderer
 from provisioner.config import LifecycleSettings
+from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.lifecycle.agent_binding import AgentBinding
 from provisioner.lifecycle.agents import AgentService, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
@@ -51,10 +51,10 @@ class Segment:
 
 
 @asynccontextmanager
-async def running_segment(store: Store, world: SimWorld,
-                          tmp_path: Path) -> AsyncIterator[Segment]:
+async def running_segment(store: Store, world: SimWorld, tmp_path: Path,
+                          limits: HttpLimits | None = None) -> AsyncIterator[Segment]:
     """The boot HTTP server on 127.0.0.1 with the real agent service, its address binding
-    backed by the real lease store."""
+    backed by the real lease store, behind the daemon's HTTP limits (``httpguard``)."""
     mailbox = FactsMailbox()
     base = fake_ports(world)
     ports = Ports(bmc=base.bmc, inspector=mailbox, installer=base.installer, kube=base.kube,
@@ -69,9 +69,10 @@ async def running_segment(store: Store, world: SimWorld,
                                    kernel_args="console=ttyS0"),
                     discovery=discovery, agents=agents, tokens=store.tokens,
                     renderer=Renderer())
-    runner = web.AppRunner(http.app())
+    limits = limits or HttpLimits()
+    runner = guarded_runner(http.app(), limits)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = GuardedSite(runner, "127.0.0.1", 0, limits=limits)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
