@@ -208,8 +208,8 @@ class DhcpServer:
         return known, boot
 
     def _report_unknown(self, mac: str, client: str) -> None:
-        if mac in self._reporting:
-            return
+        if mac in self._reporting or len(self._reporting) >= MAX_IN_FLIGHT:
+            return  # bounded: forged MACs by the thousand wait for the next DISCOVER
         self._reporting.add(mac)
         self._background.spawn(self._report(mac, client), name=f"dhcp-unknown:{mac}")
 
