@@ -9,7 +9,10 @@ whoever asks with that MAC. So a token is bound to its node *and* to a source ad
 - **no lease** (proxy DHCP, a relay to a site's DHCP, ``dhcp.mode = off``): trust on first
   use. The first address a token is used from is the only one it works from afterwards. When
   the agent reports the image written, the node reboots into its OS, whose address may differ:
-  the binding is released and the OS's first call binds again.
+  the binding is released and the OS's first call binds again. A binding unused for
+  ``idle_rebind_s`` (the agent polls every few seconds while it runs; a node that reboots
+  is silent for minutes) goes too, so a node the site's DHCP gave a new address after a
+  reboot is not locked out until its token rotates.
 
 A refusal is an error with a clear message; the caller writes it to the node's history.
 """
@@ -18,12 +21,15 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Protocol
 
 from provisioner.errors import ProvisionerError
 
 _MAX_BINDINGS = 100_000
+IDLE_REBIND_S = 120.0
 
 
 class SourceRefused(ProvisionerError):
@@ -52,11 +58,14 @@ class AgentBinding:
     binds again at the next call); lease bindings are read from the lease store each time."""
 
     def __init__(self, leases: LeasedAddresses | None = None, *,
-                 max_bindings: int = _MAX_BINDINGS) -> None:
+                 max_bindings: int = _MAX_BINDINGS, idle_rebind_s: float = IDLE_REBIND_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._leases = leases
         self._max = max_bindings
-        # node id -> (sha256 of the token, address it was first used from)
-        self._first_use: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._idle_rebind_s = idle_rebind_s
+        self._clock = clock
+        # node id -> (sha256 of the token, address it was first used from, last used)
+        self._first_use: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
 
     async def leased(self, macs: tuple[str, ...]) -> set[str]:
         if self._leases is None:
@@ -93,17 +102,18 @@ class AgentBinding:
         if address is None:
             raise SourceRefused(f"agent token of node {node_id} used from {shown}")
         digest = hashlib.sha256(token.encode()).hexdigest()
+        now = self._clock()
         bound = self._first_use.get(node_id)
-        if bound is None or bound[0] != digest:  # a fresh token binds again
-            self._first_use[node_id] = (digest, address)
-            self._first_use.move_to_end(node_id)
-            while len(self._first_use) > self._max:
-                self._first_use.popitem(last=False)
-            return
-        if bound[1] != address:
+        if bound is not None and bound[0] == digest and bound[1] != address \
+                and now - bound[2] < self._idle_rebind_s:
             raise SourceRefused(
                 f"agent token of node {node_id} used from {shown}; it is bound to "
                 f"{bound[1]}, the first address it was used from")
+        # first use, a fresh token, the same address, or a binding idle long enough
+        self._first_use[node_id] = (digest, address, now)
+        self._first_use.move_to_end(node_id)
+        while len(self._first_use) > self._max:
+            self._first_use.popitem(last=False)
 
     def release(self, node_id: str) -> None:
         """The node reboots into another system (its image is written): its next call binds

@@ -133,6 +133,23 @@ async def test_a_report_still_adopts_a_node_awaiting_inspection(segment: Segment
     assert (await segment.store.nodes.find(MAC)).id == owner.id
 
 
+async def test_a_first_use_binding_left_idle_can_move() -> None:
+    """A node that rebooted and got another address from the site's DHCP: once its old
+    binding has been silent for ``idle_rebind_s``, the new address binds."""
+    now = [0.0]
+    binding = AgentBinding(idle_rebind_s=120.0, clock=lambda: now[0])
+    await binding.check_call("n1", (MAC,), "pvt_x", NODE_A)
+    now[0] = 100.0
+    await binding.check_call("n1", (MAC,), "pvt_x", NODE_A)  # in use: stays bound
+    now[0] = 200.0
+    with pytest.raises(SourceRefused, match="bound to 127.0.0.1"):
+        await binding.check_call("n1", (MAC,), "pvt_x", ATTACKER)  # used 100 s ago
+    now[0] = 321.0
+    await binding.check_call("n1", (MAC,), "pvt_x", LEASED)  # silent 221 s: moves
+    with pytest.raises(SourceRefused, match=f"bound to {LEASED}"):
+        await binding.check_call("n1", (MAC,), "pvt_x", NODE_A)
+
+
 async def test_an_image_written_releases_a_first_use_binding() -> None:
     """The node reboots into its OS, whose address may differ (no lease): it binds again."""
     binding = AgentBinding()
