@@ -53,6 +53,30 @@ def canonical_ip(text: str | None) -> str | None:
     return str(address)
 
 
+class RefusalLog:
+    """Which refusals get a history row: the first from a (node, event, source), then one per
+    ``interval_s`` that counts those refused in between. A flood of refused calls costs the
+    store one write per interval, and no refusal goes unaccounted for."""
+
+    def __init__(self, *, interval_s: float = 10.0, max_keys: int = 10_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s, self._max_keys, self._clock = interval_s, max_keys, clock
+        self._seen: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+
+    def note(self, node_id: str, event: str, source: str) -> int | None:
+        """None: no row now (counted for the next one); else how many were refused since
+        the previous row."""
+        key, now = (node_id, event, source), self._clock()
+        last = self._seen.pop(key, None)
+        if last is not None and now - last[0] < self._interval_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            return None
+        self._seen[key] = (now, 0)
+        while len(self._seen) > self._max_keys:
+            self._seen.popitem(last=False)
+        return last[1] if last is not None else 0
+
+
 class AgentBinding:
     """The address rule above, for one daemon. First-use bindings live in memory (a restart
     binds again at the next call); lease bindings are read from the lease store each time."""

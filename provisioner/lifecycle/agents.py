@@ -22,7 +22,12 @@ from provisioner.domain import Node, Role, TokenInfo
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.install.images import AgentJobs
-from provisioner.lifecycle.agent_binding import AgentBinding, SourceRefused, canonical_ip
+from provisioner.lifecycle.agent_binding import (
+    AgentBinding,
+    RefusalLog,
+    SourceRefused,
+    canonical_ip,
+)
 from provisioner.lifecycle.bmclink import BmcLinkPolicy, reported_bmc
 from provisioner.lifecycle.callbacks import BootCallbacks, Callback
 from provisioner.lifecycle.conductor import Conductor
@@ -142,6 +147,7 @@ class AgentService:
                  binding: AgentBinding | None = None) -> None:
         self._conductor = conductor
         self._binding = binding or AgentBinding()
+        self._refusals = RefusalLog()
         self._bmc_link = bmc_link
         self._jobs = jobs or AgentJobs()
         self._callbacks = callbacks
@@ -160,8 +166,7 @@ class AgentService:
         try:
             await self._binding.check_boot(node.id, node.macs, remote)
         except SourceRefused as exc:
-            await self._conductor.record(node.id, "boot_refused", actor="network",
-                                         reason=str(exc), level=logging.WARNING)
+            await self._record_refusal(node.id, "boot_refused", remote, str(exc))
             raise
 
     async def check_source(self, info: TokenInfo, token: str, remote: str | None, *,
@@ -178,9 +183,20 @@ class AgentService:
             else:
                 await self._binding.check_call(node.id, node.macs, token, remote)
         except SourceRefused as exc:
-            await self._conductor.record(node.id, "agent_refused", actor="network",
-                                         reason=str(exc), level=logging.WARNING)
+            await self._record_refusal(node.id, "agent_refused", remote, str(exc))
             raise
+
+    async def _record_refusal(self, node_id: str, event: str, remote: str | None,
+                              reason: str) -> None:
+        """A history row for the refusal, coalesced per source (``RefusalLog``)."""
+        since = self._refusals.note(node_id, event, remote or "")
+        if since is None:
+            log.debug("node %s: %s: %s", node_id, event, reason)
+            return
+        if since:
+            reason += f" ({since} more refused from there since the last row)"
+        await self._conductor.record(node_id, event, actor="network", reason=reason,
+                                     level=logging.WARNING)
 
     async def report(self, node_id: str, mac: str, facts: object) -> ReportResult:
         node = await self._repo.get(node_id)
@@ -219,13 +235,15 @@ class AgentService:
         the report is kept on the reporting node so an operator can confirm."""
         if owner.state in ADOPTABLE_BY_REPORT:
             return
-        await self._repo.merge_facts(node.id, {"last_report": facts})
         reason = (f"report from node {node.id} claims serial {owner.serial!r} of node "
                   f"{owner.id}, which is {owner.state}: adoption needs an operator's "
                   f"confirmation (POST /api/v1/nodes/{node.id}/actions/adopt)")
-        for who in (node.id, owner.id):
-            await self._conductor.record(who, "adopt_refused", actor="agent", reason=reason,
-                                         level=logging.WARNING)
+        if (since := self._refusals.note(node.id, "adopt_refused", owner.id)) is not None:
+            await self._repo.merge_facts(node.id, {"last_report": facts})
+            row = reason + (f" ({since} more since the last row)" if since else "")
+            for who in (node.id, owner.id):
+                await self._conductor.record(who, "adopt_refused", actor="agent", reason=row,
+                                             level=logging.WARNING)
         raise InvalidRequest(reason)
 
     async def _link_bmc(self, node: Node, facts: dict[str, Any],
