@@ -38,7 +38,7 @@ class Recorder:
     def __init__(self) -> None:
         self.seen: list[str] = []
 
-    def call(self, url: str, *, token: str | None = None, method: str = "GET",
+    def call_no_500(self, url: str, *, token: str | None = None, method: str = "GET",
              body: object = None) -> tuple[int, str]:
         data = json.dumps(body).encode() if body is not None else None
         request = urllib.request.Request(url, data=data, method=method)
@@ -80,43 +80,43 @@ def test_no_secret_in_logs_responses_history_files_config_or_metrics(
     api = f"{running.url}/api/v1"
 
     # a node with a BMC password; one whose BMC refuses (an error path with the password)
-    status, text = rec.call(f"{api}/nodes", token=admin, method="POST", body={
+    status, text = rec.call_no_500(f"{api}/nodes", token=admin, method="POST", body={
         "hostname": "leak-01", "serial": "LEAK01", "macs": [MAC],
         "bmc": {"driver": "fake", "address": "SIMLEAK", "username": "admin",
                 "password": BMC_PASSWORD}})
     assert status == 201, text
     node = json.loads(text)
-    status, text = rec.call(f"{api}/nodes", token=admin, method="POST", body={
+    status, text = rec.call_no_500(f"{api}/nodes", token=admin, method="POST", body={
         "hostname": "leak-02", "bmc": {"driver": "redfish", "address": "127.0.0.1",
                                        "port": free_tcp_port(), "username": "root",
                                        "password": BMC_PASSWORD}})
     assert status == 201, text
     refusing = json.loads(text)
-    rec.call(f"{api}/nodes/{refusing['id']}/power", token=admin, method="POST",
+    rec.call_no_500(f"{api}/nodes/{refusing['id']}/power", token=admin, method="POST",
              body={"action": "status"})
-    rec.call(f"{api}/nodes/{node['id']}/actions/inspect", token=admin, method="POST")
-    rec.call(f"{api}/nodes/{node['id']}/actions/bogus", token=admin, method="POST")
-    rec.call(f"{api}/nodes", token=admin + "x")  # a wrong token is not echoed back
-    rec.call(f"{api}/nodes", token=viewer, method="POST", body={"hostname": "x"})  # 403
+    rec.call_no_500(f"{api}/nodes/{node['id']}/actions/inspect", token=admin, method="POST")
+    rec.call_no_500(f"{api}/nodes/{node['id']}/actions/bogus", token=admin, method="POST")
+    rec.call_no_500(f"{api}/nodes", token=admin + "x")  # a wrong token is not echoed back
+    rec.call_no_500(f"{api}/nodes", token=viewer, method="POST", body={"hostname": "x"})  # 403
 
     # the boot HTTP server: the script carries the node's agent token (by design) ...
-    status, script = rec.call(f"{boot_url}/boot/52:54:00:5e:c0:99.ipxe")
+    status, script = rec.call_no_500(f"{boot_url}/boot/52:54:00:5e:c0:99.ipxe")
     assert status == 200 and "provisioner.token=pvt_" in script
     agent_token = script.split("provisioner.token=", 1)[1].split()[0]
     rec.seen.remove(script)  # the one place it must appear
     # ... and the agent calls, good and bad, never echo it
-    rec.call(f"{boot_url}/agent/v1/command", token=agent_token)
-    rec.call(f"{boot_url}/agent/v1/facts", token=agent_token, method="POST",
+    rec.call_no_500(f"{boot_url}/agent/v1/command", token=agent_token)
+    rec.call_no_500(f"{boot_url}/agent/v1/facts", token=agent_token, method="POST",
              body={"mac": "52:54:00:5e:c0:99", "facts": {"bogus": agent_token}})
-    rec.call(f"{boot_url}/agent/v1/command", token=agent_token + "x")
-    rec.call(f"{boot_url}/agent/v1/callback", token=agent_token, method="POST",
+    rec.call_no_500(f"{boot_url}/agent/v1/command", token=agent_token + "x")
+    rec.call_no_500(f"{boot_url}/agent/v1/callback", token=agent_token, method="POST",
              body={"event": agent_token, "hostname": "h"})
 
     for target in (node, refusing):
-        rec.call(f"{api}/nodes/{target['id']}", token=admin)
-        rec.call(f"{api}/nodes/{target['id']}/history", token=admin)
-    rec.call(f"{api}/nodes?limit=100", token=admin)
-    status, metrics = rec.call(f"{running.url}/metrics")
+        rec.call_no_500(f"{api}/nodes/{target['id']}", token=admin)
+        rec.call_no_500(f"{api}/nodes/{target['id']}/history", token=admin)
+    rec.call_no_500(f"{api}/nodes?limit=100", token=admin)
+    status, metrics = rec.call_no_500(f"{running.url}/metrics")
     assert status == 200 and "provisioner_" in metrics
 
     # config show, with every secret setting set (a config file of its own)

@@ -62,7 +62,7 @@ def raw() -> Iterator[RawClient]:
     client.close()
 
 
-async def answer_and_drop(raw: RawClient, server: TftpServer, packet: bytes) -> None:
+async def assert_answered_then_abort(raw: RawClient, server: TftpServer, packet: bytes) -> None:
     """Send ``packet``; the reply must be a TFTP ERROR, OACK or DATA (anything else, or no
     reply in 3 s, fails). A transfer that started is aborted with an ERROR from us."""
     await raw.send(packet, server.address)
@@ -83,7 +83,7 @@ async def answer_and_drop(raw: RawClient, server: TftpServer, packet: bytes) -> 
 @given(name=names, mode=modes, opts=options)
 async def test_random_requests_and_options(server: TftpServer, raw: RawClient, name: str,
                                            mode: str, opts: list[tuple[str, str]]) -> None:
-    await answer_and_drop(raw, server, rrq(name, mode, opts))
+    await assert_answered_then_abort(raw, server, rrq(name, mode, opts))
     got = await raw.fetch(server.address, "probe.bin", blksize=512)
     assert got == CONTENT
 
@@ -93,7 +93,7 @@ async def test_random_requests_and_options(server: TftpServer, raw: RawClient, n
 async def test_random_datagrams(server: TftpServer, raw: RawClient, data: bytes) -> None:
     if data[:2] in (b"\x00\x01",) and data.count(b"\0") >= 3:
         data = b"\x00\x07" + data[2:]  # random bytes that parse as an RRQ: tested above
-    await answer_and_drop(raw, server, data or b"\x00")
+    await assert_answered_then_abort(raw, server, data or b"\x00")
     got = await raw.fetch(server.address, "probe.bin", blksize=512)
     assert got == CONTENT
 
