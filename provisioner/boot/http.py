@@ -287,7 +287,11 @@ async def _json_body(request: web.Request, raw: bytes | None = None) -> dict[str
 def _jailed_file(root: Path, relative: str) -> web.FileResponse:
     """A file under ``root``; traversal, absolute paths and links out of it are 404."""
     base = root.resolve()
-    target = (base / relative).resolve()
-    if not target.is_relative_to(base) or not target.is_file():
-        raise web.HTTPNotFound(text=f"no such file: {relative}")
+    try:
+        target = (base / relative).resolve()
+        found = target.is_relative_to(base) and target.is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte: no such file either
+        found = False
+    if not found:
+        raise web.HTTPNotFound(text=f"no such file: {relative[:200]}")
     return web.FileResponse(target, chunk_size=256 * 1024)

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -120,3 +121,20 @@ async def test_random_queries_and_authorization(agent: Agent, generation: str, h
         status, _ = await agent.call_no_5xx(method, path, data=b"{}",
                                      headers={"Authorization": auth})
         assert status == 401
+
+
+@FUZZ
+@given(name=texts, kind=st.sampled_from(["boot/{}.ipxe", "boot/{}.grub", "artefacts/{}",
+                                         "ipxe/{}", "install/{}/user-data",
+                                         "install/pvt_x/{}"]))
+async def test_random_boot_paths(agent: Agent, name: str, kind: str) -> None:
+    """Script, artefact and installer paths with any name: an answer, never a 5xx; a script
+    is either refused (400) or a script."""
+    name = name.encode("utf-8", "replace").decode()  # a lone surrogate cannot be sent
+    path = "/" + kind.format(quote(name, safe=""))
+    async with asyncio.timeout(10), aiohttp.ClientSession() as session, \
+            session.get(agent.segment.url + path) as response:
+        text = await response.text(errors="replace")
+        assert response.status in OK, (response.status, path, text[:200])
+    if kind.startswith("boot/") and response.status == 200:
+        assert text.startswith("#!ipxe") or "echo" in text  # an iPXE script or grub.cfg
