@@ -16,6 +16,7 @@ from pathlib import Path
 from aiohttp import web
 
 from provisioner.agent.facts import MAX_NVIDIA_SMI_XML_BYTES
+from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
 from provisioner.domain import Role
@@ -34,6 +35,7 @@ _NETBOOT_STATES = {NodeState.DISCOVERED: "inspect", NodeState.INSPECTING: "inspe
                    NodeState.DEPLOYING: "deploy", NodeState.RETIRING: "wipe"}
 # A report may carry nvidia-smi -q -x verbatim; JSON escapes its tabs and newlines.
 _MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
+DISCOVERIES_PER_SOURCE_PER_S, DISCOVERY_BURST_PER_SOURCE = 0.5, 10
 
 
 class _Flavour(StrEnum):
@@ -73,6 +75,11 @@ class BootHttp:
         self._agents = agents
         self._tokens = tokens
         self._renderer = renderer
+        # unknown MACs one address may have discovered: a flood of made-up MACs from one
+        # machine cannot use up the discovery rate every new machine shares
+        self._discoveries = PerKeyLimit(rate_per_s=DISCOVERIES_PER_SOURCE_PER_S,
+                                        burst=DISCOVERY_BURST_PER_SOURCE,
+                                        max_in_flight=1 << 30)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_AGENT_BODY)
@@ -114,6 +121,13 @@ class BootHttp:
             raise web.HTTPBadRequest(text=str(exc)) from None
         render = self._renderer.render_grub if flavour is _Flavour.GRUB \
             else self._renderer.render
+        if await self._discovery.lookup(mac) is None:  # a discovery: its source's budget
+            source = request.remote or ""
+            if self._discoveries.admit(source) is not None:
+                log.debug("boot script for unknown %s from %s deferred", mac, source)
+                return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
+                              reason="discoveries from this address over their budget")
+            self._discoveries.done(source)
         node = await self._discovery.ensure_node(mac, flavour.value)
         if node is None:
             return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,

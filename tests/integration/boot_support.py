@@ -52,7 +52,8 @@ class Segment:
 
 @asynccontextmanager
 async def running_segment(store: Store, world: SimWorld, tmp_path: Path,
-                          limits: HttpLimits | None = None) -> AsyncIterator[Segment]:
+                          limits: HttpLimits | None = None,
+                          discovery_burst: int = 5) -> AsyncIterator[Segment]:
     """The boot HTTP server on 127.0.0.1 with the real agent service, its address binding
     backed by the real lease store, behind the daemon's HTTP limits (``httpguard``)."""
     mailbox = FactsMailbox()
@@ -63,7 +64,8 @@ async def running_segment(store: Store, world: SimWorld, tmp_path: Path,
     leases = LeaseRepo(store.engine, store.pool)
     agents = AgentService(conductor, store.nodes, store.tokens, mailbox, token_ttl_s=600,
                           binding=AgentBinding(leases))
-    discovery = Discovery(store.nodes, conductor, TokenBucket(rate_per_s=0.001, burst=5))
+    discovery = Discovery(store.nodes, conductor, TokenBucket(rate_per_s=0.001,
+                                                          burst=discovery_burst))
     http = BootHttp(BootHttpConfig(base_url="", artefacts_dir=tmp_path, assets_dir=tmp_path,
                                    kernel="inspect/vmlinuz", initrd="inspect/initrd.gz",
                                    kernel_args="console=ttyS0"),

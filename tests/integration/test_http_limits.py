@@ -13,6 +13,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from provisioner.boot.http import DISCOVERY_BURST_PER_SOURCE
 from provisioner.httpguard import HttpLimits
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
@@ -119,3 +120,21 @@ async def test_keep_alive_requests_and_file_bodies_still_work(segment: Segment,
             async with session.get(f"{segment.url}/boot.ipxe") as response:
                 assert response.status == 200
                 assert (await response.text()).startswith("#!ipxe")
+
+
+async def test_one_address_cannot_use_up_discovery(store: Store, world: SimWorld,
+                                                   tmp_path: Path) -> None:
+    """Made-up MACs from one address: that address gets its discovery budget, and a new
+    machine elsewhere is still discovered (the shared discovery rate is not used up)."""
+    async with running_segment(store, world, tmp_path, LIMITS,
+                               discovery_burst=40) as segment:
+        scripts = [(await segment.script("127.0.0.2", f"52:54:00:0f:00:{i:02x}"))[1]
+                   for i in range(30)]
+        deferred = [s for s in scripts if "over their budget" in s]
+        assert len(deferred) == 30 - DISCOVERY_BURST_PER_SOURCE
+        assert sum((await store.nodes.count_by_state()).values()) == \
+            DISCOVERY_BURST_PER_SOURCE
+        status, script = await segment.script("127.0.0.3", "52:54:00:0f:01:01")
+        assert status == 200 and "provisioner.token=" in script  # discovered, inspected
+        known = await segment.script("127.0.0.2", "52:54:00:0f:00:00")  # a known MAC
+        assert "over their budget" not in known[1]
