@@ -230,14 +230,20 @@ class AgentService:
         return ReportResult(node_id=target.id, token=token)
 
     async def _check_adoptable(self, node: Node, owner: Node, facts: dict[str, Any]) -> None:
-        """A report claiming the serial of a node past inspection is refused (an attacker on
-        the provisioning network could otherwise take over an active machine's identity);
-        the report is kept on the reporting node so an operator can confirm."""
-        if owner.state in ADOPTABLE_BY_REPORT:
+        """A report claiming the serial of a node past inspection, or of one whose known MACs
+        the reporting machine does not have, is refused (an attacker on the provisioning
+        network could otherwise take over that machine's identity); the report is kept on
+        the reporting node so an operator can confirm."""
+        reported = {nic["mac"] for nic in facts["nics"]}
+        if owner.state not in ADOPTABLE_BY_REPORT:
+            why = f"which is {owner.state}"
+        elif owner.macs and not reported & set(owner.macs):
+            why = f"whose known MACs ({', '.join(owner.macs)}) are not among its NICs"
+        else:
             return
         reason = (f"report from node {node.id} claims serial {owner.serial!r} of node "
-                  f"{owner.id}, which is {owner.state}: adoption needs an operator's "
-                  f"confirmation (POST /api/v1/nodes/{node.id}/actions/adopt)")
+                  f"{owner.id}, {why}: adoption needs an operator's confirmation "
+                  f"(POST /api/v1/nodes/{node.id}/actions/adopt)")
         if (since := self._refusals.note(node.id, "adopt_refused", owner.id)) is not None:
             await self._repo.merge_facts(node.id, {"last_report": facts})
             row = reason + (f" ({since} more since the last row)" if since else "")

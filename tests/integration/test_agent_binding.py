@@ -123,6 +123,18 @@ async def test_a_report_cannot_adopt_a_node_past_inspection(segment: Segment, ma
         assert response.status == 422  # nothing waits for adoption on this one
 
 
+async def test_a_report_cannot_adopt_an_expected_node_with_other_macs(
+        segment: Segment, make_node: Any) -> None:
+    owner = await make_node(S.ENROLLED, serial="SER-MACS", macs=("52:54:00:aa:00:09",))
+    token = agent_args((await segment.script(NODE_A))[1])["token"]
+    status, text = await segment.call(NODE_A, "POST", "/agent/v1/facts", token=token,
+                                      body={"mac": MAC, "facts": host_facts(MAC, "SER-MACS")})
+    assert status == 422 and "known MACs (52:54:00:aa:00:09)" in text
+    assert (await segment.store.nodes.get(owner.id)).macs == ("52:54:00:aa:00:09",)
+    last = (await segment.store.nodes.history(owner.id))[-1]
+    assert last.event == "adopt_refused"
+
+
 async def test_a_report_still_adopts_a_node_awaiting_inspection(segment: Segment,
                                                                 make_node: Any) -> None:
     owner = await make_node(S.ENROLLED, serial="SER-NEW", macs=())
