@@ -23,6 +23,7 @@ from provisioner.simulation.world import SimWorld
 from provisioner.store.leases import LeaseRepo
 from provisioner.store.store import Store
 from tests.conftest import fake_ports
+from tests.peers.ports import free_tcp_port
 
 MAC = "52:54:00:77:01:10"
 
@@ -66,7 +67,9 @@ async def running_segment(store: Store, world: SimWorld, tmp_path: Path,
                           binding=AgentBinding(leases))
     discovery = Discovery(store.nodes, conductor, TokenBucket(rate_per_s=0.001,
                                                           burst=discovery_burst))
-    http = BootHttp(BootHttpConfig(base_url="", artefacts_dir=tmp_path, assets_dir=tmp_path,
+    port = free_tcp_port()  # known before the start: scripts carry absolute URLs (GRUB's)
+    http = BootHttp(BootHttpConfig(base_url=f"http://127.0.0.1:{port}",
+                                   artefacts_dir=tmp_path, assets_dir=tmp_path,
                                    kernel="inspect/vmlinuz", initrd="inspect/initrd.gz",
                                    kernel_args="console=ttyS0"),
                     discovery=discovery, agents=agents, tokens=store.tokens,
@@ -74,9 +77,8 @@ async def running_segment(store: Store, world: SimWorld, tmp_path: Path,
     limits = limits or HttpLimits()
     runner = guarded_runner(http.app(), limits)
     await runner.setup()
-    site = GuardedSite(runner, "127.0.0.1", 0, limits=limits)
+    site = GuardedSite(runner, "127.0.0.1", port, limits=limits)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         yield Segment(f"http://127.0.0.1:{port}", store, conductor, leases)
     finally:
