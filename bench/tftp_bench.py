@@ -40,7 +40,9 @@ def serve_ours(root: Path, port: int) -> None:
     from provisioner.config import TftpSettings
 
     async def run() -> None:
-        server = TftpServer(TftpSettings(listen=f"127.0.0.1:{port}"), root)
+        # every bench client shares 127.0.0.1: lift the per-address cap (a machine needs one)
+        server = TftpServer(TftpSettings(listen=f"127.0.0.1:{port}"), root,
+                            max_per_source=100_000)
         await server.start()
         stopping = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 PROG = "provisioner"
 API = "/api/v1"
 ACTIONS = ("inspect", "deploy", "retire", "retry", "abort", "maintenance-on", "maintenance-off",
-           "sku-override")
+           "sku-override", "adopt")
 ROLES = ("viewer", "operator", "admin")
 BMC_DRIVERS = ("ipmi", "redfish", "fake")
 IMPORT_TYPES = {".csv": "text/csv", ".json": "application/json"}

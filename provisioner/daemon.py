@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from provisioner.api.app import make_app
+from provisioner.api.app import EVENTS_PATH, make_app
 from provisioner.bmc.base import SoftOff
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.bmc.ipmi import IpmiDriver
@@ -28,6 +28,7 @@ from provisioner.boot.stack import base_url, build_boot, http_boot_uris
 from provisioner.config import BmcProfile, BmcSettings, Settings
 from provisioner.domain import Node
 from provisioner.errors import ConfigError, NotFound, SchemaError
+from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.base import (
     AgentEndpoint,
     ComposedInstaller,
@@ -343,7 +344,8 @@ class Daemon:
         stack.callback(pool.shutdown, wait=False)
         agent = None
         if self._settings.http.listen is not None:
-            agent = AgentEndpoint(base_url(self._settings), agent_tokens.issue_token)
+            # a controller token: the facts role posts from this host, not from the node
+            agent = AgentEndpoint(base_url(self._settings), agent_tokens.issue_controller_token)
         return AnsibleInstaller.create(settings, state_dir=self._settings.state_dir, pool=pool,
                                        agent=agent)
 
@@ -356,10 +358,12 @@ class Daemon:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                        metrics=metrics, settings=self._settings.api, topology=topology,
                        rotation=rotation)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # slow clients, floods from one address (httpguard); the event stream lives on
+        limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
+        runner = guarded_runner(app, limits)
         await runner.setup()
         host, port = self._settings.api.host_port
-        await web.TCPSite(runner, host, port, reuse_address=True).start()
+        await GuardedSite(runner, host, port, limits=limits, reuse_address=True).start()
         return runner
 
     def _image_writer(self, jobs: AgentJobs,

@@ -56,6 +56,7 @@ from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.live import LiveTopology
 
+EVENTS_PATH = f"{PREFIX}/events"  # server-sent events: a stream, no request deadline
 log = logging.getLogger(__name__)
 
 API_VERSION: Final = "1"
@@ -128,7 +129,7 @@ _OWN_ROUTES: Final = (
           media="text/plain"),
     Route("GET", f"{PREFIX}/openapi.json", openapi_json, "This OpenAPI document", None),
     Route("GET", "/openapi.json", openapi_json, "This OpenAPI document", None),
-    Route("GET", f"{PREFIX}/events", events,
+    Route("GET", EVENTS_PATH, events,
           "Node transitions as server-sent events (event: transition, data: JSON); a client "
           "that falls behind is dropped (event: dropped). A bearer token, or the console's "
           "session cookie", Role.VIEWER, media="text/event-stream"),

@@ -47,7 +47,10 @@ MAINTENANCE_ACTIONS: Final[Mapping[str, bool]] = {"maintenance-on": True,
                                                   "maintenance-off": False}
 #: the SKU gate's per-node override (needs a reason): a node held in ``inspected`` goes on
 SKU_OVERRIDE: Final = "sku-override"
-ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE)
+#: fold a discovered node into the node whose serial its agent reported (security: a report
+#: alone never adopts a node past inspection, docs/security.md)
+ADOPT: Final = "adopt"
+ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE, ADOPT)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -92,6 +95,9 @@ async def act_on_node(request: web.Request) -> web.Response:
     body = ActionRequest.model_validate(parse_json(raw)) if raw.strip() else ActionRequest()
     node = await _node(request)
     conductor = request.app[CONDUCTOR]
+    if action == ADOPT:
+        node = await _confirm_adoption(request, node)
+        return respond(node_out(node, conductor.step_status(node.id)), status=202)
     node = await apply_action(conductor, node.id, action, actor=actor(request),
                               reason=body.reason)
     return respond(node_out(node, conductor.step_status(node.id)), status=202)
@@ -110,6 +116,20 @@ async def apply_action(conductor: Conductor, node_id: str, action: str, *, actor
             raise InvalidRequest("sku-override needs a reason (body: {\"reason\": \"...\"})")
         return await conductor.override_sku(node_id, actor=actor, reason=reason)
     return await conductor.fire(node_id, EVENT_ACTIONS[action], actor=actor, reason=reason)
+
+
+async def _confirm_adoption(request: web.Request, node: Node) -> Node:
+    """An operator confirms what an agent report claimed: the discovered ``node`` is the
+    machine with the serial it reported (kept in its ``last_report``)."""
+    report = node.facts.get("last_report")
+    system = report.get("system") if isinstance(report, dict) else None
+    serial = system.get("serial") if isinstance(system, dict) else None
+    if node.serial is not None or not isinstance(serial, str) or not serial:
+        raise InvalidRequest(f"node {node.id}: no reported serial waiting for adoption")
+    owner = await request.app[NODES].find_by_serial(serial)
+    if owner is None:
+        raise NotFound("node with serial", serial)
+    return await request.app[CONDUCTOR].adopt(node.id, owner.id, actor=actor(request))
 
 
 async def _node(request: web.Request) -> Node:

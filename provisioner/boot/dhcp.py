@@ -27,6 +27,7 @@ from provisioner.boot.dhcp_codec import (
     encode,
     parse,
 )
+from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.inventory import BootInventory, KnownNode
 from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_script_url
 from provisioner.boot.sockets import add_arp_entry, udp_socket
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 OFFER_HOLD_S = 60.0  # an offered address is kept for the client's REQUEST this long
 EXPIRY_INTERVAL_S = 60.0
 MAX_IN_FLIGHT = 1024  # requests being answered at once; more are dropped (clients retry)
+PER_MAC_RATE_PER_S, PER_MAC_BURST, PER_MAC_IN_FLIGHT = 5.0, 20, 4  # one MAC's share
 LOOKUP_TTL_S = 10.0  # a node's inventory entry is reused this long (DISCOVER, then REQUEST)
 _LOOKUP_CACHE_MAX = 65536
 _SUMMARY_INTERVAL_S = 60.0
@@ -64,6 +66,9 @@ class DhcpServer:
             self._configure(settings)
         self._transports: list[asyncio.DatagramTransport] = []
         self._handlers = TaskSet()
+        # one MAC's share: DORA, the proxy exchange and iPXE's own DORA fit in the burst
+        self._per_mac = PerKeyLimit(rate_per_s=PER_MAC_RATE_PER_S, burst=PER_MAC_BURST,
+                                    max_in_flight=PER_MAC_IN_FLIGHT, clock=clock)
         self._background = TaskSet()
         self._reporting: set[str] = set()
         self._known: dict[str, tuple[float, KnownNode | None]] = {}
@@ -143,6 +148,9 @@ class DhcpServer:
         if len(self._handlers) >= MAX_IN_FLIGHT:
             self._drop("overloaded", addr)
             return
+        if (refused := self._per_mac.admit(request.mac)) is not None:
+            self._drop(refused, addr)
+            return
         self._handlers.spawn(self._answer(packet, request, addr, port, transport),
                              name="dhcp-request")
 
@@ -161,6 +169,8 @@ class DhcpServer:
             raise
         except Exception:
             log.exception("DHCP: answering %s from %s failed", request.mac, addr[0])
+        finally:
+            self._per_mac.done(request.mac)
 
     def _drop(self, reason: str, addr: tuple[str, int]) -> None:
         log.debug("DHCP: dropped a packet from %s: %s", addr[0], reason)
@@ -198,8 +208,8 @@ class DhcpServer:
         return known, boot
 
     def _report_unknown(self, mac: str, client: str) -> None:
-        if mac in self._reporting:
-            return
+        if mac in self._reporting or len(self._reporting) >= MAX_IN_FLIGHT:
+            return  # bounded: forged MACs by the thousand wait for the next DISCOVER
         self._reporting.add(mac)
         self._background.spawn(self._report(mac, client), name=f"dhcp-unknown:{mac}")
 

@@ -16,11 +16,13 @@ from pathlib import Path
 from aiohttp import web
 
 from provisioner.agent.facts import MAX_NVIDIA_SMI_XML_BYTES
-from provisioner.boot.install_http import InstallerHttp
+from provisioner.boot.flood import PerKeyLimit
+from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
 from provisioner.domain import Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
+from provisioner.lifecycle.agent_binding import SourceRefused
 from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricReports
@@ -33,6 +35,7 @@ _NETBOOT_STATES = {NodeState.DISCOVERED: "inspect", NodeState.INSPECTING: "inspe
                    NodeState.DEPLOYING: "deploy", NodeState.RETIRING: "wipe"}
 # A report may carry nvidia-smi -q -x verbatim; JSON escapes its tabs and newlines.
 _MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
+DISCOVERIES_PER_SOURCE_PER_S, DISCOVERY_BURST_PER_SOURCE = 0.5, 10
 
 
 class _Flavour(StrEnum):
@@ -72,6 +75,11 @@ class BootHttp:
         self._agents = agents
         self._tokens = tokens
         self._renderer = renderer
+        # unknown MACs one address may have discovered: a flood of made-up MACs from one
+        # machine cannot use up the discovery rate every new machine shares
+        self._discoveries = PerKeyLimit(rate_per_s=DISCOVERIES_PER_SOURCE_PER_S,
+                                        burst=DISCOVERY_BURST_PER_SOURCE,
+                                        max_in_flight=1 << 30)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_AGENT_BODY)
@@ -113,11 +121,23 @@ class BootHttp:
             raise web.HTTPBadRequest(text=str(exc)) from None
         render = self._renderer.render_grub if flavour is _Flavour.GRUB \
             else self._renderer.render
+        if await self._discovery.lookup(mac) is None:  # a discovery: its source's budget
+            source = request.remote or ""
+            if self._discoveries.admit(source) is not None:
+                log.debug("boot script for unknown %s from %s deferred", mac, source)
+                return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
+                              reason="discoveries from this address over their budget")
+            self._discoveries.done(source)
         node = await self._discovery.ensure_node(mac, flavour.value)
         if node is None:
             return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
                           reason="discovery rate exceeded")
         purpose = _NETBOOT_STATES.get(node.state)
+        if purpose is not None and not node.maintenance:
+            try:  # the script carries the node's token: only to the node's leased address
+                await self._agents.check_boot_source(node, request.remote)
+            except SourceRefused as exc:
+                raise _problem(403, str(exc)) from None
         if purpose is None or node.maintenance:
             reason = "in maintenance" if node.maintenance else f"node is {node.state}"
             log.info("node %s: served local boot (%s)", node.id, reason)
@@ -228,6 +248,11 @@ class BootHttp:
             log.warning("agent call %s from %s refused: missing or invalid token",
                         request.path, request.remote)
             raise _problem(401, "missing, expired or invalid agent token")
+        try:
+            await self._agents.check_source(info, token, request.remote,
+                                            local=_local_address(request))
+        except SourceRefused as exc:
+            raise _problem(403, str(exc)) from None
         return info.node_id
 
 
@@ -236,7 +261,8 @@ def _script(text: str) -> web.Response:
 
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
-    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 422: web.HTTPUnprocessableEntity}
+    400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
+    422: web.HTTPUnprocessableEntity}
 
 
 def _problem(status: int, detail: str) -> web.HTTPException:
@@ -275,7 +301,11 @@ async def _json_body(request: web.Request, raw: bytes | None = None) -> dict[str
 def _jailed_file(root: Path, relative: str) -> web.FileResponse:
     """A file under ``root``; traversal, absolute paths and links out of it are 404."""
     base = root.resolve()
-    target = (base / relative).resolve()
-    if not target.is_relative_to(base) or not target.is_file():
-        raise web.HTTPNotFound(text=f"no such file: {relative}")
+    try:
+        target = (base / relative).resolve()
+        found = target.is_relative_to(base) and target.is_file()
+    except (OSError, ValueError):  # a name too long, a NUL byte: no such file either
+        found = False
+    if not found:
+        raise web.HTTPNotFound(text=f"no such file: {relative[:200]}")
     return web.FileResponse(target, chunk_size=256 * 1024)

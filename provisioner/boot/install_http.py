@@ -20,6 +20,8 @@ from provisioner.boot.render import Renderer
 from provisioner.domain import Node, Role
 from provisioner.errors import ProvisionerError
 from provisioner.install.unattended import UnattendedInstalls
+from provisioner.lifecycle.agent_binding import SourceRefused
+from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -32,8 +34,10 @@ _DOCUMENT = re.compile(r"[a-z-]+(\.cfg)?")
 
 class InstallerHttp:
     def __init__(self, installs: UnattendedInstalls, *, base_url: str, nodes: NodeRepo,
-                 tokens: TokenRepo, renderer: Renderer) -> None:
+                 tokens: TokenRepo, renderer: Renderer,
+                 agents: AgentService | None = None) -> None:
         self._installs = installs
+        self._agents = agents  # the token's address binding (``agent_binding``)
         self._base_url = base_url
         self._nodes = nodes
         self._tokens = tokens
@@ -75,6 +79,12 @@ class InstallerHttp:
             log.warning("installer fetch of %s from %s refused: missing or invalid token",
                         _UNSAFE.sub("?", name)[:40], request.remote)
             raise _problem(web.HTTPUnauthorized, "missing, expired or invalid agent token")
+        if self._agents is not None:
+            try:
+                await self._agents.check_source(info, token, request.remote,
+                                                local=_local_address(request))
+            except SourceRefused as exc:
+                raise _problem(web.HTTPForbidden, str(exc)) from None
         node = await self._nodes.get(info.node_id)
         if not _DOCUMENT.fullmatch(name) or not self._installs.serves(node, name):
             method = self._installs.method(node) or "no installer"
@@ -92,6 +102,11 @@ class InstallerHttp:
         text = self._renderer.render_document(f"install/{name}.j2", **plan.values())
         log.info("node %s: served installer %s", node.id, name)
         return web.Response(text=text, content_type="text/plain")
+
+
+def _local_address(request: web.Request) -> str | None:
+    sockname = request.transport.get_extra_info("sockname") if request.transport else None
+    return str(sockname[0]) if isinstance(sockname, tuple) and sockname else None
 
 
 def _problem(error_class: type[web.HTTPException], detail: str) -> web.HTTPException:

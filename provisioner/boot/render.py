@@ -2,7 +2,7 @@
 installer documents in ``pxe/install/`` (jinja2, strict: a missing variable fails). Filters
 for values placed in other languages: ``sh`` (one shell word), ``json`` (a JSON string, also
 a YAML scalar), ``grub`` (one GRUB word), ``grub_words`` (each word quoted), ``grub_url``
-(``(http,host:port)/path``)."""
+(``(http,host:port)/path``), ``ipxe_text`` (free text on one iPXE ``echo`` line)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,20 @@ def default_templates_dir() -> Path:
 
 def grub_quote(value: object) -> str:
     """One GRUB script word: single-quoted, so ``;``, ``$`` and spaces stay text; a line
-    break cannot end the command (it becomes a space)."""
-    text = " ".join(str(value).splitlines())
+    break cannot end the command (it becomes a space), other control characters become
+    ``?``."""
+    text = _printable(" ".join(str(value).splitlines()))
     return "'" + text.replace("'", "'\\''") + "'"
+
+
+def ipxe_text(value: object) -> str:
+    """Free text on an iPXE ``echo`` line: one line (breaks become spaces), no control
+    characters, and no ``$`` (iPXE would expand ``${...}``)."""
+    return _printable(" ".join(str(value).splitlines())).replace("$", "?")
+
+
+def _printable(text: str) -> str:
+    return "".join(ch if ch.isprintable() or ch == "\t" else "?" for ch in text)
 
 
 class Renderer:
@@ -40,6 +51,7 @@ class Renderer:
         self._env.filters["sh"] = lambda value: shlex.quote(str(value))
         self._env.filters["json"] = lambda value: json.dumps(value, ensure_ascii=True)
         self._env.filters["grub"] = grub_quote
+        self._env.filters["ipxe_text"] = ipxe_text
         self._env.filters["grub_words"] = lambda value: " ".join(
             grub_quote(word) for word in str(value).split())
         self._env.filters["grub_url"] = grub_url

@@ -16,8 +16,10 @@ from provisioner.boot.render import Renderer
 from provisioner.config import BmcSettings, Settings, parse_host_port
 from provisioner.domain import Node
 from provisioner.errors import ConfigError
+from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.images import AgentJobs
 from provisioner.install.unattended import UnattendedInstalls
+from provisioner.lifecycle.agent_binding import AgentBinding
 from provisioner.lifecycle.agents import AgentService, AgentTokens, FactsMailbox
 from provisioner.lifecycle.bmclink import BmcLinkPolicy
 from provisioner.lifecycle.callbacks import BootCallbacks
@@ -29,6 +31,7 @@ from provisioner.ramdisk.netboot import stage_ipxe
 from provisioner.ramdisk.service import BuildJob, RamdiskBuilder
 from provisioner.ramdisk.sysroot import arch_named
 from provisioner.ramdisk.targets import cache_dir, target_for
+from provisioner.store.leases import LeaseRepo
 from provisioner.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -42,13 +45,17 @@ class Server(Protocol):
 
 
 class HttpServer:
-    def __init__(self, app: web.Application, listen: str) -> None:
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    def __init__(self, app: web.Application, listen: str,
+                 limits: HttpLimits | None = None) -> None:
+        self._limits = limits or HttpLimits()
+        # slow clients and floods from one address (httpguard)
+        self._runner = guarded_runner(app, self._limits)
         self._host, self._port = parse_host_port(listen)
 
     async def start(self) -> None:
         await self._runner.setup()
-        await web.TCPSite(self._runner, self._host, self._port, reuse_address=True).start()
+        await GuardedSite(self._runner, self._host, self._port, limits=self._limits,
+                          reuse_address=True).start()
         log.info("boot HTTP on %s:%d", self._host, self._port)
 
     async def stop(self) -> None:
@@ -78,11 +85,14 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
                           TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst))
     assets = netboot_dir(settings)
     stage_ipxe(settings.boot.assets_dir or DEBIAN_IPXE, assets)
+    # authoritative DHCP: the lease store, which also binds agent tokens (agent_binding.py)
+    leases = LeaseRepo(store.engine, store.pool) if dhcp.mode == "authoritative" else None
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
                               token_ttl_s=settings.boot.agent_token_ttl_s,
                               agent_tokens=agent_tokens, jobs=jobs, callbacks=callbacks,
-                              bmc_link=bmc_link_policy(settings.bmc))
+                              bmc_link=bmc_link_policy(settings.bmc),
+                              binding=AgentBinding(leases))
         config = BootHttpConfig(
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",
@@ -104,13 +114,13 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
                                    site_keys=settings.deploy.ssh_authorized_keys,
                                    login_user=settings.install.ssh_user),
                 base_url=config.base_url, nodes=store.nodes, tokens=store.tokens,
-                renderer=renderer)
+                renderer=renderer, agents=agents)
         http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,
                         renderer=renderer, installer=installer,
                         fabrics=FabricReports(conductor, store.topology),
                         max_fabric_bytes=settings.topology.max_fabric_bytes)
         servers.append(HttpServer(http.app(), settings.http.listen))
-    servers += _network_servers(settings, store, discovery, assets)
+    servers += _network_servers(settings, discovery, assets, leases)
     return servers
 
 
@@ -166,18 +176,15 @@ def _check_ramdisk(config: BootHttpConfig) -> None:
                         arch, config.artefacts_dir, ", ".join(missing), arch)
 
 
-def _network_servers(settings: Settings, store: Store, discovery: Discovery,
-                     assets: Path) -> list[Server]:
+def _network_servers(settings: Settings, discovery: Discovery, assets: Path,
+                     leases: LeaseRepo | None) -> list[Server]:
     """DHCP and TFTP, when configured."""
     servers: list[Server] = []
     if settings.dhcp.mode != "off":
         from provisioner.boot.dhcp import DhcpServer
-        from provisioner.store.leases import LeaseRepo
 
         if settings.http.listen is None:
             raise ConfigError("http.listen: needed when dhcp.mode is not off (iPXE scripts)")
-        leases = LeaseRepo(store.engine, store.pool) if settings.dhcp.mode == "authoritative" \
-            else None
         servers.append(DhcpServer(settings.dhcp, settings.boot,
                                   http_base_url=base_url(settings), inventory=discovery,
                                   leases=leases))

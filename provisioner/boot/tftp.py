@@ -23,7 +23,7 @@ import socket
 import stat
 import struct
 import threading
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +37,7 @@ RRQ, WRQ, DATA, ACK, ERROR, OACK = 1, 2, 3, 4, 5, 6
 E_UNDEFINED, E_NOT_FOUND, E_ACCESS, E_ILLEGAL, E_UNKNOWN_TID, E_OPTIONS = 0, 1, 2, 4, 5, 8
 MAX_BLKSIZE = 65464
 MAX_WINDOWSIZE = 64
+MAX_PER_SOURCE = 64  # concurrent transfers to one address (a PXE client needs one)
 _CACHE_BYTES = 256 * 1024 * 1024
 _HEAD = struct.Struct("!HH")
 
@@ -137,7 +138,10 @@ class _FileCache:
 
 
 class TftpServer:
-    def __init__(self, settings: TftpSettings, root: Path) -> None:
+    def __init__(self, settings: TftpSettings, root: Path, *,
+                 max_per_source: int = MAX_PER_SOURCE) -> None:
+        """``max_per_source``: concurrent transfers to one address (a flood from one machine
+        cannot take every one of ``max_transfers``)."""
         if settings.listen is None:
             raise ConfigError("tftp.listen is not set")
         self._settings = settings
@@ -147,6 +151,8 @@ class TftpServer:
         self._pool: ThreadPoolExecutor | None = None
         self._listener: asyncio.DatagramTransport | None = None
         self._active: dict[tuple[str, int], _Transfer | None] = {}
+        self._max_per_source = max_per_source
+        self._per_source: Counter[str] = Counter()
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -177,6 +183,7 @@ class TftpServer:
             if transfer is not None:
                 transfer.finish("server stopping")
         self._active.clear()
+        self._per_source.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -188,6 +195,10 @@ class TftpServer:
         if len(self._active) >= self._settings.max_transfers:
             self._reply_error(peer, E_UNDEFINED, "server busy, retry later")
             return
+        if self._per_source[peer[0]] >= self._max_per_source:
+            log.debug("TFTP: refused a request from %s: too many transfers", peer[0])
+            self._reply_error(peer, E_UNDEFINED, "too many transfers from this address")
+            return
         try:
             req = parse_request(data)
             if req.mode not in ("octet", "netascii"):
@@ -197,6 +208,7 @@ class TftpServer:
             self._reply_error(peer, exc.code, exc.message)
             return
         self._active[peer] = None
+        self._per_source[peer[0]] += 1
         task = asyncio.get_running_loop().create_task(self._open(req, peer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -215,18 +227,27 @@ class TftpServer:
         except TftpError as exc:
             log.info("TFTP: refused %r to %s: %s", req.filename, peer[0], exc.message)
             self._reply_error(peer, exc.code, exc.message)
-            self._active.pop(peer, None)
+            self.transfer_done(peer)
         except OSError as exc:
             log.warning("TFTP: cannot serve %r to %s: %s", req.filename, peer[0], exc)
             self._reply_error(peer, E_ACCESS, "cannot read the file")
-            self._active.pop(peer, None)
+            self.transfer_done(peer)
+        except Exception:  # the task's boundary: never leave the peer's slot taken
+            log.exception("TFTP: request %r from %s crashed", req.filename, peer[0])
+            self._reply_error(peer, E_UNDEFINED, "internal error")
+            self.transfer_done(peer)
 
     def _reply_error(self, peer: tuple[str, int], code: int, message: str) -> None:
         if self._listener is not None:
             self._listener.sendto(error_packet(code, message), peer)
 
     def transfer_done(self, peer: tuple[str, int]) -> None:
-        self._active.pop(peer, None)
+        if peer not in self._active:
+            return
+        del self._active[peer]
+        self._per_source[peer[0]] -= 1
+        if self._per_source[peer[0]] <= 0:
+            del self._per_source[peer[0]]
 
 
 class _Listener(asyncio.DatagramProtocol):
@@ -374,7 +395,9 @@ def negotiate(options: dict[str, str], size: int) -> dict[str, str]:
     """The options we accept (RFC 2347): what goes into the OACK, in request order."""
     accepted: dict[str, str] = {}
     for name, value in options.items():
-        if not value.isdigit():
+        # ASCII digits only: str.isdigit() also takes "²" (int() refuses it), and a few
+        # thousand digits overflow int()'s limit; no option needs more than 10
+        if not (value.isascii() and value.isdigit() and len(value) <= 10):
             continue
         number = int(value)
         if name == "blksize" and number >= 8:

@@ -18,10 +18,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from provisioner.agent.facts import FactsError, validate
-from provisioner.domain import Node, Role
+from provisioner.domain import Node, Role, TokenInfo
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.install.images import AgentJobs
+from provisioner.lifecycle.agent_binding import (
+    AgentBinding,
+    RefusalLog,
+    SourceRefused,
+    canonical_ip,
+)
 from provisioner.lifecycle.bmclink import BmcLinkPolicy, reported_bmc
 from provisioner.lifecycle.callbacks import BootCallbacks, Callback
 from provisioner.lifecycle.conductor import Conductor
@@ -32,6 +38,12 @@ from provisioner.store.tokens import TokenRepo
 
 log = logging.getLogger(__name__)
 _MAX_PENDING = 10_000
+CONTROLLER_TOKEN_PREFIX = "controller:"
+#: an agent report may fold a discovered node into an enrolled one with the same serial only
+#: while that one has not been inspected yet; past that, an operator confirms (the API's
+#: ``adopt`` action on the discovered node)
+ADOPTABLE_BY_REPORT = frozenset({NodeState.ENROLLED, NodeState.INSPECTING,
+                                 NodeState.INSPECT_FAILED})
 
 
 class FactsMailbox:
@@ -104,6 +116,16 @@ class AgentTokens:
         self._issued[node_id] = (token, expires)
         return token
 
+    async def issue_controller_token(self, node_id: str) -> str:
+        """A token for the daemon's own host (the Ansible ``facts`` role posts from the
+        controller): never sent to the node, accepted only from this host's addresses, so
+        the node's address binding does not apply to it (``AgentService.check_source``)."""
+        expires = self._clock() + self._ttl
+        _, token = await self._tokens.create(
+            f"{CONTROLLER_TOKEN_PREFIX}{node_id}:{secrets.token_hex(4)}", Role.AGENT,
+            node_id=node_id, expires_at=expires)
+        return token
+
     def forget(self, node_id: str) -> None:
         self._issued.pop(node_id, None)
 
@@ -121,8 +143,11 @@ class AgentService:
                  agent_tokens: AgentTokens | None = None,
                  jobs: AgentJobs | None = None,
                  callbacks: BootCallbacks | None = None,
-                 bmc_link: BmcLinkPolicy | None = None) -> None:
+                 bmc_link: BmcLinkPolicy | None = None,
+                 binding: AgentBinding | None = None) -> None:
         self._conductor = conductor
+        self._binding = binding or AgentBinding()
+        self._refusals = RefusalLog()
         self._bmc_link = bmc_link
         self._jobs = jobs or AgentJobs()
         self._callbacks = callbacks
@@ -134,6 +159,44 @@ class AgentService:
     async def issue_token(self, node_id: str) -> str:
         """The node's agent token (see ``AgentTokens``)."""
         return await self._agent_tokens.issue_token(node_id)
+
+    async def check_boot_source(self, node: Node, remote: str | None) -> None:
+        """Refuse (``SourceRefused``, with a history row) a boot script, which carries the
+        token, to an address other than the one our DHCP server bound for the node."""
+        try:
+            await self._binding.check_boot(node.id, node.macs, remote)
+        except SourceRefused as exc:
+            await self._record_refusal(node.id, "boot_refused", remote, str(exc))
+            raise
+
+    async def check_source(self, info: TokenInfo, token: str, remote: str | None, *,
+                           local: str | None) -> None:
+        """Refuse (``SourceRefused``, with a history row) an agent call made with the node's
+        token from an address the token is not bound to (``agent_binding``). ``local`` is
+        the server's own address on that connection: a controller token works only when the
+        call comes from it or from loopback (the daemon's host itself)."""
+        assert info.node_id is not None
+        node = await self._repo.get(info.node_id)
+        try:
+            if info.name.startswith(CONTROLLER_TOKEN_PREFIX):
+                _check_same_host(node.id, remote, local)
+            else:
+                await self._binding.check_call(node.id, node.macs, token, remote)
+        except SourceRefused as exc:
+            await self._record_refusal(node.id, "agent_refused", remote, str(exc))
+            raise
+
+    async def _record_refusal(self, node_id: str, event: str, remote: str | None,
+                              reason: str) -> None:
+        """A history row for the refusal, coalesced per source (``RefusalLog``)."""
+        since = self._refusals.note(node_id, event, remote or "")
+        if since is None:
+            log.debug("node %s: %s: %s", node_id, event, reason)
+            return
+        if since:
+            reason += f" ({since} more refused from there since the last row)"
+        await self._conductor.record(node_id, event, actor="network", reason=reason,
+                                     level=logging.WARNING)
 
     async def report(self, node_id: str, mac: str, facts: object) -> ReportResult:
         node = await self._repo.get(node_id)
@@ -148,6 +211,7 @@ class AgentService:
         if serial and node.serial is None:
             owner = await self._repo.find_by_serial(serial)
             if owner is not None and owner.id != node.id:
+                await self._check_adoptable(node, owner, checked)
                 target = await self._conductor.adopt(node.id, owner.id, actor="agent")
                 self._agent_tokens.forget(node.id)
                 token = await self.issue_token(target.id)
@@ -164,6 +228,29 @@ class AgentService:
                                          reason=_report_summary(checked))
         log.info("node %s: facts accepted (serial %s)", target.id, serial)
         return ReportResult(node_id=target.id, token=token)
+
+    async def _check_adoptable(self, node: Node, owner: Node, facts: dict[str, Any]) -> None:
+        """A report claiming the serial of a node past inspection, or of one whose known MACs
+        the reporting machine does not have, is refused (an attacker on the provisioning
+        network could otherwise take over that machine's identity); the report is kept on
+        the reporting node so an operator can confirm."""
+        reported = {nic["mac"] for nic in facts["nics"]}
+        if owner.state not in ADOPTABLE_BY_REPORT:
+            why = f"which is {owner.state}"
+        elif owner.macs and not reported & set(owner.macs):
+            why = f"whose known MACs ({', '.join(owner.macs)}) are not among its NICs"
+        else:
+            return
+        reason = (f"report from node {node.id} claims serial {owner.serial!r} of node "
+                  f"{owner.id}, {why}: adoption needs an operator's confirmation "
+                  f"(POST /api/v1/nodes/{node.id}/actions/adopt)")
+        if (since := self._refusals.note(node.id, "adopt_refused", owner.id)) is not None:
+            await self._repo.merge_facts(node.id, {"last_report": facts})
+            row = reason + (f" ({since} more since the last row)" if since else "")
+            for who in (node.id, owner.id):
+                await self._conductor.record(who, "adopt_refused", actor="agent", reason=row,
+                                             level=logging.WARNING)
+        raise InvalidRequest(reason)
 
     async def _link_bmc(self, node: Node, facts: dict[str, Any],
                         policy: BmcLinkPolicy) -> Node:
@@ -196,6 +283,7 @@ class AgentService:
         if command in ("deploy", "wipe") and isinstance(generation, str):
             ok, error = body.get("ok") is True, str(body.get("error", ""))[:1000]
             if command == "deploy" and ok and self._jobs.pending(node_id) is not None:
+                self._binding.release(node_id)  # the OS, next, may have another address
                 await self._conductor.record(node_id, "image_written", actor="agent",
                                              reason=_written(body))
             if not self._jobs.complete(node_id, generation, ok, error):
@@ -219,8 +307,10 @@ class AgentService:
         the call came from, is where the OS can be reached: it becomes ``facts.address``
         (what Ansible connects to at ``configuring``)."""
         callback = Callback.parse(body)  # InvalidRequest: 422
+        if callback.event == "installed":  # the installed OS, next, may have another address
+            self._binding.release(node_id)
         node = await self._repo.get(node_id)
-        address = _ip(remote)
+        address = canonical_ip(remote)
         if address is not None and node.facts.get("address") != address:
             node = await self._repo.merge_facts(node_id, {"address": address})
         where = f" from {address}" if address is not None else ""
@@ -255,6 +345,14 @@ class AgentService:
 
 
 
+def _check_same_host(node_id: str, remote: str | None, local: str | None) -> None:
+    address = canonical_ip(remote)
+    if address is None or not (ipaddress.ip_address(address).is_loopback
+                               or address == canonical_ip(local)):
+        raise SourceRefused(f"controller token of node {node_id} used from "
+                            f"{address or 'an unknown address'}, not from the daemon's host")
+
+
 def _report_summary(facts: dict[str, Any]) -> str:
     ports = sum(len(hca.get("ports", [])) for hca in facts.get("infiniband", []))
     parts = [f"{len(facts.get('gpus', []))} GPUs", f"{ports} InfiniBand ports"]
@@ -263,17 +361,6 @@ def _report_summary(facts: dict[str, Any]) -> str:
     if isinstance(diag := facts.get("dcgm_diag"), dict) and diag.get("ran"):
         parts.append("DCGM diag " + ("passed" if diag.get("passed") else "failed"))
     return "facts report: " + ", ".join(parts)
-
-
-def _ip(text: str | None) -> str | None:
-    """An IP address in its canonical form (IPv4-mapped IPv6 unwrapped), else None."""
-    try:
-        address = ipaddress.ip_address(text or "")
-    except ValueError:
-        return None
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return str(address)
 
 
 def _written(body: dict[str, Any]) -> str:

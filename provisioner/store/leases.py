@@ -123,6 +123,11 @@ class LeaseRepo:
     async def get(self, mac: str) -> Lease | None:
         return await self._run(lambda c, _now: _lease(self._sql.by_mac(c, mac)))
 
+    async def leased_address(self, mac: str) -> str | None:
+        """The address this server last bound for ``mac`` (an agent token is bound to it)."""
+        lease = await self.get(mac)
+        return str(lease.ip) if lease is not None else None
+
     async def all(self) -> list[Lease]:
         def work(conn: Connection, _now: datetime) -> list[Lease]:
             rows = conn.execute(select(_LEASE).order_by(_C.ip)).all()

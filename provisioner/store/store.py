@@ -6,8 +6,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from provisioner.config import Settings
+from provisioner.errors import ConfigError
 from provisioner.store import db
 from provisioner.store.bmc_secrets import BmcSecretRepo
 from provisioner.store.repo import NodeRepo
@@ -36,10 +38,16 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     url = settings.sqlalchemy_url
     engine = db.make_engine(url)
-    if migrate if migrate is not None else settings.store.auto_migrate:
-        db.upgrade(engine)
-    else:
-        db.check_current(engine)
+    try:
+        if migrate if migrate is not None else settings.store.auto_migrate:
+            db.upgrade(engine)
+        else:
+            db.check_current(engine)
+    except SQLAlchemyError as exc:  # unreachable, refused: one line, never the URL
+        engine.dispose()
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        raise ConfigError(f"database_url: cannot use the database: "
+                          f"{cause[0] if cause else type(exc).__name__}") from None
     workers = 1 if url.startswith("sqlite") else settings.store.pool_size
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
     box = SecretBox.from_key_file(settings.state_dir / "secret.key")

@@ -115,9 +115,9 @@ _REFUSED = {"../secret": 2, "/etc/passwd": 2, "..\\secret": 2, "sub/../../secret
 class RawClient:
     """An RRQ/ACK speaker on a real socket, for what the CLI clients cannot show."""
 
-    def __init__(self) -> None:
+    def __init__(self, source: str = "127.0.0.1") -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((source, 0))
         self.sock.setblocking(False)
 
     async def send(self, data: bytes, to: tuple[str, int]) -> None:
