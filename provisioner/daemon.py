@@ -39,6 +39,7 @@ from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.ports import (
     BootWaiter,
     Inspector,
@@ -78,6 +79,7 @@ from provisioner.slurm.handoff import SlurmHandoff
 from provisioner.slurm.maintenance import SlurmFirstKube
 from provisioner.slurm.model import SlurmClient
 from provisioner.slurm.sync import SlurmSync
+from provisioner.store.exclusive import lock_sqlite
 from provisioner.store.store import Store, open_store
 from provisioner.topology_live.build import build_live_topology
 from provisioner.topology_live.live import LiveTopology
@@ -182,6 +184,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
         async with AsyncExitStack() as stack:
+            self._settings.state_dir.mkdir(parents=True, exist_ok=True)
+            sqlite_lock = lock_sqlite(self._settings.sqlalchemy_url)  # ConfigError: exit 2
+            if sqlite_lock is not None:
+                stack.callback(sqlite_lock.release)
             store = await asyncio.to_thread(open_store, self._settings)
             stack.callback(store.close)
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
@@ -213,7 +219,9 @@ class Daemon:
             bmc = self._bmc(stack, world)
             ports = build_ports(self._settings, world, bmc, real, callbacks)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
-                                  observer=metrics.observe_transition)
+                                  observer=metrics.observe_transition,
+                                  ownership=store.ownership)
+            stack.push_async_callback(self._leave, store)  # after the conductor stopped
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
@@ -221,28 +229,34 @@ class Daemon:
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs,
                                    callbacks)
+            fleet = FleetMember(conductor, store.ownership, api_listen=self._settings.api.listen)
+            await store.ownership.heartbeat(self._settings.api.listen)
             resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
-            log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
-                     resumed)
+            log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
+                     self._settings.api.listen, store.instance, resumed)
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
-                children = [group.create_task(self._watchdog(), name="watchdog")]
+                children = [group.create_task(self._watchdog(), name="watchdog"),
+                            group.create_task(fleet.run(), name="fleet")]
                 power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
                                        self._settings.bmc)
-                children.append(group.create_task(power_sync.run(), name="power-sync"))
+                works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
                 if kube_client is not None:
                     sync = KubeSync(kube_client, _maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
                                     interval_s=self._settings.kube.sync_interval_s)
-                    children.append(group.create_task(sync.run(), name="kube-sync"))
+                    works.append(("kube-sync", sync.run))
                 if slurm_client is not None and self._settings.slurm.sync_interval_s > 0:
                     from_slurm = _maintenance_from("slurm", store, conductor)
                     slurm_sync = SlurmSync(slurm_client, from_slurm,
                                            interval_s=self._settings.slurm.sync_interval_s,
                                            reason_prefix=self._settings.slurm.reason_prefix)
-                    children.append(group.create_task(slurm_sync.run(), name="slurm-sync"))
-                children.append(group.create_task(topology.run(), name="topology"))
+                    works.append(("slurm-sync", slurm_sync.run))
+                works.append(("topology", topology.run))
+                # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
+                singleton = Singleton(store.ownership, "fleet", works)
+                children.append(group.create_task(singleton.run(), name="singletons"))
                 await self._stop.wait()
                 for child in children:
                     child.cancel()
@@ -250,6 +264,18 @@ class Daemon:
             log.info("stopping: letting running sub-steps checkpoint")
         log.info("stopped")
         return 0
+
+    @staticmethod
+    async def _leave(store: Store) -> None:
+        """A clean stop frees our leases and lead: another daemon resumes at once."""
+        try:
+            freed = await store.ownership.release_all()
+        except Exception as exc:  # the database may be gone; the leases then expire
+            log.warning("leases not released (%s); they expire after ha.lease_s",
+                        type(exc).__name__)
+            return
+        if freed:
+            log.info("released %d node leases", freed)
 
     def _bmc(self, stack: AsyncExitStack, world: SimWorld) -> BmcManager:
         """The BMC drivers and their "bmc" pool; at stop, after the conductor's steps

@@ -36,6 +36,10 @@ class NodeBusy(Conflict):
     """Another writer changed the node between our read and our write."""
 
 
+class Fenced(NodeBusy):
+    """This daemon lost the node's lease (another daemon claimed it): its write is refused."""
+
+
 class InvalidRequest(ProvisionerError):
     """Input that is well-formed but semantically wrong."""
 

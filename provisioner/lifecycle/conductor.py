@@ -17,7 +17,7 @@ from typing import Final, TypeVar
 from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
 from provisioner.config import LifecycleSettings
 from provisioner.domain import NewNode, Node
-from provisioner.errors import Conflict, InvalidRequest, ProvisionerError
+from provisioner.errors import Conflict, Fenced, InvalidRequest, NodeBusy, ProvisionerError
 from provisioner.ids import NodeId
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.context import RunContext
@@ -33,6 +33,7 @@ from provisioner.lifecycle.states import (
     next_state,
 )
 from provisioner.lifecycle.steps import KEYED_STEPS, STEPS, WAITING_STEPS, Step
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
 from provisioner.validation.sku import OVERRIDE_EVENT, OVERRIDE_KEY, held_reasons, override_entry
@@ -46,6 +47,8 @@ Observer = Callable[[Node, str, NodeState], None]
 
 _SUCCESS: Final = frozenset({NodeState.INSPECTED, NodeState.ACTIVE, NodeState.RETIRED})
 _WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
+_WAITING: Final = (NodeState.DISCOVERED, NodeState.ENROLLED, NodeState.INSPECTED)
+_OUTCOME_TRIES: Final = 5  # a step's outcome retried when another daemon's write raced it
 SYSTEM_ACTOR: Final = "conductor"
 POLICY_ACTOR: Final = "policy"
 
@@ -59,8 +62,14 @@ class Conductor:
         *,
         steps: Mapping[NodeState, Step] = STEPS,
         observer: Observer | None = None,
+        ownership: OwnershipRepo | None = None,
     ) -> None:
+        """``ownership``: claim a lease per in-flight node and fence every step write with
+        it (the daemon; several daemons may share the database). None: no leases (tests of
+        one conductor alone)."""
         self._repo = repo
+        self._own = ownership
+        self._fences: dict[str, int] = {}  # node id -> fencing number of the lease we hold
         self._ports = ports
         self._settings = settings
         self._steps = steps
@@ -259,18 +268,70 @@ class Conductor:
 
     async def recover(self) -> int:
         """Resume every in-flight node where it was; apply policy to waiting ones."""
-        resumed = 0
-        for node in await self._repo.in_states(IN_FLIGHT):
-            self._hold(node.id, node.maintenance)
-            log.info("node %s: resuming %s after %s", node.id, node.state,
-                     ", ".join(node.checkpoint) or "nothing done")
-            self._start(node)
-            resumed += 1
-        waiting = [NodeState.DISCOVERED, NodeState.ENROLLED, NodeState.INSPECTED]
-        for node in await self._repo.in_states(waiting):
+        resumed = await self.take_over(limit=None)
+        for node in await self._repo.in_states(_WAITING):
             self._hold(node.id, node.maintenance)
             await self._apply_policy(node)
         return resumed
+
+    async def take_over(self, *, limit: int | None) -> int:
+        """Resume in-flight nodes nobody drives: at start, ours from before a restart (all
+        of them, without leases); with leases, those whose lease is free or expired (a dead
+        or cut-off daemon's), claimed first."""
+        in_flight = await self._repo.in_states(IN_FLIGHT)
+        if self._own is not None:
+            claimed = await self._own.claim_orphans(
+                [str(st) for st in IN_FLIGHT], limit if limit is not None else len(in_flight))
+            if not claimed:
+                return 0
+            self._fences.update(claimed)
+            in_flight = [n for n in await self._repo.in_states(IN_FLIGHT) if n.id in claimed]
+            for node_id in claimed.keys() - {n.id for n in in_flight}:  # left flight meanwhile
+                self._fences.pop(node_id, None)
+                await self._own.release(node_id, claimed[node_id])
+        for node in in_flight:
+            self._hold(node.id, node.maintenance)
+            log.info("node %s: resuming %s after %s%s", node.id, node.state,
+                     ", ".join(node.checkpoint) or "nothing done",
+                     f" (lease fence {self._fences[node.id]})" if node.id in self._fences
+                     else "")
+            self._start(node)
+        return len(in_flight)
+
+    async def renew_leases(self) -> int:
+        """Extend the leases of our running steps; a step whose lease was lost (we were cut
+        off longer than the lease, another daemon took the node) is cancelled at once: its
+        writes would be refused anyway. Returns the number lost."""
+        if self._own is None or not self._fences:
+            return 0
+        held = dict(self._fences)
+        ours = await self._own.renew(held)
+        lost = 0
+        for node_id in held.keys() - ours:
+            if self._fences.get(node_id) != held[node_id]:
+                continue  # released or claimed anew while we renewed
+            del self._fences[node_id]
+            lost += 1
+            log.warning("node %s: lease (fence %d) lost to another daemon; stopping its step",
+                        node_id, held[node_id])
+            if (running := self._running.get(node_id)) is not None:
+                running[1].cancel()
+        return lost
+
+    async def apply_stale_policies(self, older_than_s: float) -> int:
+        """Apply the policy to waiting nodes untouched for ``older_than_s``: a daemon that
+        died between a step's end and the next step's start left them waiting."""
+        horizon = datetime.now(UTC).timestamp() - older_than_s
+        done = 0
+        for node_id, (_state, updated) in (await self._repo.stamps(_WAITING)).items():
+            stamp = updated if updated.tzinfo is not None else updated.replace(tzinfo=UTC)
+            if stamp.timestamp() > horizon or node_id in self._running:
+                continue
+            node = await self._repo.get(node_id)
+            if not node.maintenance:
+                await self._apply_policy(node)
+                done += 1
+        return done
 
     async def stop(self, grace_s: float = 0.0) -> None:
         """Let running sub-steps finish (up to ``grace_s``), start no new ones, then cancel.
@@ -314,14 +375,46 @@ class Conductor:
             elif target in _SUCCESS:
                 last_error = ""
             before = node.state
-            node = await self._repo.transition(node, to_state=target, event=str(event),
-                                               actor=actor, reason=reason,
-                                               last_error=last_error)
+            fence, claimed = await self._lease(node_id, step=expect is not None,
+                                               needed=before in IN_FLIGHT or target in IN_FLIGHT,
+                                               force=event is Event.ABORT)
+            release = fence is not None and target not in IN_FLIGHT
+            try:
+                node = await self._repo.transition(node, to_state=target, event=str(event),
+                                                   actor=actor, reason=reason,
+                                                   last_error=last_error, fence=fence,
+                                                   release=release)
+            except NodeBusy as exc:
+                if fence is not None and (claimed or isinstance(exc, Fenced)):
+                    self._fences.pop(node_id, None)
+                    if claimed and self._own is not None:
+                        await self._own.release(node_id, fence)
+                raise
+            if release:
+                self._fences.pop(node_id, None)
         level = logging.ERROR if target in FAILED else logging.INFO
         log.log(level, "node %s: %s --%s--> %s by %s%s", node_id, before, event, target,
                 actor, f": {reason}" if reason else "")
         self._notify(node, str(event), before)
         return node
+
+    async def _lease(self, node_id: str, *, step: bool, needed: bool,
+                     force: bool) -> tuple[int | None, bool]:
+        """The fencing number for a write that starts, ends or belongs to a step, and
+        whether we claimed it just now. A step's own outcome never claims: if its lease was
+        lost, the write is refused (Fenced). An operator's abort takes the lease from the
+        daemon driving the node (that daemon's writes are refused from then on)."""
+        if self._own is None or not needed:
+            return None, False
+        if (held := self._fences.get(node_id)) is not None:
+            return held, False
+        if step:
+            raise Fenced(f"node {node_id}: this daemon no longer holds its lease")
+        fence = await self._own.claim(node_id, force=force)
+        if fence is None:
+            raise Conflict(f"node {node_id} is driven by another daemon; retry later")
+        self._fences[node_id] = fence
+        return fence, True
 
     async def _follow_up(self, node: Node) -> None:
         if node.state in IN_FLIGHT:
@@ -367,11 +460,26 @@ class Conductor:
                 del self._running[node_id]
                 self._status.pop(node_id, None)
         if outcome is not None:
-            event, reason = outcome
-            node = await self._transition(node_id, event, actor=SYSTEM_ACTOR, reason=reason,
-                                          expect=state)
+            node = await self._outcome(node_id, state, *outcome)
             if node is not None:
                 await self._follow_up(node)
+
+    async def _outcome(self, node_id: NodeId, state: NodeState, event: Event,
+                       reason: str) -> Node | None:
+        """Write a step's outcome; retried when another daemon's write (a maintenance flag,
+        a history row) raced it; dropped, and logged, when our lease was lost."""
+        for attempt in range(_OUTCOME_TRIES):
+            try:
+                return await self._transition(node_id, event, actor=SYSTEM_ACTOR,
+                                              reason=reason, expect=state)
+            except Fenced as exc:
+                log.warning("%s; %s of its %s step dropped", exc, event, state)
+                return None
+            except NodeBusy:
+                if attempt == _OUTCOME_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
+        return None
 
     async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
         waits = state in WAITING_STEPS  # bounds its own wait; holds no budget slot
@@ -379,14 +487,23 @@ class Conductor:
             node = await self._repo.get(node_id)
             if node.state != state:
                 return None  # a stale start: the node moved on
+            if self._own is not None and node_id not in self._fences:
+                log.info("node %s: %s step not started, another daemon holds its lease",
+                         node_id, state)
+                return None
             self._status[node_id] = "running"
             ctx = RunContext(node, self._ports, self._repo, self._gate,
-                             recorder=self._step_record, keyed=state in KEYED_STEPS)
+                             recorder=self._step_record, keyed=state in KEYED_STEPS,
+                             fence=self._fences.get(node_id))
             try:
                 async with asyncio.timeout(None if waits else self._settings.step_timeout_s):
                     await self._steps[state](ctx)
             except TimeoutError:
                 return Event.FAIL, f"{state} timed out after {self._settings.step_timeout_s:g} s"
+            except Fenced as exc:
+                log.warning("%s; its %s step stops here", exc, state)
+                self._fences.pop(node_id, None)
+                return None
             except ProvisionerError as exc:
                 return Event.FAIL, str(exc)
             except Exception as exc:  # a task boundary: log once, keep the node's reason

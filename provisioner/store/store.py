@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -9,6 +12,7 @@ from sqlalchemy import Engine
 
 from provisioner.config import Settings
 from provisioner.store import db
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.secretbox import SecretBox
 from provisioner.store.tokens import TokenRepo
@@ -22,13 +26,28 @@ class Store:
     nodes: NodeRepo
     tokens: TokenRepo
     topology: TopologyRepo
+    ownership: OwnershipRepo
+
+    @property
+    def instance(self) -> str:
+        return self.ownership.instance
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
         self.engine.dispose()
 
 
-def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
+def instance_id(settings: Settings) -> str:
+    """``ha.instance``, else hostname-pid-random: a new id at every start, so a restarted
+    daemon never mistakes its dead incarnation's leases for its own."""
+    if settings.ha.instance:
+        return settings.ha.instance
+    host = socket.gethostname().split(".")[0][:40] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def open_store(settings: Settings, *, migrate: bool | None = None,
+               instance: str | None = None) -> Store:
     """Open the database; migrate when asked (default: ``store.auto_migrate``), else require
     the schema to be current. Raises SchemaError or ConfigError with a one-line reason."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -38,8 +57,13 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
         db.upgrade(engine)
     else:
         db.check_current(engine)
-    workers = 1 if url.startswith("sqlite") else settings.store.pool_size
+    sqlite = url.startswith("sqlite")
+    workers = 1 if sqlite else settings.store.pool_size
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
     box = SecretBox.from_key_file(settings.state_dir / "secret.key")
-    return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box),
-                 tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool))
+    me = instance or instance_id(settings)
+    ownership = OwnershipRepo(engine, pool, instance=me, lease_s=settings.ha.lease_s,
+                              exclusive=sqlite)
+    return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box, instance=me),
+                 tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool),
+                 ownership=ownership)
