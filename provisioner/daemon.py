@@ -23,7 +23,7 @@ from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import base_url, build_boot
 from provisioner.config import Settings
-from provisioner.errors import ConfigError, NotFound, SchemaError
+from provisioner.errors import ConfigError, Conflict, NotFound, SchemaError
 from provisioner.install.base import (
     AgentEndpoint,
     ComposedInstaller,
@@ -173,6 +173,11 @@ def _maintenance_from(actor: str, store: Store, conductor: Conductor) -> OnChang
     return on_change
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -222,6 +227,12 @@ class Daemon:
                                   observer=metrics.observe_transition,
                                   ownership=store.ownership)
             stack.push_async_callback(self._leave, store)  # after the conductor stopped
+            # leases renewed from the first claim on (recovery and seeding claim nodes),
+            # until the conductor's steps stopped
+            fleet = FleetMember(conductor, store.ownership, api_listen=self._settings.api.listen)
+            await store.ownership.heartbeat(self._settings.api.listen)
+            fleet_task = asyncio.create_task(fleet.run(), name="fleet")
+            stack.push_async_callback(_cancel, fleet_task)
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
@@ -229,16 +240,13 @@ class Daemon:
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await self._start_boot(stack, store, conductor, mailbox, agent_tokens, jobs,
                                    callbacks)
-            fleet = FleetMember(conductor, store.ownership, api_listen=self._settings.api.listen)
-            await store.ownership.heartbeat(self._settings.api.listen)
             resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
-                children = [group.create_task(self._watchdog(), name="watchdog"),
-                            group.create_task(fleet.run(), name="fleet")]
+                children = [group.create_task(self._watchdog(), name="watchdog")]
                 power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
                                        self._settings.bmc)
                 works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
@@ -338,7 +346,8 @@ class Daemon:
     async def _start_api(self, store: Store, conductor: Conductor, metrics: Metrics,
                          topology: LiveTopology) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                       metrics=metrics, settings=self._settings.api, topology=topology)
+                       metrics=metrics, settings=self._settings.api, topology=topology,
+                       ownership=store.ownership)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         host, port = self._settings.api.host_port
@@ -378,7 +387,10 @@ class Daemon:
         if missing:
             log.info("enrolling %d simulated nodes", len(missing))
         for new in missing:
-            await conductor.enroll(new, actor="simulation", reason="simulated rack")
+            try:
+                await conductor.enroll(new, actor="simulation", reason="simulated rack")
+            except Conflict:  # another daemon on the same database enrolled it meanwhile
+                continue
 
     async def _watchdog(self) -> None:
         interval = watchdog_interval_s()

@@ -14,6 +14,7 @@ from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.metrics import Metrics
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.live import LiveTopology
@@ -24,6 +25,7 @@ TOKENS: Final = web.AppKey("tokens", TokenRepo)
 METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", ApiSettings)
 TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
+OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

@@ -18,7 +18,17 @@ from typing import Final
 from aiohttp import hdrs, web
 from pydantic import ValidationError
 
-from provisioner.api import CONDUCTOR, METRICS, NODES, PRINCIPAL, SETTINGS, TOKENS, TOPOLOGY
+from provisioner.api import (
+    CONDUCTOR,
+    METRICS,
+    NODES,
+    OWNERSHIP,
+    PRINCIPAL,
+    SETTINGS,
+    TOKENS,
+    TOPOLOGY,
+)
+from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
@@ -37,6 +47,7 @@ from provisioner.errors import (
 )
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.metrics import CONTENT_TYPE, Metrics
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.live import LiveTopology
@@ -57,14 +68,18 @@ _MAX_TOKEN_CHARS: Final = 512
 
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
-             settings: ApiSettings, topology: LiveTopology | None = None) -> web.Application:
-    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
+             settings: ApiSettings, topology: LiveTopology | None = None,
+             ownership: OwnershipRepo | None = None) -> web.Application:
+    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES,
+              *INSTANCE_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
     app[METRICS], app[SETTINGS] = metrics, settings
     if topology is not None:
         app[TOPOLOGY] = topology
+    if ownership is not None:
+        app[OWNERSHIP] = ownership
     roles: Mapping[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[ROLES] = roles
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)

@@ -33,22 +33,34 @@ class FleetMember:
         self.interval_s = ownership.lease_s / 3
 
     async def beat(self) -> None:
-        """One round: heartbeat, renew, take over, stale policies."""
+        """One round of both loops (tests)."""
+        await self.renew()
+        await self.take_over()
+
+    async def renew(self) -> None:
         await self._own.heartbeat(self._api_listen)
         await self._conductor.renew_leases()
+
+    async def take_over(self) -> None:
         taken = await self._conductor.take_over(limit=self._batch)
         if taken:
             log.warning("took over %d in-flight nodes whose daemon stopped renewing", taken)
         await self._conductor.apply_stale_policies(self._own.lease_s)
 
     async def run(self) -> None:
+        """Renewal runs in its own loop: a slow take-over round never delays it."""
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._every(self.renew, "lease renewal"))
+            group.create_task(self._every(self.take_over, "take-over"))
+
+    async def _every(self, work: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
         while True:
             try:
-                await self.beat()
+                await work()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the loop's task boundary: the database may be away
-                log.warning("fleet: lease round failed: %s: %s", type(exc).__name__,
+                log.warning("fleet: %s failed: %s: %s", what, type(exc).__name__,
                             str(exc).splitlines()[0] if str(exc) else "")
             await asyncio.sleep(self.interval_s)
 

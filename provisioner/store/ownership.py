@@ -55,6 +55,9 @@ class OwnershipRepo(SessionRepo):
         self.lease_s = lease_s
         self.exclusive = exclusive
 
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)  # the store's pool (SQLite) or its own
+
     def _expiry(self) -> datetime:
         return utcnow() + timedelta(seconds=self.lease_s)
 

@@ -33,6 +33,7 @@ class Store:
         return self.ownership.instance
 
     def close(self) -> None:
+        self.ownership.close()
         self.pool.shutdown(wait=True)
         self.engine.dispose()
 
@@ -62,7 +63,10 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
     box = SecretBox.from_key_file(settings.state_dir / "secret.key")
     me = instance or instance_id(settings)
-    ownership = OwnershipRepo(engine, pool, instance=me, lease_s=settings.ha.lease_s,
+    # leases get their own threads: a backlog of step writes never delays a renewal
+    lease_pool = pool if sqlite else ThreadPoolExecutor(max_workers=2,
+                                                        thread_name_prefix="leases")
+    ownership = OwnershipRepo(engine, lease_pool, instance=me, lease_s=settings.ha.lease_s,
                               exclusive=sqlite)
     return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box, instance=me),
                  tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool),

@@ -209,3 +209,22 @@ async def test_one_singleton_leader_and_it_moves(stores: dict[str, Store]) -> No
     for task in tasks.values():
         task.cancel()
     await asyncio.gather(*tasks.values(), return_exceptions=True)
+
+
+async def test_instances_lists_live_daemons_leases_and_leader(stores: dict[str, Store]) -> None:
+    a, b = stores["A"], stores["B"]
+    node = await a.nodes.create(_new(3, S.INSPECTING), actor="test")
+    await a.ownership.heartbeat("127.0.0.1:1")
+    await b.ownership.heartbeat("127.0.0.1:2")
+    assert await a.ownership.claim(node.id) == 1
+    assert await b.ownership.lead("fleet") == 1
+    infos = {i.id: i for i in await a.ownership.instances()}
+    assert set(infos) == {"A", "B"}
+    assert (infos["A"].leases, infos["A"].singletons) == (1, ())
+    assert (infos["B"].leases, infos["B"].singletons, infos["B"].api_listen) == (
+        0, ("fleet",), "127.0.0.1:2")
+    await asyncio.sleep(LEASE_S + 0.2)  # no heartbeat: both fall out of the list
+    assert await a.ownership.instances() == []
+    await a.ownership.heartbeat("127.0.0.1:1")
+    assert await a.ownership.release_all() == 1
+    assert await a.ownership.instances() == []  # a clean stop leaves the list at once
