@@ -17,7 +17,14 @@ from typing import Final, TypeVar
 from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
 from provisioner.config import LifecycleSettings
 from provisioner.domain import NewNode, Node
-from provisioner.errors import Conflict, Fenced, InvalidRequest, NodeBusy, ProvisionerError
+from provisioner.errors import (
+    Conflict,
+    Fenced,
+    InvalidRequest,
+    NodeBusy,
+    ProvisionerError,
+    StoreUnavailable,
+)
 from provisioner.ids import NodeId
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.context import RunContext
@@ -94,9 +101,13 @@ class Conductor:
         await self._apply_policy(node)
         return await self._repo.get(node.id)  # as the policy left it
 
-    async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "") -> Node:
-        node = await self._transition(node_id, event, actor=actor, reason=reason)
-        assert node is not None
+    async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "",
+                   expect: NodeState | None = None) -> Node:
+        """``expect``: only from that state (else Conflict): a policy decided on it."""
+        node = await self._transition(node_id, event, actor=actor, reason=reason,
+                                      expect=expect)
+        if node is None:
+            raise Conflict(f"node {node_id} left {expect} before {event} applied")
         if event is Event.ABORT and (running := self._running.get(node_id)) is not None:
             running[1].cancel()
         await self._follow_up(node)
@@ -352,12 +363,15 @@ class Conductor:
 
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
-        expect: NodeState | None = None,
+        expect: NodeState | None = None, step: bool = False,
     ) -> Node | None:
+        """``expect``: apply only if the node is still in that state (a step's outcome, a
+        policy decision taken on that state); ``step``: a step's outcome (fenced by the
+        lease the step ran under, never a new claim)."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             if expect is not None and node.state != expect:
-                log.info("node %s: dropping %s from %s step, node is %s", node_id, event,
+                log.info("node %s: dropping %s meant for %s, node is %s", node_id, event,
                          expect, node.state)
                 return None
             if event in _WORK_EVENTS and node.maintenance:
@@ -375,7 +389,7 @@ class Conductor:
             elif target in _SUCCESS:
                 last_error = ""
             before = node.state
-            fence, claimed = await self._lease(node_id, step=expect is not None,
+            fence, claimed = await self._lease(node_id, step=step,
                                                needed=before in IN_FLIGHT or target in IN_FLIGHT,
                                                force=event is Event.ABORT)
             release = fence is not None and target not in IN_FLIGHT
@@ -435,7 +449,8 @@ class Conductor:
         if event is None:
             return
         try:
-            await self.fire(node.id, event, actor=POLICY_ACTOR, reason=f"auto_{event}")
+            await self.fire(node.id, event, actor=POLICY_ACTOR, reason=f"auto_{event}",
+                            expect=node.state)
         except Conflict as exc:  # someone else moved the node first
             log.info("node %s: policy skipped %s: %s", node.id, event, exc)
 
@@ -471,9 +486,11 @@ class Conductor:
         for attempt in range(_OUTCOME_TRIES):
             try:
                 return await self._transition(node_id, event, actor=SYSTEM_ACTOR,
-                                              reason=reason, expect=state)
-            except Fenced as exc:
-                log.warning("%s; %s of its %s step dropped", exc, event, state)
+                                              reason=reason, expect=state, step=True)
+            except (Fenced, StoreUnavailable) as exc:
+                log.warning("node %s: %s; %s of its %s step dropped", node_id, exc, event,
+                            state)
+                self._fences.pop(node_id, None)
                 return None
             except NodeBusy:
                 if attempt == _OUTCOME_TRIES - 1:
@@ -500,8 +517,10 @@ class Conductor:
                     await self._steps[state](ctx)
             except TimeoutError:
                 return Event.FAIL, f"{state} timed out after {self._settings.step_timeout_s:g} s"
-            except Fenced as exc:
-                log.warning("%s; its %s step stops here", exc, state)
+            except (Fenced, StoreUnavailable) as exc:
+                # lease lost, or no database to record anything in: the node stays in
+                # flight, and its lease expires; whoever claims it next resumes it
+                log.warning("node %s: %s; its %s step stops here", node_id, exc, state)
                 self._fences.pop(node_id, None)
                 return None
             except ProvisionerError as exc:

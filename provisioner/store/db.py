@@ -23,7 +23,17 @@ def make_engine(url: str) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=4)
+    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=4,
+                         connect_args=_PG_CONNECT_ARGS if url.startswith("postgresql") else {})
+
+
+#: A daemon cut off from PostgreSQL must not keep row locks (a lease row share-locked by a
+#: fenced write) on the server: its idle transaction ends after 5 s, and TCP keepalives
+#: find a dead peer on either side within ~15 s.
+_PG_CONNECT_ARGS: dict[str, Any] = {
+    "options": "-c idle_in_transaction_session_timeout=5000",
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+}
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

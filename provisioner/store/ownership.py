@@ -50,7 +50,7 @@ def _aware(at: datetime | None) -> datetime | None:
 class OwnershipRepo(SessionRepo):
     def __init__(self, engine: Engine, pool: ThreadPoolExecutor, *, instance: str,
                  lease_s: float, exclusive: bool) -> None:
-        super().__init__(engine, pool)
+        super().__init__(engine, pool, retry_s=0.0)  # a lease round fails fast, retries next
         self.instance = instance
         self.lease_s = lease_s
         self.exclusive = exclusive
@@ -238,13 +238,11 @@ class OwnershipRepo(SessionRepo):
 
         def work(s: Session) -> int | None:
             now = utcnow()
+            # waits for another daemon's renewal in progress (never skips it: a skipped
+            # row would read as "not ours" and drop a lead we hold)
             row = s.exec(select(SingletonRow).where(col(SingletonRow.name) == name)
-                         .with_for_update(skip_locked=True)).first()
+                         .with_for_update()).first()
             if row is None:
-                if s.exec(select(SingletonRow.name)
-                          .where(col(SingletonRow.name) == name)).first() is not None:
-                    s.rollback()
-                    return None  # another daemon is electing itself right now
                 s.add(SingletonRow(name=name, owner=self.instance, fence=1,
                                    expires_at=self._expiry()))
                 try:

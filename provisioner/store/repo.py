@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from provisioner.store.secretbox import SecretBox
 from provisioner.store.session import SessionRepo
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +81,8 @@ class NodeRepo(SessionRepo):
             col(NodeLeaseRow.fence) == fence).with_for_update(read=True)).first()
         if held is None:
             s.rollback()
+            log.warning("node %s: write refused by fencing: instance %s lost its lease "
+                        "(fence %d)", node_id, self.instance, fence)
             raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
                          f"holds its lease (fence {fence})")
 
