@@ -14,6 +14,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from aiohttp import web
+from sqlalchemy.engine import make_url
 
 from provisioner.api.app import make_app
 from provisioner.bmc.fake import fake_bmc_factory
@@ -39,6 +40,7 @@ from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.ports import (
     BootWaiter,
@@ -80,6 +82,7 @@ from provisioner.slurm.maintenance import SlurmFirstKube
 from provisioner.slurm.model import SlurmClient
 from provisioner.slurm.sync import SlurmSync
 from provisioner.store.exclusive import lock_sqlite
+from provisioner.store.notify import Listener, NodeChanged
 from provisioner.store.store import Store, open_store
 from provisioner.topology_live.build import build_live_topology
 from provisioner.topology_live.live import LiveTopology
@@ -370,11 +373,34 @@ class Daemon:
                           jobs: AgentJobs, callbacks: BootCallbacks) -> None:
         """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
         TFTP. Each binds before READY=1; a port in use stops the start."""
+        caches: list[Discovery] = []
         boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens, jobs,
-                          callbacks)
+                          callbacks, caches=caches)
+        self._listen_for_changes(stack, store, caches)
         for server in boot:
             await server.start()
             stack.push_async_callback(server.stop)
+
+    def _listen_for_changes(self, stack: AsyncExitStack, store: Store,
+                            caches: list[Discovery]) -> None:
+        """PostgreSQL: other daemons' node writes drop entries from our MAC caches."""
+        url = make_url(self._settings.sqlalchemy_url)
+        if not url.drivername.startswith("postgresql") or not caches:
+            return
+
+        def changed(notice: NodeChanged) -> None:
+            for cache in caches:
+                cache.forget(notice.macs)
+
+        def reconnected() -> None:
+            for cache in caches:
+                cache.forget_all()
+
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        listener = Listener(conninfo, store.instance, asyncio.get_running_loop(), changed,
+                            reconnected)
+        listener.start()
+        stack.callback(listener.stop)
 
     async def _seed_simulation(self, store: Store, conductor: Conductor) -> None:
         """Enroll the simulated rack's nodes that are not in the store yet (idempotent, so a

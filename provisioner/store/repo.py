@@ -31,6 +31,7 @@ from provisioner.domain import (
 from provisioner.errors import Conflict, Fenced, InvalidRequest, NodeBusy, NotFound
 from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
 from provisioner.lifecycle.states import NodeState
+from provisioner.store import notify
 from provisioner.store.models import (
     ApiTokenRow,
     LeaseRow,
@@ -193,6 +194,10 @@ class NodeRepo(SessionRepo):
                                 to_state=str(new.state), actor=actor, reason=reason,
                                 instance=self.instance))
             _commit_unique(s, "node")
+            # after the commit (a unique conflict must surface above as Conflict): other
+            # daemons drop these MACs from their negative caches
+            notify.send(s, self.instance, row.id, [normalize_mac(m) for m in new.macs])
+            s.commit()
             return self._to_node(s, row)
 
         return await self._run(work)
@@ -262,6 +267,7 @@ class NodeRepo(SessionRepo):
                                 instance=self.instance, fence=fence))
             if release:
                 self._release(s, node.id, fence)
+            notify.send(s, self.instance, node.id, node.macs)
             s.commit()
             # The CAS proved nobody else wrote: the new node is the old one plus our values.
             changed: dict[str, Any] = {"state": to_state, "version": node.version + 1,
@@ -300,6 +306,8 @@ class NodeRepo(SessionRepo):
             s.add(TransitionRow(node_id=owner.id, seq=owner.history_seq + 1, event="adopt",
                                 from_state=str(owner.state), to_state=str(owner.state),
                                 actor=actor, reason=reason, instance=self.instance))
+            notify.send(s, self.instance, owner.id, (*owner.macs, *discovered.macs))
+            notify.send(s, self.instance, discovered.id, discovered.macs)
             s.commit()
             return self._to_node(s, _get_row(s, owner.id))
 

@@ -228,3 +228,73 @@ async def test_instances_lists_live_daemons_leases_and_leader(stores: dict[str, 
     await a.ownership.heartbeat("127.0.0.1:1")
     assert await a.ownership.release_all() == 1
     assert await a.ownership.instances() == []  # a clean stop leaves the list at once
+
+
+async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store],
+                                                         pg_settings: Settings,
+                                                         tmp_path: Path) -> None:
+    """B saw a MAC as unknown (negative cache, 30 s TTL); A enrolls a node with it: B's
+    cache drops it on A's NOTIFY, so B knows the node at once, long before the TTL."""
+    from sqlalchemy.engine import make_url
+
+    from provisioner.lifecycle.discovery import Discovery, TokenBucket
+    from provisioner.store.notify import Listener, NodeChanged
+
+    world = SimWorld(tmp_path / "world.sqlite")
+    lifecycle = LifecycleSettings(auto_inspect=False, auto_deploy=False)
+    cond_b = Conductor(stores["B"].nodes, fake_ports(world), lifecycle,
+                       ownership=stores["B"].ownership)
+    discovery = Discovery(stores["B"].nodes, cond_b, TokenBucket(0.001, 1),
+                          unknown_ttl_s=30.0)
+    heard: list[NodeChanged] = []
+    arrived = asyncio.Event()
+
+    def changed(notice: NodeChanged) -> None:
+        heard.append(notice)
+        discovery.forget(notice.macs)
+        arrived.set()
+
+    url = make_url(pg_settings.sqlalchemy_url).set(drivername="postgresql")
+    listener = Listener(url.render_as_string(hide_password=False), "B",
+                        asyncio.get_running_loop(), changed, discovery.forget_all)
+    listener.start()
+    try:
+        await asyncio.sleep(0.5)  # LISTEN in place
+        new = _new(40)
+        mac = new.macs[0]
+        assert await discovery.lookup(mac) is None  # unknown: now in B's negative cache
+        node = await stores["A"].nodes.create(new, actor="test")
+        async with asyncio.timeout(10):
+            await arrived.wait()
+        assert heard[0] == NodeChanged("A", node.id, (mac,))
+        known = await discovery.lookup(mac)
+        assert known is not None and known.node_id == node.id
+        await stores["B"].nodes.create(_new(41), actor="test")  # B's own: not delivered
+        await asyncio.sleep(0.5)
+        assert len(heard) == 1
+    finally:
+        listener.stop()
+        await cond_b.stop()
+        world.close()
+
+
+async def test_two_daemons_dhcp_on_one_segment_never_share_an_address(
+        stores: dict[str, Store]) -> None:
+    """Two daemons serving one segment by mistake hear the same DISCOVERs and offer from
+    one pool through their own connections: the shared lease table's uniqueness gives each
+    address to one MAC, each MAC one address, until the pool runs out."""
+    from provisioner.store.leases import AddressRange, Holder, LeaseRepo
+
+    pool = AddressRange.parse("10.88.0.10-10.88.0.49", "255.255.255.0")  # 40 addresses
+    repos = [LeaseRepo(stores[name].engine, stores[name].pool) for name in ("A", "B")]
+    macs = [f"52:54:00:88:00:{n:02x}" for n in range(60)]
+    results = await asyncio.gather(*(repo.offer(Holder(m), pool, hold_s=60)
+                                     for m in macs for repo in repos))
+    offered = [lease for lease in results if lease is not None]
+    by_ip: dict[str, set[str]] = {}
+    for lease in offered:
+        by_ip.setdefault(str(lease.ip), set()).add(lease.mac)
+    assert all(len(owners) == 1 for owners in by_ip.values()), by_ip
+    stored = await repos[0].all()
+    assert len({lease.ip for lease in stored}) == len(stored) == 40  # the pool, once each
+    assert len({lease.mac for lease in stored}) == 40
