@@ -334,7 +334,10 @@ class Conductor:
         died between a step's end and the next step's start left them waiting."""
         horizon = datetime.now(UTC).timestamp() - older_than_s
         done = 0
-        for node_id, (_state, updated) in (await self._repo.stamps(_WAITING)).items():
+        acting = [st for st, on in ((NodeState.DISCOVERED, self._settings.auto_inspect),
+                                    (NodeState.ENROLLED, self._settings.auto_inspect),
+                                    (NodeState.INSPECTED, self._settings.auto_deploy)) if on]
+        for node_id, (_state, updated) in (await self._repo.stamps(acting)).items():
             stamp = updated if updated.tzinfo is not None else updated.replace(tzinfo=UTC)
             if stamp.timestamp() > horizon or node_id in self._running:
                 continue

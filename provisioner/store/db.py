@@ -9,11 +9,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 
 from provisioner.errors import SchemaError
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+_MIGRATION_LOCK = 0x70726F76  # an advisory lock key of our own ("prov")
 
 
 def make_engine(url: str) -> Engine:
@@ -67,7 +68,17 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Apply pending migrations; return (revision before, revision after)."""
     before = check_not_newer(engine)
-    command.upgrade(_alembic_config(engine), "head")
+    if engine.dialect.name != "postgresql":
+        command.upgrade(_alembic_config(engine), "head")
+        return before, head_revision()
+    # several daemons starting at once on one database: one migrates, the others wait
+    # for it and then find the schema at head
+    with engine.connect() as lock:
+        lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+        try:
+            command.upgrade(_alembic_config(engine), "head")
+        finally:
+            lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
     return before, head_revision()
 
 

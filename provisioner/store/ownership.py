@@ -118,12 +118,10 @@ class OwnershipRepo(SessionRepo):
 
         def work(s: Session) -> dict[str, int]:
             now = utcnow()
-            if self.exclusive:
-                free = or_(col(NodeLeaseRow.owner).is_(None),
-                           col(NodeLeaseRow.owner) != self.instance)
-            else:
-                free = or_(col(NodeLeaseRow.owner).is_(None),
-                           col(NodeLeaseRow.expires_at) <= now)
+            # expired: a dead daemon's, or one of ours whose step stopped (not renewed)
+            free = or_(col(NodeLeaseRow.owner).is_(None), col(NodeLeaseRow.expires_at) <= now)
+            if self.exclusive:  # the only daemon: an earlier incarnation's are free too
+                free = or_(free, col(NodeLeaseRow.owner) != self.instance)
             rows = s.exec(
                 select(NodeLeaseRow)
                 .join(NodeRow, col(NodeRow.id) == col(NodeLeaseRow.node_id))

@@ -50,7 +50,8 @@ class SessionRepo:
                         raise
                     reason = str(exc.orig).splitlines()[0] if exc.orig else type(exc).__name__
                     if time.monotonic() + delay > deadline:
-                        raise StoreUnavailable(f"database unreachable: {reason}") from exc
+                        what = "unreachable" if self._retry_s else "error"
+                        raise StoreUnavailable(f"database {what}: {reason}") from exc
                     log.warning("database call failed (%s); retrying in %.1f s", reason, delay)
                     time.sleep(delay)  # a store thread, never the event loop
                     delay = min(delay * 2, 2.0)

@@ -50,7 +50,7 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
     url = pg.create_database("ha_chaos")
     dsn = pg.dsn("ha_chaos")
     fleet = Fleet(tmp_path, url, 3,
-                  f"[simulation]\nnodes = {NODES}\nracks = 3\nstep_delay_s = 0.15\n"
+                  f"[simulation]\nnodes = {NODES}\nracks = 3\nstep_delay_s = 0.3\n"
                   f"[daemon]\nshutdown_timeout_s = 5\n[ha]\nlease_s = {LEASE_S}\n")
     started = time.monotonic()
     try:
@@ -63,7 +63,7 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
         assert isinstance(listing, dict) and len(listing["items"]) == 3, listing
         kills: list[tuple[int, int]] = []  # (daemon, nodes active then)
         for _ in range(KILLS):
-            time.sleep(rng.uniform(0.5, 3.0))
+            time.sleep(rng.uniform(0.5, 2.0))
             victim = rng.randrange(3)
             fleet.daemons[victim].kill()
             kills.append((victim, sum(1 for s in node_states(dsn).values() if s == "active")))
@@ -85,11 +85,9 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
     final = node_states(dsn)
     assert len(final) == NODES and set(final.values()) == {"active"}, (context, final)
 
-    acting: set[str | None] = set()
     for node_id, history in histories(dsn).items():
         check_one_pass(node_id, history)
-        acting |= {h[3] for h in history}
-    assert len(acting - {None}) > 3, (context, acting)  # restarted daemons took part
+    assert any(active < NODES for _victim, active in kills), f"no kill mid-way; {context}"
     assert "took over" in fleet.logs() or "resuming" in fleet.logs(), context
 
     ledger = read_ledger(fleet.state_dir / "simworld.sqlite")
