@@ -8,6 +8,7 @@ replay the run (the defaults fit this loaded 2-core machine)."""
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import subprocess
@@ -19,13 +20,21 @@ from pathlib import Path
 import pytest
 
 from provisioner.simulation.world import read_ledger
-from tests.e2e.ha_support import EFFECTS, Fleet, check_one_pass, get_json, histories, node_states
+from tests.e2e.ha_support import (
+    EFFECTS,
+    PATH,
+    Fleet,
+    check_one_pass,
+    get_json,
+    histories,
+    node_states,
+)
 from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
-NODES = int(os.environ.get("PROVISIONER_HA_NODES", "60"))
-KILLS = int(os.environ.get("PROVISIONER_HA_KILLS", "10"))
+NODES = int(os.environ.get("PROVISIONER_HA_NODES", "200"))
+KILLS = int(os.environ.get("PROVISIONER_HA_KILLS", "20"))
 LEASE_S = 3.0
 
 
@@ -78,6 +87,13 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
         for daemon, port in zip(fleet.daemons, fleet.ports, strict=True):
             daemon.wait_ready(port, timeout_s=120)
         listing = get_json(fleet.ports[0], "/api/v1/instances", token)
+        some_node = next(iter(node_states(dsn)))
+        cli = subprocess.run(
+            [sys.executable, "-m", "provisioner", "node", "history", some_node, "--json"],
+            capture_output=True, text=True, timeout=60, check=True,
+            env=dict(os.environ, PROVISIONER_URL=f"http://127.0.0.1:{fleet.ports[1]}",
+                     PROVISIONER_TOKEN=token))
+        rows = json.loads(cli.stdout)
     finally:
         codes = [daemon.stop() for daemon in fleet.daemons]
     context = f"seed={seed} kills={kills} wall={wall:.0f}s"
@@ -97,4 +113,7 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
         done = {op: effects for (key, op), (_calls, effects) in ledger.items() if key == machine}
         assert done == EFFECTS, (machine, done, context)
     assert isinstance(listing, dict) and listing["singleton_holder"] is not None, listing
+    assert [row["to_state"] for row in rows] == PATH
+    assert all(row["instance"] for row in rows), rows  # which daemon wrote each row
+    assert all(row["fence"] is not None for row in rows[2:]), rows  # step writes: fenced
     print(f"\nHA chaos: {NODES} nodes, {KILLS} kills, {wall:.0f} s wall; {context}")
