@@ -22,6 +22,7 @@ from provisioner.errors import (
     Fenced,
     InvalidRequest,
     NodeBusy,
+    NotFound,
     ProvisionerError,
     StoreUnavailable,
 )
@@ -289,17 +290,26 @@ class Conductor:
         """Resume in-flight nodes nobody drives: at start, ours from before a restart (all
         of them, without leases); with leases, those whose lease is free or expired (a dead
         or cut-off daemon's), claimed first."""
-        in_flight = await self._repo.in_states(IN_FLIGHT)
-        if self._own is not None:
+        if self._own is None:
+            in_flight = await self._repo.in_states(IN_FLIGHT)
+        else:  # claim first: a round that finds nothing reads no node
             claimed = await self._own.claim_orphans(
-                [str(st) for st in IN_FLIGHT], limit if limit is not None else len(in_flight))
+                [str(st) for st in IN_FLIGHT], limit if limit is not None else 1_000_000)
             if not claimed:
                 return 0
             self._fences.update(claimed)
-            in_flight = [n for n in await self._repo.in_states(IN_FLIGHT) if n.id in claimed]
-            for node_id in claimed.keys() - {n.id for n in in_flight}:  # left flight meanwhile
-                self._fences.pop(node_id, None)
-                await self._own.release(node_id, claimed[node_id])
+            in_flight = []
+            for node_id, fence in claimed.items():
+                try:
+                    node = await self._repo.get(node_id)
+                except NotFound:  # adopted (deleted) meanwhile
+                    self._fences.pop(node_id, None)
+                    continue
+                if node.state in IN_FLIGHT:
+                    in_flight.append(node)
+                else:  # left flight between the claim and the read
+                    self._fences.pop(node_id, None)
+                    await self._own.release(node_id, fence)
         for node in in_flight:
             self._hold(node.id, node.maintenance)
             log.info("node %s: resuming %s after %s%s", node.id, node.state,
