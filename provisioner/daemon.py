@@ -376,21 +376,23 @@ class Daemon:
         caches: list[Discovery] = []
         boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens, jobs,
                           callbacks, caches=caches)
-        self._listen_for_changes(stack, store, caches)
+        self._listen_for_changes(stack, store, caches, conductor)
         for server in boot:
             await server.start()
             stack.push_async_callback(server.stop)
 
     def _listen_for_changes(self, stack: AsyncExitStack, store: Store,
-                            caches: list[Discovery]) -> None:
-        """PostgreSQL: other daemons' node writes drop entries from our MAC caches."""
+                            caches: list[Discovery], conductor: Conductor) -> None:
+        """PostgreSQL: other daemons' node writes drop entries from our MAC caches, and a
+        maintenance flag set there parks the node's step running here."""
         url = make_url(self._settings.sqlalchemy_url)
-        if not url.drivername.startswith("postgresql") or not caches:
+        if not url.drivername.startswith("postgresql"):
             return
 
         def changed(notice: NodeChanged) -> None:
             for cache in caches:
                 cache.forget(notice.macs)
+            conductor.remote_change(notice.node_id)
 
         def reconnected() -> None:
             for cache in caches:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager, nullcontext
 from datetime import UTC, datetime
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
 from provisioner.config import LifecycleSettings
@@ -485,6 +485,9 @@ class Conductor(LeasedSteps):
         else:
             released.set()
             del self._released[node_id]
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.spawn(coro, name=name)
 
     def add_observer(self, observer: Observer) -> None:
         """Also call ``observer`` after every committed transition (caches, metrics)."""

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Coroutine
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 from provisioner.config import LifecycleSettings
 from provisioner.domain import Node
@@ -36,6 +37,22 @@ class LeasedSteps:
 
     async def _apply_policy(self, node: Node) -> None:
         raise NotImplementedError
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        raise NotImplementedError
+
+    def remote_change(self, node_id: str) -> None:
+        """Another daemon wrote this node (NOTIFY): if we run its step, pick up a
+        maintenance flag set or cleared there (the step parks or goes on here)."""
+        if node_id in self._running:
+            self._spawn_task(self._refresh_hold(node_id), f"hold:{node_id}")
+
+    async def _refresh_hold(self, node_id: str) -> None:
+        try:
+            node = await self._repo.get(node_id)
+        except NotFound:
+            return
+        self._hold(node_id, node.maintenance)
 
     async def take_over(self, *, limit: int | None) -> int:
         """Resume in-flight nodes nobody drives: at start, ours from before a restart (all

@@ -298,3 +298,60 @@ async def test_two_daemons_dhcp_on_one_segment_never_share_an_address(
     stored = await repos[0].all()
     assert len({lease.ip for lease in stored}) == len(stored) == 40  # the pool, once each
     assert len({lease.mac for lease in stored}) == 40
+
+
+async def test_maintenance_set_on_another_daemon_parks_the_step(
+        stores: dict[str, Store], pg_settings: Settings, tmp_path: Path) -> None:
+    """B sets maintenance on a node A is deploying: A hears it (NOTIFY) and parks the
+    step before its next sub-step; cleared on B, the step goes on at A to ``active``."""
+    from sqlalchemy.engine import make_url
+
+    from provisioner.store.notify import Listener, NodeChanged
+
+    world = SimWorld(tmp_path / "world.sqlite")
+    manual = LifecycleSettings(auto_inspect=False, auto_deploy=False)
+    cond_a = Conductor(stores["A"].nodes, fake_ports(world, delay_s=0.3), manual,
+                       ownership=stores["A"].ownership)
+    cond_b = Conductor(stores["B"].nodes, fake_ports(world), manual,
+                       ownership=stores["B"].ownership)
+
+    def changed(notice: NodeChanged) -> None:
+        cond_a.remote_change(notice.node_id)
+
+    url = make_url(pg_settings.sqlalchemy_url).set(drivername="postgresql")
+    listener = Listener(url.render_as_string(hide_password=False), "A",
+                        asyncio.get_running_loop(), changed, lambda: None)
+    listener.start()
+    try:
+        await asyncio.sleep(0.5)
+        node = await cond_a.enroll(_new(50), actor="test")
+        await cond_a.fire(node.id, Event.INSPECT, actor="op")
+        await cond_b.set_maintenance(node.id, True, actor="op", reason="swap a DIMM",
+                                     propagate=False)
+        async with asyncio.timeout(10):
+            while True:
+                if cond_a.step_status(node.id) == "held":
+                    break
+                await asyncio.sleep(0.05)
+        parked = (await stores["A"].nodes.get(node.id)).checkpoint
+        await asyncio.sleep(1.0)
+        assert (await stores["A"].nodes.get(node.id)).checkpoint == parked  # no sub-step ran
+        await cond_b.set_maintenance(node.id, False, actor="op", reason="", propagate=False)
+        await wait_until_state(stores["B"], node.id, S.INSPECTED)
+        history = await stores["B"].nodes.history(node.id)
+        check_single_writer(history)
+        assert {h.instance for h in history if h.event.startswith("maintenance")} == {"B"}
+        assert history[-1].instance == "A"
+    finally:
+        listener.stop()
+        await cond_a.stop()
+        await cond_b.stop()
+        world.close()
+
+
+async def wait_until_state(store: Store, node_id: str, state: NodeState) -> None:
+    async with asyncio.timeout(30):
+        while True:
+            if (await store.nodes.get(node_id)).state == state:
+                return
+            await asyncio.sleep(0.1)
