@@ -376,6 +376,8 @@ class Conductor(LeasedSteps):
                             expect=node.state)
         except Conflict as exc:  # someone else moved the node first
             log.info("node %s: policy skipped %s: %s", node.id, event, exc)
+        except StoreUnavailable as exc:  # the database is away: the stale-policy round
+            log.warning("node %s: policy %s deferred: %s", node.id, event, exc)  # retries
 
     def _start(self, node: Node) -> None:
         """Run the step of ``node.state`` unless it runs already. A task left over for an
