@@ -700,6 +700,21 @@ class DaemonSettings(_Section):
     )
 
 
+class HaSettings(_Section):
+    """Several daemons on one PostgreSQL database (docs/ha.md)."""
+
+    lease_s: float = Field(
+        30.0, ge=1, le=3600,
+        description="A node's lease (and the singletons' lead): renewed every third of it "
+        "while a step runs; a dead daemon's nodes are taken over this long after it stopped",
+    )
+    instance: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="This daemon's name in history rows and /api/v1/instances; default "
+        "hostname-pid-random (a new one at every start)",
+    )
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="PROVISIONER_",
@@ -747,6 +762,7 @@ class Settings(BaseSettings):
     validation: ValidationSettings = ValidationSettings()
     log: LogSettings = LogSettings()
     daemon: DaemonSettings = DaemonSettings()
+    ha: HaSettings = HaSettings()
 
     @classmethod
     def settings_customise_sources(

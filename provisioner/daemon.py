@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from aiohttp import web
+from sqlalchemy.engine import make_url
 
 from provisioner.api.app import EVENTS_PATH, make_app
 from provisioner.bmc.base import SoftOff
@@ -27,7 +28,7 @@ from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import base_url, build_boot, http_boot_uris
 from provisioner.config import BmcProfile, BmcSettings, Settings
 from provisioner.domain import Node
-from provisioner.errors import ConfigError, NotFound, SchemaError
+from provisioner.errors import ConfigError, Conflict, NotFound, SchemaError
 from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.base import (
     AgentEndpoint,
@@ -44,6 +45,8 @@ from provisioner.kube.sync import KubeSync, OnChange
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.discovery import Discovery
+from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.ports import (
     BootWaiter,
     Inspector,
@@ -84,6 +87,8 @@ from provisioner.slurm.handoff import SlurmHandoff
 from provisioner.slurm.maintenance import SlurmFirstKube
 from provisioner.slurm.model import SlurmClient
 from provisioner.slurm.sync import SlurmSync
+from provisioner.store.exclusive import lock_sqlite
+from provisioner.store.notify import Listener, NodeChanged
 from provisioner.store.store import Store, open_store
 from provisioner.topology_live.build import build_live_topology
 from provisioner.topology_live.live import LiveTopology
@@ -213,6 +218,11 @@ def _maintenance_from(actor: str, store: Store, conductor: Conductor) -> OnChang
     return on_change
 
 
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
 class Daemon:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
@@ -224,6 +234,10 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
         async with AsyncExitStack() as stack:
+            self._settings.state_dir.mkdir(parents=True, exist_ok=True)
+            sqlite_lock = lock_sqlite(self._settings.sqlalchemy_url)  # ConfigError: exit 2
+            if sqlite_lock is not None:
+                stack.callback(sqlite_lock.release)
             store = await asyncio.to_thread(open_store, self._settings)
             stack.callback(store.close)
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
@@ -256,7 +270,15 @@ class Daemon:
             rotation = build_rotation(self._settings.bmc, store, bmc)
             ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
-                                  observer=metrics.observe_transition)
+                                  observer=metrics.observe_transition,
+                                  ownership=store.ownership)
+            stack.push_async_callback(self._leave, store)  # after the conductor stopped
+            # leases renewed from the first claim on (recovery and seeding claim nodes),
+            # until the conductor's steps stopped
+            fleet = FleetMember(conductor, store.ownership, api_listen=self._settings.api.listen)
+            await store.ownership.heartbeat(self._settings.api.listen)
+            fleet_task = asyncio.create_task(fleet.run(), name="fleet")
+            stack.push_async_callback(_cancel, fleet_task)
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(_ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
@@ -266,28 +288,31 @@ class Daemon:
                                    callbacks)
             resumed = await conductor.recover()  # before any new work starts
             await self._seed_simulation(store, conductor)
-            log.info("ready: api on %s, %d in-flight nodes resumed", self._settings.api.listen,
-                     resumed)
+            log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
+                     self._settings.api.listen, store.instance, resumed)
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
                 children = [group.create_task(self._watchdog(), name="watchdog")]
                 power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
                                        self._settings.bmc)
-                children.append(group.create_task(power_sync.run(), name="power-sync"))
                 children.append(group.create_task(  # rotations a crash left open
                     _settle_rotations(rotation), name="bmc-rotation-settle"))
+                works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
                 if kube_client is not None:
                     sync = KubeSync(kube_client, _maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
                                     interval_s=self._settings.kube.sync_interval_s)
-                    children.append(group.create_task(sync.run(), name="kube-sync"))
+                    works.append(("kube-sync", sync.run))
                 if slurm_client is not None and self._settings.slurm.sync_interval_s > 0:
                     from_slurm = _maintenance_from("slurm", store, conductor)
                     slurm_sync = SlurmSync(slurm_client, from_slurm,
                                            interval_s=self._settings.slurm.sync_interval_s,
                                            reason_prefix=self._settings.slurm.reason_prefix)
-                    children.append(group.create_task(slurm_sync.run(), name="slurm-sync"))
-                children.append(group.create_task(topology.run(), name="topology"))
+                    works.append(("slurm-sync", slurm_sync.run))
+                works.append(("topology", topology.run))
+                # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
+                singleton = Singleton(store.ownership, "fleet", works)
+                children.append(group.create_task(singleton.run(), name="singletons"))
                 await self._stop.wait()
                 for child in children:
                     child.cancel()
@@ -295,6 +320,18 @@ class Daemon:
             log.info("stopping: letting running sub-steps checkpoint")
         log.info("stopped")
         return 0
+
+    @staticmethod
+    async def _leave(store: Store) -> None:
+        """A clean stop frees our leases and lead: another daemon resumes at once."""
+        try:
+            freed = await store.ownership.release_all()
+        except Exception as exc:  # the database may be gone; the leases then expire
+            log.warning("leases not released (%s); they expire after ha.lease_s",
+                        type(exc).__name__)
+            return
+        if freed:
+            log.info("released %d node leases", freed)
 
     def _bmc(self, stack: AsyncExitStack, world: SimWorld) -> BmcManager:
         """The BMC drivers; at stop, after the conductor's steps ended: BMC sessions
@@ -357,7 +394,7 @@ class Daemon:
                          topology: LiveTopology, rotation: BmcRotation) -> web.AppRunner:
         app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                        metrics=metrics, settings=self._settings.api, topology=topology,
-                       rotation=rotation)
+                       rotation=rotation, ownership=store.ownership)
         # slow clients, floods from one address (httpguard); the event stream lives on
         limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
         runner = guarded_runner(app, limits)
@@ -382,11 +419,36 @@ class Daemon:
                           jobs: AgentJobs, callbacks: BootCallbacks) -> None:
         """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
         TFTP. Each binds before READY=1; a port in use stops the start."""
+        caches: list[Discovery] = []
         boot = build_boot(self._settings, store, conductor, mailbox, agent_tokens, jobs,
-                          callbacks)
+                          callbacks, caches=caches)
+        self._listen_for_changes(stack, store, caches, conductor)
         for server in boot:
             await server.start()
             stack.push_async_callback(server.stop)
+
+    def _listen_for_changes(self, stack: AsyncExitStack, store: Store,
+                            caches: list[Discovery], conductor: Conductor) -> None:
+        """PostgreSQL: other daemons' node writes drop entries from our MAC caches, and a
+        maintenance flag set there parks the node's step running here."""
+        url = make_url(self._settings.sqlalchemy_url)
+        if not url.drivername.startswith("postgresql"):
+            return
+
+        def changed(notice: NodeChanged) -> None:
+            for cache in caches:
+                cache.forget(notice.macs)
+            conductor.remote_change(notice.node_id)
+
+        def reconnected() -> None:
+            for cache in caches:
+                cache.forget_all()
+
+        conninfo = url.set(drivername="postgresql").render_as_string(hide_password=False)
+        listener = Listener(conninfo, store.instance, asyncio.get_running_loop(), changed,
+                            reconnected)
+        listener.start()
+        stack.callback(listener.stop)
 
     async def _seed_simulation(self, store: Store, conductor: Conductor) -> None:
         """Enroll the simulated rack's nodes that are not in the store yet (idempotent, so a
@@ -399,7 +461,10 @@ class Daemon:
         if missing:
             log.info("enrolling %d simulated nodes", len(missing))
         for new in missing:
-            await conductor.enroll(new, actor="simulation", reason="simulated rack")
+            try:
+                await conductor.enroll(new, actor="simulation", reason="simulated rack")
+            except Conflict:  # another daemon on the same database enrolled it meanwhile
+                continue
 
     async def _watchdog(self) -> None:
         interval = watchdog_interval_s()

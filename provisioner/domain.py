@@ -91,6 +91,8 @@ class HistoryEntry:
     actor: str
     reason: str
     at: datetime
+    instance: str | None = None  # the daemon that wrote it (several daemons, one database)
+    fence: int | None = None  # the fencing number of its lease, for a step's writes
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,14 @@ class NodeBusy(Conflict):
     """Another writer changed the node between our read and our write."""
 
 
+class StoreUnavailable(ProvisionerError):
+    """The database stayed unreachable longer than the store retries a call."""
+
+
+class Fenced(NodeBusy):
+    """This daemon lost the node's lease (another daemon claimed it): its write is refused."""
+
+
 class InvalidRequest(ProvisionerError):
     """Input that is well-formed but semantically wrong."""
 

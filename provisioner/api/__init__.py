@@ -17,6 +17,7 @@ from provisioner.domain import TokenInfo
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.live import LiveTopology
@@ -30,6 +31,7 @@ TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
 EVENTS: Final = web.AppKey("events", EventHub)
 SESSIONS: Final = web.AppKey("sessions", SessionStore)
 ROTATION: Final = web.AppKey("rotation", BmcRotation)
+OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

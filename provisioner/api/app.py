@@ -23,6 +23,7 @@ from provisioner.api import (
     EVENTS,
     METRICS,
     NODES,
+    OWNERSHIP,
     PRINCIPAL,
     ROTATION,
     SESSIONS,
@@ -31,6 +32,7 @@ from provisioner.api import (
     TOPOLOGY,
 )
 from provisioner.api.events import EventHub, stream
+from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
@@ -52,6 +54,7 @@ from provisioner.errors import (
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.live import LiveTopology
@@ -74,8 +77,10 @@ _MAX_TOKEN_CHARS: Final = 512
 
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
              settings: ApiSettings, topology: LiveTopology | None = None,
-             rotation: BmcRotation | None = None) -> web.Application:
-    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES, *_OWN_ROUTES)
+             rotation: BmcRotation | None = None,
+             ownership: OwnershipRepo | None = None) -> web.Application:
+    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES,
+              *INSTANCE_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
@@ -92,6 +97,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     app.on_shutdown.append(close_streams)
     if rotation is not None:
         app[ROTATION] = rotation
+    if ownership is not None:
+        app[OWNERSHIP] = ownership
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

@@ -229,6 +229,8 @@ class HistoryOut(BaseModel):
     actor: str
     reason: str
     at: datetime
+    instance: str | None = None  # the daemon that wrote the row
+    fence: int | None = None  # its lease's fencing number, for a step's writes
 
 
 class NodeDetailOut(NodeOut):
@@ -331,7 +333,7 @@ def _node_fields(node: Node, step_status: str | None) -> dict[str, object]:
 def history_out(entry: HistoryEntry) -> HistoryOut:
     return HistoryOut(seq=entry.seq, event=entry.event, from_state=entry.from_state,
                       to_state=entry.to_state, actor=entry.actor, reason=entry.reason,
-                      at=_utc(entry.at))
+                      at=_utc(entry.at), instance=entry.instance, fence=entry.fence)
 
 
 # -- bodies ---------------------------------------------------------------------------------

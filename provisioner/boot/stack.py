@@ -78,11 +78,15 @@ def base_url(settings: Settings) -> str:
 
 def build_boot(settings: Settings, store: Store, conductor: Conductor,
                mailbox: FactsMailbox, agent_tokens: AgentTokens,
-               jobs: AgentJobs, callbacks: BootCallbacks | None = None) -> list[Server]:
+               jobs: AgentJobs, callbacks: BootCallbacks | None = None,
+               caches: list[Discovery] | None = None) -> list[Server]:
+    """``caches``: gets the MAC caches, for invalidation by other daemons' writes."""
     servers: list[Server] = []
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
                           TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst))
+    if caches is not None:
+        caches.append(discovery)
     assets = netboot_dir(settings)
     stage_ipxe(settings.boot.assets_dir or DEBIAN_IPXE, assets)
     # authoritative DHCP: the lease store, which also binds agent tokens (agent_binding.py)

@@ -9,18 +9,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager, nullcontext
 from datetime import UTC, datetime
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
 from provisioner.config import LifecycleSettings
 from provisioner.domain import NewNode, Node
-from provisioner.errors import Conflict, InvalidRequest, ProvisionerError
+from provisioner.errors import (
+    Conflict,
+    Fenced,
+    InvalidRequest,
+    NodeBusy,
+    ProvisionerError,
+    StoreUnavailable,
+)
 from provisioner.ids import NodeId
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.context import RunContext
+from provisioner.lifecycle.leasing import WAITING, LeasedSteps
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.power import SYNC_ACTOR, apply_power
 from provisioner.lifecycle.states import (
@@ -33,6 +41,7 @@ from provisioner.lifecycle.states import (
     next_state,
 )
 from provisioner.lifecycle.steps import KEYED_STEPS, STEPS, WAITING_STEPS, Step
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
 from provisioner.validation.sku import OVERRIDE_EVENT, OVERRIDE_KEY, held_reasons, override_entry
@@ -46,11 +55,12 @@ Observer = Callable[[Node, str, NodeState], None]
 
 _SUCCESS: Final = frozenset({NodeState.INSPECTED, NodeState.ACTIVE, NodeState.RETIRED})
 _WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
+_OUTCOME_TRIES: Final = 5  # a step's outcome retried when another daemon's write raced it
 SYSTEM_ACTOR: Final = "conductor"
 POLICY_ACTOR: Final = "policy"
 
 
-class Conductor:
+class Conductor(LeasedSteps):
     def __init__(
         self,
         repo: NodeRepo,
@@ -59,8 +69,14 @@ class Conductor:
         *,
         steps: Mapping[NodeState, Step] = STEPS,
         observer: Observer | None = None,
+        ownership: OwnershipRepo | None = None,
     ) -> None:
+        """``ownership``: claim a lease per in-flight node and fence every step write with
+        it (the daemon; several daemons may share the database). None: no leases (tests of
+        one conductor alone)."""
         self._repo = repo
+        self._own = ownership
+        self._fences: dict[str, int] = {}  # node id -> fencing number of the lease we hold
         self._ports = ports
         self._settings = settings
         self._steps = steps
@@ -85,9 +101,13 @@ class Conductor:
         await self._apply_policy(node)
         return await self._repo.get(node.id)  # as the policy left it
 
-    async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "") -> Node:
-        node = await self._transition(node_id, event, actor=actor, reason=reason)
-        assert node is not None
+    async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "",
+                   expect: NodeState | None = None) -> Node:
+        """``expect``: only from that state (else Conflict): a policy decided on it."""
+        node = await self._transition(node_id, event, actor=actor, reason=reason,
+                                      expect=expect)
+        if node is None:
+            raise Conflict(f"node {node_id} left {expect} before {event} applied")
         if event is Event.ABORT and (running := self._running.get(node_id)) is not None:
             running[1].cancel()
         await self._follow_up(node)
@@ -270,15 +290,8 @@ class Conductor:
 
     async def recover(self) -> int:
         """Resume every in-flight node where it was; apply policy to waiting ones."""
-        resumed = 0
-        for node in await self._repo.in_states(IN_FLIGHT):
-            self._hold(node.id, node.maintenance)
-            log.info("node %s: resuming %s after %s", node.id, node.state,
-                     ", ".join(node.checkpoint) or "nothing done")
-            self._start(node)
-            resumed += 1
-        waiting = [NodeState.DISCOVERED, NodeState.ENROLLED, NodeState.INSPECTED]
-        for node in await self._repo.in_states(waiting):
+        resumed = await self.take_over(limit=None)
+        for node in await self._repo.in_states(WAITING):
             self._hold(node.id, node.maintenance)
             await self._apply_policy(node)
         return resumed
@@ -302,12 +315,15 @@ class Conductor:
 
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
-        expect: NodeState | None = None,
+        expect: NodeState | None = None, step: bool = False,
     ) -> Node | None:
+        """``expect``: apply only if the node is still in that state (a step's outcome, a
+        policy decision taken on that state); ``step``: a step's outcome (fenced by the
+        lease the step ran under, never a new claim)."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             if expect is not None and node.state != expect:
-                log.info("node %s: dropping %s from %s step, node is %s", node_id, event,
+                log.info("node %s: dropping %s meant for %s, node is %s", node_id, event,
                          expect, node.state)
                 return None
             if event in _WORK_EVENTS and node.maintenance:
@@ -325,9 +341,23 @@ class Conductor:
             elif target in _SUCCESS:
                 last_error = ""
             before = node.state
-            node = await self._repo.transition(node, to_state=target, event=str(event),
-                                               actor=actor, reason=reason,
-                                               last_error=last_error)
+            fence, claimed = await self._lease(node_id, step=step,
+                                               needed=before in IN_FLIGHT or target in IN_FLIGHT,
+                                               force=event is Event.ABORT)
+            release = fence is not None and target not in IN_FLIGHT
+            try:
+                node = await self._repo.transition(node, to_state=target, event=str(event),
+                                                   actor=actor, reason=reason,
+                                                   last_error=last_error, fence=fence,
+                                                   release=release)
+            except NodeBusy as exc:
+                if fence is not None and (claimed or isinstance(exc, Fenced)):
+                    self._fences.pop(node_id, None)
+                    if claimed and self._own is not None:
+                        await self._own.release(node_id, fence)
+                raise
+            if release:
+                self._fences.pop(node_id, None)
         level = logging.ERROR if target in FAILED else logging.INFO
         log.log(level, "node %s: %s --%s--> %s by %s%s", node_id, before, event, target,
                 actor, f": {reason}" if reason else "")
@@ -353,9 +383,12 @@ class Conductor:
         if event is None:
             return
         try:
-            await self.fire(node.id, event, actor=POLICY_ACTOR, reason=f"auto_{event}")
+            await self.fire(node.id, event, actor=POLICY_ACTOR, reason=f"auto_{event}",
+                            expect=node.state)
         except Conflict as exc:  # someone else moved the node first
             log.info("node %s: policy skipped %s: %s", node.id, event, exc)
+        except StoreUnavailable as exc:  # the database is away: the stale-policy round
+            log.warning("node %s: policy %s deferred: %s", node.id, event, exc)  # retries
 
     def _start(self, node: Node) -> None:
         """Run the step of ``node.state`` unless it runs already. A task left over for an
@@ -378,11 +411,28 @@ class Conductor:
                 del self._running[node_id]
                 self._status.pop(node_id, None)
         if outcome is not None:
-            event, reason = outcome
-            node = await self._transition(node_id, event, actor=SYSTEM_ACTOR, reason=reason,
-                                          expect=state)
+            node = await self._outcome(node_id, state, *outcome)
             if node is not None:
                 await self._follow_up(node)
+
+    async def _outcome(self, node_id: NodeId, state: NodeState, event: Event,
+                       reason: str) -> Node | None:
+        """Write a step's outcome; retried when another daemon's write (a maintenance flag,
+        a history row) raced it; dropped, and logged, when our lease was lost."""
+        for attempt in range(_OUTCOME_TRIES):
+            try:
+                return await self._transition(node_id, event, actor=SYSTEM_ACTOR,
+                                              reason=reason, expect=state, step=True)
+            except (Fenced, StoreUnavailable) as exc:
+                log.warning("node %s: %s; %s of its %s step dropped", node_id, exc, event,
+                            state)
+                self._fences.pop(node_id, None)
+                return None
+            except NodeBusy:
+                if attempt == _OUTCOME_TRIES - 1:
+                    raise
+                await asyncio.sleep(0.05 * (attempt + 1))
+        return None
 
     async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
         waits = state in WAITING_STEPS  # bounds its own wait; holds no budget slot
@@ -390,14 +440,25 @@ class Conductor:
             node = await self._repo.get(node_id)
             if node.state != state:
                 return None  # a stale start: the node moved on
+            if self._own is not None and node_id not in self._fences:
+                log.info("node %s: %s step not started, another daemon holds its lease",
+                         node_id, state)
+                return None
             self._status[node_id] = "running"
             ctx = RunContext(node, self._ports, self._repo, self._gate,
-                             recorder=self._step_record, keyed=state in KEYED_STEPS)
+                             recorder=self._step_record, keyed=state in KEYED_STEPS,
+                             fence=self._fences.get(node_id))
             try:
                 async with asyncio.timeout(None if waits else self._settings.step_timeout_s):
                     await self._steps[state](ctx)
             except TimeoutError:
                 return Event.FAIL, f"{state} timed out after {self._settings.step_timeout_s:g} s"
+            except (Fenced, StoreUnavailable) as exc:
+                # lease lost, or no database to record anything in: the node stays in
+                # flight, and its lease expires; whoever claims it next resumes it
+                log.warning("node %s: %s; its %s step stops here", node_id, exc, state)
+                self._fences.pop(node_id, None)
+                return None
             except ProvisionerError as exc:
                 return Event.FAIL, str(exc)
             except Exception as exc:  # a task boundary: log once, keep the node's reason
@@ -437,6 +498,9 @@ class Conductor:
         else:
             released.set()
             del self._released[node_id]
+
+    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        self._tasks.spawn(coro, name=name)
 
     def add_observer(self, observer: Observer) -> None:
         """Also call ``observer`` after every committed transition (caches, metrics)."""

@@ -28,6 +28,7 @@ class RunContext:
         *,
         recorder: Recorder,
         keyed: bool = True,
+        fence: int | None = None,
     ) -> None:
         """``keyed``: the step's drivers key their work by the run id, so it is
         checkpointed before the first sub-step (other steps save that write)."""
@@ -42,6 +43,7 @@ class RunContext:
         self._run_id = run.removeprefix(_RUN_PREFIX) if run else f"{node.id}:{node.history_seq}"
         self._run_saved = run is not None or not keyed
         self._power: str | None = None  # set by the running sub-step, saved with its end
+        self._fence = fence  # the node's lease we hold (several daemons): checked per save
 
     @property
     def node(self) -> Node:
@@ -99,5 +101,6 @@ class RunContext:
     async def _save(self, item: str) -> None:
         self._done.append(item)
         self._node = await self._repo.save_checkpoint(self._node, self._done,
-                                                      power_state=self._power)
+                                                      power_state=self._power,
+                                                      fence=self._fence)
         self._power = None  # saved (a failed save leaves it to aclose)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from provisioner.boot.inventory import KnownNode
 from provisioner.domain import NewNode, Node
@@ -107,6 +107,16 @@ class Discovery:
         return node
 
     def _invalidate(self, node: Node, _event: str, _before: NodeState) -> None:
-        for mac in node.macs:
+        self.forget(node.macs)
+
+    def forget(self, macs: Iterable[str]) -> None:
+        """Drop these MACs from both caches (a node changed, here or on another daemon)."""
+        for mac in macs:
             self._cache.pop(mac, None)
             self._unknown.pop(mac, None)
+
+    def forget_all(self) -> None:
+        """Notices from other daemons may have been missed (the listen connection was
+        lost): start both caches afresh."""
+        self._cache.clear()
+        self._unknown.clear()

@@ -9,11 +9,12 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 
 from provisioner.errors import SchemaError
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
+_MIGRATION_LOCK = 0x70726F76  # an advisory lock key of our own ("prov")
 
 
 def make_engine(url: str) -> Engine:
@@ -23,7 +24,17 @@ def make_engine(url: str) -> Engine:
         )
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=4)
+    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=4,
+                         connect_args=_PG_CONNECT_ARGS if url.startswith("postgresql") else {})
+
+
+#: A daemon cut off from PostgreSQL must not keep row locks (a lease row share-locked by a
+#: fenced write) on the server: its idle transaction ends after 5 s, and TCP keepalives
+#: find a dead peer on either side within ~15 s.
+_PG_CONNECT_ARGS: dict[str, Any] = {
+    "options": "-c idle_in_transaction_session_timeout=5000",
+    "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+}
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -57,7 +68,17 @@ def current_revision(engine: Engine) -> str | None:
 def upgrade(engine: Engine) -> tuple[str | None, str]:
     """Apply pending migrations; return (revision before, revision after)."""
     before = check_not_newer(engine)
-    command.upgrade(_alembic_config(engine), "head")
+    if engine.dialect.name != "postgresql":
+        command.upgrade(_alembic_config(engine), "head")
+        return before, head_revision()
+    # several daemons starting at once on one database: one migrates, the others wait
+    # for it and then find the schema at head
+    with engine.connect() as lock:
+        lock.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _MIGRATION_LOCK})
+        try:
+            command.upgrade(_alembic_config(engine), "head")
+        finally:
+            lock.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _MIGRATION_LOCK})
     return before, head_revision()
 
 

@@ -63,6 +63,8 @@ class TransitionRow(SQLModel, table=True):
     actor: str = Field(max_length=128)
     reason: str = Field(default="", max_length=4096)
     created_at: datetime = Field(default_factory=utcnow)
+    instance: str | None = Field(default=None, max_length=128)  # the daemon that wrote it
+    fence: int | None = Field(default=None)  # its lease's fencing number, if it held one
 
 
 class ApiTokenRow(SQLModel, table=True):
@@ -104,3 +106,38 @@ class FabricScanRow(SQLModel, table=True):
     reporter_node_id: str | None = Field(default=None, foreign_key="node.id",
                                          ondelete="SET NULL")
     received_at: datetime = Field(default_factory=utcnow)
+
+
+class NodeLeaseRow(SQLModel, table=True):
+    """Who drives a node's in-flight step: one row per node, claimed with ``FOR UPDATE SKIP
+    LOCKED``. ``fence`` grows at every claim; every fenced write checks it (DESIGN §7)."""
+
+    __tablename__ = "node_lease"
+
+    node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE",
+                         max_length=36)
+    owner: str | None = Field(default=None, index=True, max_length=128)
+    fence: int = Field(default=0)
+    expires_at: datetime | None = None
+
+
+class InstanceRow(SQLModel, table=True):
+    """A running daemon: its heartbeat says it is alive."""
+
+    __tablename__ = "instance"
+
+    id: str = Field(primary_key=True, max_length=128)
+    api_listen: str = Field(default="", max_length=255)
+    started_at: datetime = Field(default_factory=utcnow)
+    heartbeat_at: datetime = Field(default_factory=utcnow)
+
+
+class SingletonRow(SQLModel, table=True):
+    """A fleet-wide singleton's leader lease (topology publication, syncs, sweeps)."""
+
+    __tablename__ = "singleton"
+
+    name: str = Field(primary_key=True, max_length=64)
+    owner: str | None = Field(default=None, max_length=128)
+    fence: int = Field(default=0)
+    expires_at: datetime | None = None

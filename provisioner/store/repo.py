@@ -9,6 +9,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import json
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,12 +30,14 @@ from provisioner.domain import (
     NodeFilter,
     NodeSummary,
 )
-from provisioner.errors import Conflict, InvalidRequest, NodeBusy, NotFound
+from provisioner.errors import Conflict, Fenced, InvalidRequest, NodeBusy, NotFound
 from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
 from provisioner.lifecycle.states import NodeState
+from provisioner.store import notify
 from provisioner.store.models import (
     ApiTokenRow,
     LeaseRow,
+    NodeLeaseRow,
     NodeMacRow,
     NodeRow,
     TransitionRow,
@@ -44,6 +47,7 @@ from provisioner.store.secretbox import SecretBox
 from provisioner.store.session import SessionRepo
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,9 +65,35 @@ class NodeChange:
 
 
 class NodeRepo(SessionRepo):
-    def __init__(self, engine: Engine, pool: ThreadPoolExecutor, box: SecretBox) -> None:
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor, box: SecretBox, *,
+                 instance: str | None = None) -> None:
+        """``instance``: this daemon's id, written on every history row and checked (with
+        the fencing number) by fenced writes."""
         super().__init__(engine, pool)
         self._box = box
+        self.instance = instance
+
+    def _check_fence(self, s: Session, node_id: str, fence: int | None) -> None:
+        """Refuse the write unless we still hold the node's lease with ``fence``. The row
+        stays share-locked to the end of the transaction, so no claim slips in between
+        (PostgreSQL; SQLite has one daemon)."""
+        if fence is None:
+            return
+        held = s.exec(select(NodeLeaseRow.fence).where(
+            col(NodeLeaseRow.node_id) == node_id, col(NodeLeaseRow.owner) == self.instance,
+            col(NodeLeaseRow.fence) == fence).with_for_update(read=True)).first()
+        if held is None:
+            s.rollback()
+            log.warning("node %s: write refused by fencing: instance %s lost its lease "
+                        "(fence %d)", node_id, self.instance, fence)
+            raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
+                         f"holds its lease (fence {fence})")
+
+    def _release(self, s: Session, node_id: str, fence: int | None) -> None:
+        if fence is not None:
+            s.execute(update(NodeLeaseRow).where(
+                col(NodeLeaseRow.node_id) == node_id, col(NodeLeaseRow.owner) == self.instance,
+                col(NodeLeaseRow.fence) == fence).values(owner=None, expires_at=None))
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -244,9 +274,15 @@ class NodeRepo(SessionRepo):
             _commit_unique(s, "node", flush_only=True)  # the node row first: the FKs need it
             for mac in new.macs:
                 s.add(NodeMacRow(mac=normalize_mac(mac), node_id=row.id))
+            s.add(NodeLeaseRow(node_id=row.id))
             s.add(TransitionRow(node_id=row.id, seq=1, event="enroll", from_state="",
-                                to_state=str(new.state), actor=actor, reason=reason))
+                                to_state=str(new.state), actor=actor, reason=reason,
+                                instance=self.instance))
             _commit_unique(s, "node")
+            # after the commit (a unique conflict must surface above as Conflict): other
+            # daemons drop these MACs from their negative caches
+            notify.send(s, self.instance, row.id, [normalize_mac(m) for m in new.macs])
+            s.commit()
             return self._to_node(s, row)
 
         return await self._run(work)
@@ -280,10 +316,15 @@ class NodeRepo(SessionRepo):
         last_error: str | None = None,
         reset_checkpoint: bool = True,
         maintenance: tuple[bool, str] | None = None,
+        fence: int | None = None,
+        release: bool = False,
     ) -> Node:
-        """CAS the node from ``node.version`` to ``to_state`` and append one history row."""
+        """CAS the node from ``node.version`` to ``to_state`` and append one history row.
+        ``fence``: only while we hold the node's lease with it (else Fenced); ``release``:
+        free that lease in the same transaction (the step ended)."""
 
         def work(s: Session) -> Node:
+            self._check_fence(s, node.id, fence)
             now = utcnow()
             values: dict[str, Any] = {
                 "state": str(to_state),
@@ -307,7 +348,11 @@ class NodeRepo(SessionRepo):
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
             s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
                                 from_state=str(node.state), to_state=str(to_state),
-                                actor=actor, reason=reason, created_at=now))
+                                actor=actor, reason=reason, created_at=now,
+                                instance=self.instance, fence=fence))
+            if release:
+                self._release(s, node.id, fence)
+            notify.send(s, self.instance, node.id, node.macs)
             s.commit()
             # The CAS proved nobody else wrote: the new node is the old one plus our values.
             changed: dict[str, Any] = {"state": to_state, "version": node.version + 1,
@@ -332,6 +377,7 @@ class NodeRepo(SessionRepo):
                       .values(node_id=owner.id))
             s.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == discovered.id))
             s.execute(delete(TransitionRow).where(col(TransitionRow.node_id) == discovered.id))
+            s.execute(delete(NodeLeaseRow).where(col(NodeLeaseRow.node_id) == discovered.id))
             s.execute(delete(NodeRow).where(col(NodeRow.id) == discovered.id))
             result = s.execute(
                 update(NodeRow)
@@ -344,14 +390,17 @@ class NodeRepo(SessionRepo):
                 raise NodeBusy(f"node {owner.id} changed concurrently; retry")
             s.add(TransitionRow(node_id=owner.id, seq=owner.history_seq + 1, event="adopt",
                                 from_state=str(owner.state), to_state=str(owner.state),
-                                actor=actor, reason=reason))
+                                actor=actor, reason=reason, instance=self.instance))
+            notify.send(s, self.instance, owner.id, (*owner.macs, *discovered.macs))
+            notify.send(s, self.instance, discovered.id, discovered.macs)
             s.commit()
             return self._to_node(s, _get_row(s, owner.id))
 
         return await self._run(work)
 
     async def save_checkpoint(self, node: Node, checkpoint: Sequence[str], *,
-                              power_state: str | None = None) -> Node:
+                              power_state: str | None = None,
+                              fence: int | None = None) -> Node:
         """Record finished sub-steps of the step running for ``node.state`` (and the power
         state the sub-step set, in the same write).
 
@@ -361,6 +410,7 @@ class NodeRepo(SessionRepo):
             values |= {"power_state": power_state, "power_checked_at": utcnow()}
 
         def work(s: Session) -> Node:
+            self._check_fence(s, node.id, fence)
             result = s.execute(
                 update(NodeRow)
                 .where(col(NodeRow.id) == node.id, col(NodeRow.state) == str(node.state))
@@ -427,7 +477,7 @@ class NodeRepo(SessionRepo):
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
             s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
                                 from_state=str(node.state), to_state=str(node.state),
-                                actor=actor, reason=reason))
+                                actor=actor, reason=reason, instance=self.instance))
             s.commit()
             return self._to_node(s, _get_row(s, node.id))
 
@@ -544,4 +594,5 @@ def _which_unique(exc: IntegrityError) -> str:
 def _to_entry(row: TransitionRow) -> HistoryEntry:
     return HistoryEntry(node_id=NodeId(row.node_id), seq=row.seq, event=row.event,
                         from_state=row.from_state, to_state=row.to_state, actor=row.actor,
-                        reason=row.reason, at=row.created_at)
+                        reason=row.reason, at=row.created_at, instance=row.instance,
+                        fence=row.fence)

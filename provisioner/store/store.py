@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import secrets
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -12,6 +15,7 @@ from provisioner.config import Settings
 from provisioner.errors import ConfigError
 from provisioner.store import db
 from provisioner.store.bmc_secrets import BmcSecretRepo
+from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.secretbox import SecretBox
 from provisioner.store.tokens import TokenRepo
@@ -26,13 +30,29 @@ class Store:
     tokens: TokenRepo
     topology: TopologyRepo
     bmc_secrets: BmcSecretRepo
+    ownership: OwnershipRepo
+
+    @property
+    def instance(self) -> str:
+        return self.ownership.instance
 
     def close(self) -> None:
+        self.ownership.close()
         self.pool.shutdown(wait=True)
         self.engine.dispose()
 
 
-def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
+def instance_id(settings: Settings) -> str:
+    """``ha.instance``, else hostname-pid-random: a new id at every start, so a restarted
+    daemon never mistakes its dead incarnation's leases for its own."""
+    if settings.ha.instance:
+        return settings.ha.instance
+    host = socket.gethostname().split(".")[0][:40] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def open_store(settings: Settings, *, migrate: bool | None = None,
+               instance: str | None = None) -> Store:
     """Open the database; migrate when asked (default: ``store.auto_migrate``), else require
     the schema to be current. Raises SchemaError or ConfigError with a one-line reason."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
@@ -48,9 +68,16 @@ def open_store(settings: Settings, *, migrate: bool | None = None) -> Store:
         cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
         raise ConfigError(f"database_url: cannot use the database: "
                           f"{cause[0] if cause else type(exc).__name__}") from None
-    workers = 1 if url.startswith("sqlite") else settings.store.pool_size
+    sqlite = url.startswith("sqlite")
+    workers = 1 if sqlite else settings.store.pool_size
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
     box = SecretBox.from_key_file(settings.state_dir / "secret.key")
-    return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box),
+    me = instance or instance_id(settings)
+    # leases get their own threads: a backlog of step writes never delays a renewal
+    lease_pool = pool if sqlite else ThreadPoolExecutor(max_workers=2,
+                                                        thread_name_prefix="leases")
+    ownership = OwnershipRepo(engine, lease_pool, instance=me, lease_s=settings.ha.lease_s,
+                              exclusive=sqlite)
+    return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box, instance=me),
                  tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool),
-                 bmc_secrets=BmcSecretRepo(engine, pool, box))
+                 bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership)
