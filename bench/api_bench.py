@@ -1,13 +1,17 @@
 """The REST API over a large fleet: list and filter latency (p50/p99) and the daemon's RSS
 (DESIGN §9: 10,000 nodes p99 <= 50 ms; 100,000 nodes in the store, RSS <= 500 MB).
 
-    .venv/bin/python bench/api_bench.py [--nodes 10000 100000] [--requests 300]
+    python3 bench/api_bench.py [--nodes 10000 100000] [--requests 300]
 
 Nodes are written straight into a migrated SQLite store (a bulk insert, not the lifecycle),
 then ``provisioner serve`` answers page requests (limit 100) with the filters operators use.
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import http.client

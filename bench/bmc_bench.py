@@ -12,10 +12,14 @@ per request, SessionService) swept by the ``redfish`` driver; it reports the mos
 it ever had in flight on one BMC. sushy-tools is one process serving every system behind one
 port with real work per request, so it cannot emulate 1,000 BMCs at 2 s each.
 
-Run from the repository root:  .venv/bin/python bench/bmc_bench.py [--bmcs 1000]
+Run from the repository root:  python3 bench/bmc_bench.py [--bmcs 1000]
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import asyncio

@@ -2,7 +2,7 @@
 API sets: from the request reaching the app to the response being ready, auth included)
 and the client's wall time, p50/p99 (issue 12: 10,000 nodes, server time p99 <= 200 ms).
 
-    .venv/bin/python bench/console_bench.py [--nodes 10000] [--requests 100]
+    python3 bench/console_bench.py [--nodes 10000] [--requests 100]
 
 Nodes are written straight into a migrated SQLite store (``api_bench.py``'s way: stable
 states, 40 per rack, with positions), ``provisioner serve`` starts, a viewer signs in through
@@ -13,6 +13,10 @@ operator's maintenance toggle) before every request, so every page rebuilds them
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import http.client

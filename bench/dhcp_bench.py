@@ -7,12 +7,16 @@ REQUEST-ACK drops both stay at or below 2.5 % is its score; then a burst of ``--
 clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
 discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``.
 
-Run as root from the repository root:  .venv/bin/python bench/dhcp_bench.py
+Run as root from the repository root:  python3 bench/dhcp_bench.py
 Needs: kea-admin (perfdhcp), kea-dhcp4-server, dnsmasq-base. Stops every process it starts
 and deletes its namespaces. Traffic stays inside the namespaces.
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import json
@@ -125,7 +129,7 @@ listen = "{SERVER}:18080"
 [log]
 level = "WARNING"
 """)
-    exe = ROOT / ".venv" / "bin" / "provisioner"
+    exe = Path(sys.executable).parent / "provisioner"
     log = (d / "provisioner.log").open("wb")
     return subprocess.Popen(["ip", "netns", "exec", ns, str(exe), "--config", str(config),
                              "serve"], stdout=log, stderr=subprocess.STDOUT)

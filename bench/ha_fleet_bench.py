@@ -2,13 +2,17 @@
 active with 1, 2 or 3 daemons sharing the database, measuring wall time and the daemons'
 CPU time per node (all daemons together), on a PostgreSQL server the bench starts.
 
-    PYTHONPATH=. .venv/bin/python bench/ha_fleet_bench.py [--nodes 200] [--daemons 1 2 3]
+    python3 bench/ha_fleet_bench.py [--nodes 200] [--daemons 1 2 3]
 
 Every daemon runs in its own process on this machine; on the 2-core development machine the
 daemons compete for the same cores, so the scaling it shows is a floor, not a site's.
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import shutil

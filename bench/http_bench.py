@@ -5,11 +5,15 @@
 2. iPXE scripts: wrk against a node's per-node script (a store lookup, a cached agent token,
    a jinja2 render) vs nginx serving a static script of the same size (bar: >= 5,000 req/s).
 
-    .venv/bin/python bench/http_bench.py [--size-mib 1024] [--duration-s 10]
+    python3 bench/http_bench.py [--size-mib 1024] [--duration-s 10]
 Needs Debian's nginx, wrk and curl. Prints a Markdown table for docs/performance.md.
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import os

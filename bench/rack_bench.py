@@ -2,13 +2,17 @@
 drivers, measuring wall time and the daemon's CPU time per node (DESIGN §9: 1,000 nodes,
 <= 10 min wall, <= 100 ms daemon CPU per node, 0 failed).
 
-    .venv/bin/python bench/rack_bench.py [--nodes 1000] [--step-delay-s 0.2] [--postgres]
+    python3 bench/rack_bench.py [--nodes 1000] [--step-delay-s 0.2] [--postgres]
 
 The fake drivers stand in for BMCs, PXE clients and kubelets, so this measures the daemon's
 own cost (conductor, store, checkpoints, policy), not the hardware's.
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import os

@@ -6,11 +6,15 @@ the last one finished (every copy is checked byte for byte, a failed or short co
 as a failure). Clients: tftp-hpa (512-byte blocks, like a plain PXE ROM) and atftp with
 blksize 1468 (like iPXE). Rounds alternate between the servers; the median is reported.
 
-Run from the repository root:  .venv/bin/python bench/tftp_bench.py [--clients 200]
+Run from the repository root:  python3 bench/tftp_bench.py [--clients 200]
 Needs: tftpd-hpa, tftp-hpa, atftp. Stops every process it starts.
 """
 
 from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
 
 import argparse
 import asyncio
