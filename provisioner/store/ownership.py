@@ -101,8 +101,14 @@ class OwnershipRepo(SessionRepo):
         if s.get(NodeRow, node_id) is None:
             s.rollback()
             return None
-        s.add(NodeLeaseRow(node_id=node_id, owner=self.instance, fence=1,
-                           expires_at=self._expiry()))
+        return self._first_row(s, NodeLeaseRow(node_id=node_id, owner=self.instance, fence=1,
+                                               expires_at=self._expiry()))
+
+    @staticmethod
+    def _first_row(s: Session, row: NodeLeaseRow | SingletonRow) -> int | None:
+        """Insert the first lease or lead row, ours with fencing number 1; None when another
+        daemon inserted it first."""
+        s.add(row)
         try:
             s.commit()
         except IntegrityError:
@@ -241,14 +247,8 @@ class OwnershipRepo(SessionRepo):
             row = s.exec(select(SingletonRow).where(col(SingletonRow.name) == name)
                          .with_for_update()).first()
             if row is None:
-                s.add(SingletonRow(name=name, owner=self.instance, fence=1,
-                                   expires_at=self._expiry()))
-                try:
-                    s.commit()
-                except IntegrityError:
-                    s.rollback()
-                    return None
-                return 1
+                return self._first_row(s, SingletonRow(name=name, owner=self.instance, fence=1,
+                                                       expires_at=self._expiry()))
             if not self._takeable(row, now):
                 s.rollback()
                 return None

@@ -183,16 +183,13 @@ def test_arm64_deploy_boots_the_disk_and_calls_back(tmp_path: Path, arm64_debs: 
     with bridged_namespace() as ns:
         tap = ns.add_tap()
         config = tmp_path / "provisioner.toml"
-        config.write_text(
-            f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:8700"\n'
-            "[lifecycle]\nauto_inspect = false\nauto_deploy = false\n"
-            '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
-            'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
-            '[tftp]\nlisten = "10.77.0.1:69"\n[http]\nlisten = "10.77.0.1:8080"\n'
-            f'[boot]\nramdisk_arches = ["arm64"]\ncache_dir = "{arm64_debs}"\n'
+        config.write_text(segment_config(
+            state, api="127.0.0.1:8700",  # the address test_bmc_pxe_qemu's cli() asks
+            lifecycle="auto_inspect = false\nauto_deploy = false",
+            extra=f'[boot]\nramdisk_arches = ["arm64"]\ncache_dir = "{arm64_debs}"\n'
             '[bmc]\ntimeout_s = 10\n[deploy]\ncallback_timeout_s = 900\n'
             f'[images.grace]\nurl = "images/disk.raw"\nsha256 = "{sha256}"\n'
-            'root_disk = "smallest"\n')
+            'root_disk = "smallest"\n'))
         # a BMC-driven machine reboots on reset (GRUB's `reboot` when it found no
         # configuration), as hardware does; -no-reboot would turn it off for good
         qemu = [a for a in aarch64_command(ns, vm, tap, tmp_path) if a != "-no-reboot"]

@@ -75,10 +75,12 @@ def qemu_command(ns: Namespace, vm: Vm, tap: str, workdir: Path) -> list[str]:
     return [*cmd, "-device", nic]
 
 
-def segment_config(state: Path, *, tftp: bool = True, extra: str = "") -> str:
-    """``provisioner serve`` answering the namespace's segment (br0, 10.77.0.0/24)."""
-    return (f'state_dir = "{state}"\n[api]\nlisten = "127.0.0.1:{free_port()}"\n'
-            '[lifecycle]\nauto_deploy = false\n'
+def segment_config(state: Path, *, tftp: bool = True, extra: str = "",
+                   api: str | None = None, lifecycle: str = "auto_deploy = false") -> str:
+    """``provisioner serve`` answering the namespace's segment (br0, 10.77.0.0/24); ``api``:
+    its API address (default a free loopback port), ``lifecycle``: that section's lines."""
+    return (f'state_dir = "{state}"\n[api]\nlisten = "{api or f"127.0.0.1:{free_port()}"}"\n'
+            f'[lifecycle]\n{lifecycle}\n'
             '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
             'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
             + ('[tftp]\nlisten = "10.77.0.1:69"\n' if tftp else "")

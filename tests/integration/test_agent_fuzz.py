@@ -35,7 +35,7 @@ class Agent:
     def __init__(self, segment: Segment, token: str) -> None:
         self.segment, self.token = segment, token
 
-    async def call_no_5xx(self, method: str, path: str, *, data: bytes | None = None,
+    async def assert_no_5xx(self, method: str, path: str, *, data: bytes | None = None,
                    headers: dict[str, str] | None = None,
                    params: dict[str, str] | None = None) -> tuple[int, str]:
         """One request; fails on a 5xx, a hang (10 s) or an error that is not a problem."""
@@ -72,7 +72,7 @@ def mutated_facts() -> st.SearchStrategy[dict[str, Any]]:
 @given(data=st.binary(max_size=400), which=st.sampled_from(ENDPOINTS))
 async def test_random_bytes(agent: Agent, data: bytes, which: tuple[str, str]) -> None:
     method, path = which
-    await agent.call_no_5xx(method, path, data=data)
+    await agent.assert_no_5xx(method, path, data=data)
 
 
 @FUZZ
@@ -85,7 +85,7 @@ async def test_random_bytes(agent: Agent, data: bytes, which: tuple[str, str]) -
 async def test_random_json(agent: Agent, body: object, which: tuple[str, str]) -> None:
     method, path = which
     before = await agent.segment.store.nodes.find(MAC)
-    status, _ = await agent.call_no_5xx(method, path, data=json.dumps(body).encode())
+    status, _ = await agent.assert_no_5xx(method, path, data=json.dumps(body).encode())
     after = await agent.segment.store.nodes.find(MAC)
     if status >= 400:  # refused: the node is untouched (a history row may say why)
         assert (after.serial, after.macs, after.hostname) == \
@@ -96,7 +96,7 @@ async def test_random_json(agent: Agent, body: object, which: tuple[str, str]) -
 @given(facts=mutated_facts(), mac=texts)
 async def test_mutated_facts_are_accepted_or_refused_with_a_reason(
         agent: Agent, facts: dict[str, Any], mac: str) -> None:
-    status, text = await agent.call_no_5xx("POST", "/agent/v1/facts",
+    status, text = await agent.assert_no_5xx("POST", "/agent/v1/facts",
                                     data=json.dumps({"mac": mac, "facts": facts}).encode())
     node = await agent.segment.store.nodes.find(MAC)
     if status == 422:
@@ -112,13 +112,14 @@ async def test_mutated_facts_are_accepted_or_refused_with_a_reason(
                                                                "", "Bearer  "]))
 async def test_random_queries_and_authorization(agent: Agent, generation: str, header: str,
                                                 scheme: str) -> None:
-    status, _ = await agent.call_no_5xx("GET", "/agent/v1/seed", params={"generation": generation})
+    status, _ = await agent.assert_no_5xx("GET", "/agent/v1/seed",
+                                          params={"generation": generation})
     assert status == 404  # no deploy pending: nothing to hand out, whatever the generation
     # what an HTTP client can send at all: visible Latin-1, no control characters
     auth = scheme + " " + "".join(ch for ch in header
                                   if 0x20 <= ord(ch) < 0x7F or 0xA0 <= ord(ch) <= 0xFF)
     for method, path in ENDPOINTS:
-        status, _ = await agent.call_no_5xx(method, path, data=b"{}",
+        status, _ = await agent.assert_no_5xx(method, path, data=b"{}",
                                      headers={"Authorization": auth})
         assert status == 401
 

@@ -469,10 +469,10 @@ async def test_a_client_that_stops_reading_is_dropped_and_others_keep_up(
         aiohttp_client: Any, store: Store, world: SimWorld, make_node: Any) -> None:
     async with running_api(aiohttp_client, store, world,
                            settings=ApiSettings(events_queue_max=16)) as api:
-        await _drop_the_silent_one(api, make_node)
+        await assert_the_silent_one_is_dropped(api, make_node)
 
 
-async def _drop_the_silent_one(api: Api, make_node: Any) -> None:
+async def assert_the_silent_one_is_dropped(api: Api, make_node: Any) -> None:
     node = await make_node(NodeState.ACTIVE, hostname="busy")
     hub = api.client.app[EVENTS]
     bearer = f"Bearer {api.tokens[Role.VIEWER]}"
