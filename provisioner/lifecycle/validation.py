@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from provisioner.config import ValidationProfile, ValidationSettings
 from provisioner.domain import Node
-from provisioner.errors import FatalError, NotFound
+from provisioner.errors import FatalError
 from provisioner.lifecycle.ports import Note
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.repo import NodeRepo
@@ -31,7 +31,9 @@ log = logging.getLogger(__name__)
 
 WAIT_EVENT: Final = "validation_wait"
 HELD_EVENT: Final = "validation_held"
-_DOMAIN_STATES: Final = (NodeState.VALIDATING, NodeState.VALIDATE_FAILED,
+_CHUNK: Final = 500
+#: the states ``member_of`` judges
+DOMAIN_STATES: Final = (NodeState.VALIDATING, NodeState.VALIDATE_FAILED,
                          NodeState.REGISTERING, NodeState.ACTIVE)
 
 
@@ -137,8 +139,9 @@ class FactsValidator:
 
 class DomainWatch:
     """Who is in which NVLink domain, refreshed at most once per ``interval_s`` however many
-    nodes ask. Each refresh reads only (id, state, updated_at); a node is read again in full
-    only when that stamp changed."""
+    nodes ask (the validation gate and the console's fabric page). Each refresh reads only
+    (id, state, updated_at) of the nodes whose facts name a clique; a node is read again in
+    full, in bulk, only when that stamp changed."""
 
     def __init__(self, repo: NodeRepo, *, interval_s: float,
                  now: Callable[[], float] = time.monotonic) -> None:
@@ -158,18 +161,12 @@ class DomainWatch:
         return self._members
 
     async def _refresh(self) -> None:
-        stamps = await self._repo.stamps(_DOMAIN_STATES)
-        cache: dict[str, tuple[tuple[str, datetime], Member | None]] = {}
-        for node_id, stamp in stamps.items():
-            cached = self._cache.get(node_id)
-            if cached is not None and cached[0] == stamp:
-                cache[node_id] = cached
-                continue
-            try:
-                node = await self._repo.get(node_id)
-            except NotFound:  # deleted since the stamps were read
-                continue
-            cache[node_id] = ((str(node.state), node.updated_at), member_of(node))
+        stamps = await self._repo.clique_stamps(DOMAIN_STATES)  # nodes naming a clique only
+        cache = {i: known for i, known in self._cache.items() if stamps.get(i) == known[0]}
+        changed = [i for i in stamps if i not in cache]
+        for start in range(0, len(changed), _CHUNK):  # in bulk: a first look at a big fleet
+            for node in await self._repo.get_many(changed[start:start + _CHUNK]):
+                cache[node.id] = ((str(node.state), node.updated_at), member_of(node))
         self._cache = cache
         self._members = tuple(m for _, m in cache.values() if m is not None)
 

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from provisioner.api import EVENTS
-from provisioner.api.ui.domains import STATES, DomainIndex
 from provisioner.config import ApiSettings
 from provisioner.domain import BmcEndpoint, NewNode, NodeFilter, Role
 from provisioner.lifecycle.states import NodeState
+from provisioner.lifecycle.validation import DOMAIN_STATES as STATES
+from provisioner.lifecycle.validation import DomainWatch
 from provisioner.simulation.world import SimWorld
 from provisioner.store.repo import NodeChange
 from provisioner.store.store import Store
@@ -642,7 +643,7 @@ async def test_the_domain_index_reads_only_domain_nodes_and_follows_changes(
     stamps = await store.nodes.clique_stamps(STATES)
     assert sorted([(await store.nodes.get(i)).hostname or "" for i in stamps]) == names
     now = [0.0]
-    index = DomainIndex(store.nodes, interval_s=5, now=lambda: now[0])
+    index = DomainWatch(store.nodes, interval_s=5, now=lambda: now[0])
     assert {(m.name, m.standing) for m in await index.members()} == {
         (n, Standing.PASSED) for n in names}
     node = await store.nodes.find(names[0])

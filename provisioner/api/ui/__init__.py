@@ -13,9 +13,9 @@ from typing import Final
 from aiohttp import web
 from jinja2 import Environment
 
-from provisioner.api.ui.domains import DomainIndex
 from provisioner.api.ui.render import Asset
+from provisioner.lifecycle.validation import DomainWatch
 
 ENV: Final = web.AppKey("ui_env", Environment)
 ASSETS: Final[web.AppKey[Mapping[str, Asset]]] = web.AppKey("ui_assets")
-DOMAINS: Final = web.AppKey("ui_domains", DomainIndex)
+DOMAINS: Final = web.AppKey("ui_domains", DomainWatch)

@@ -8,13 +8,13 @@ from aiohttp import web
 
 from provisioner.api.ui import ASSETS, DOMAINS, ENV
 from provisioner.api.ui.auth import Handler, form, page, refuse, signin, signin_form, signout
-from provisioner.api.ui.domains import DomainIndex
 from provisioner.api.ui.fabric import domain_page, fabric_page
 from provisioner.api.ui.fleet import FLEET, FleetView, fleet
 from provisioner.api.ui.node import act, node_page
 from provisioner.api.ui.render import load_assets, make_environment, serve_asset
 from provisioner.api.ui.session import Session
 from provisioner.domain import Role
+from provisioner.lifecycle.validation import DomainWatch
 from provisioner.store.repo import NodeRepo
 
 
@@ -38,7 +38,7 @@ def setup(app: web.Application, nodes: NodeRepo, *,
     assets = load_assets()
     app[ASSETS] = assets
     app[ENV] = make_environment(assets)
-    app[DOMAINS] = DomainIndex(nodes, interval_s=domain_poll_s)
+    app[DOMAINS] = DomainWatch(nodes, interval_s=domain_poll_s)
     app[FLEET] = FleetView()
     table: list[tuple[str, str, Handler]] = [
         ("GET", "/ui", _to_fleet),
