@@ -73,10 +73,11 @@ async def test_sushy_every_operation_with_delayed_power(sushy: Sushy,
     await bmc.set_boot_device(BootDevice.PXE, uefi=True)
     boot = (await asyncio.to_thread(sushy_system, sushy))["Boot"]
     assert (boot["BootSourceOverrideTarget"], boot["BootSourceOverrideMode"]) == ("Pxe", "UEFI")
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     await bmc.set_power(ON)  # the emulator applies it 1-11 s later: read-back waits for it
-    assert await bmc.power_state() is ON and loop.time() - started >= 0.9
+    # the emulator itself says On the moment set_power returns (a wall-clock bound on the
+    # emulator's delay was flaky: it once applied the change after 0.62 s)
+    assert (await asyncio.to_thread(sushy_system, sushy))["PowerState"] == "On"
+    assert await bmc.power_state() is ON
     await bmc.power_cycle()
     assert await bmc.power_state() is ON
     await bmc.set_boot_device(BootDevice.HTTP)  # stored as Pxe without an HttpBootUri
