@@ -69,7 +69,7 @@ from provisioner.lifecycle.routing import (
     Unavailable,
 )
 from provisioner.lifecycle.stagger import PowerOnStagger
-from provisioner.lifecycle.validation import FactsValidator
+from provisioner.lifecycle.validation import FactsValidator, validation_passed
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
@@ -252,7 +252,8 @@ class Daemon:
             joiner = None
             if kube_client is not None:
                 joiner = KubeNodeJoiner(kube_client, self._settings.kube,
-                                        run_join=ansible.run_join)
+                                        run_join=ansible.run_join,
+                                        validated=validation_passed)
             topology = build_live_topology(self._settings, store, kube_client)
             stack.push_async_callback(topology.aclose)
             slurm_client = await self._connect_slurm(stack)

@@ -8,7 +8,36 @@ from enum import StrEnum
 from typing import Any
 
 from provisioner.ids import NodeId
-from provisioner.lifecycle.states import NodeState
+
+
+class NodeState(StrEnum):
+    """Where a node stands (DESIGN §2); the transition table is ``lifecycle.states``.
+
+    Stable states wait for a request or a policy; in-flight states (gerunds) run one step;
+    every in-flight state has a ``*_failed`` twin that records why it stopped."""
+
+    # stable
+    DISCOVERED = "discovered"
+    ENROLLED = "enrolled"
+    INSPECTED = "inspected"
+    ACTIVE = "active"
+    RETIRED = "retired"
+    # in flight
+    INSPECTING = "inspecting"
+    DEPLOYING = "deploying"
+    CONFIGURING = "configuring"
+    JOINING = "joining"
+    VALIDATING = "validating"
+    REGISTERING = "registering"
+    RETIRING = "retiring"
+    # failed twins (stable)
+    INSPECT_FAILED = "inspect_failed"
+    DEPLOY_FAILED = "deploy_failed"
+    CONFIGURE_FAILED = "configure_failed"
+    JOIN_FAILED = "join_failed"
+    VALIDATE_FAILED = "validate_failed"
+    REGISTER_FAILED = "register_failed"
+    RETIRE_FAILED = "retire_failed"
 
 
 class Role(StrEnum):
@@ -23,6 +52,15 @@ class Role(StrEnum):
         if self is Role.AGENT or needed is Role.AGENT:
             return self is needed
         return order.index(self) >= order.index(needed)
+
+
+@dataclass(frozen=True, slots=True)
+class KnownNode:
+    """What the boot servers learn of the node that owns a MAC (``boot.inventory``)."""
+
+    node_id: str
+    hostname: str | None
+    state: str
 
 
 @dataclass(frozen=True, slots=True)

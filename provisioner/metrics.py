@@ -11,8 +11,7 @@ from typing import Any, Final, Protocol
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
-from provisioner.domain import Node
-from provisioner.lifecycle.states import NodeState
+from provisioner.domain import Node, NodeState
 
 #: the classic text format; ``generate_latest`` writes it whatever the library's default is
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,19 +1,34 @@
-"""The shipped ``fake`` BMC driver: acts on a simulated machine in a SimWorld."""
+"""The shipped ``fake`` BMC driver: acts on a simulated machine in a SimWorld, through the
+``SimulatedMachines`` Protocol (the BMC layer does not import the simulation)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Protocol
 
 from provisioner.bmc.base import BmcFactory, BootDevice, BootSetting, PowerState
 from provisioner.domain import BmcCredentials, BmcEndpoint
-from provisioner.simulation.world import SimWorld
 
 log = logging.getLogger(__name__)
 
 
+class SimulatedMachines(Protocol):
+    """The simulated machines the fake BMC acts on (``simulation.world.SimWorld``)."""
+
+    async def get(self, key: str, attr: str) -> str:
+        """Machine ``key``'s attribute ``attr`` (``power``, ``bootdev``)."""
+        ...
+
+    async def ensure(self, key: str, op: str, attr: str, value: str) -> bool:
+        """Set machine ``key``'s ``attr`` to ``value``, counting the call under ``op``; True
+        when that changed it."""
+        ...
+
+
 class FakeBmc:
-    def __init__(self, world: SimWorld, endpoint: BmcEndpoint, *, delay_s: float = 0.0) -> None:
+    def __init__(self, world: SimulatedMachines, endpoint: BmcEndpoint, *,
+                 delay_s: float = 0.0) -> None:
         self._world = world
         self._key = endpoint.address
         self._delay_s = delay_s
@@ -42,7 +57,7 @@ class FakeBmc:
         return None
 
 
-def fake_bmc_factory(world: SimWorld, *, delay_s: float = 0.0) -> BmcFactory:
+def fake_bmc_factory(world: SimulatedMachines, *, delay_s: float = 0.0) -> BmcFactory:
     def make(_node_id: str, endpoint: BmcEndpoint, _credentials: BmcCredentials) -> FakeBmc:
         return FakeBmc(world, endpoint, delay_s=delay_s)
 

@@ -19,14 +19,13 @@ from provisioner.agent.facts import MAX_NVIDIA_SMI_XML_BYTES
 from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
-from provisioner.domain import Role
+from provisioner.domain import NodeState, Role
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.agent_binding import SourceRefused
 from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricReports
-from provisioner.lifecycle.states import NodeState
 from provisioner.store.tokens import TokenRepo
 
 log = logging.getLogger(__name__)

@@ -17,12 +17,11 @@ import re
 from aiohttp import web
 
 from provisioner.boot.render import Renderer
-from provisioner.domain import Node, Role
+from provisioner.domain import Node, NodeState, Role
 from provisioner.errors import ProvisionerError
 from provisioner.install.unattended import UnattendedInstalls
 from provisioner.lifecycle.agent_binding import SourceRefused
 from provisioner.lifecycle.agents import AgentService
-from provisioner.lifecycle.states import NodeState
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
 

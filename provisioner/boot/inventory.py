@@ -1,16 +1,11 @@
-"""What the boot servers need to know about nodes, as a Protocol the lifecycle implements."""
+"""What the boot servers need to know about nodes, as a Protocol the lifecycle implements
+(``lifecycle.discovery``); ``KnownNode`` is a domain value, re-exported here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-
-@dataclass(frozen=True, slots=True)
-class KnownNode:
-    node_id: str
-    hostname: str | None
-    state: str
+from provisioner.domain import KnownNode as KnownNode
 
 
 class BootInventory(Protocol):

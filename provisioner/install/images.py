@@ -44,7 +44,8 @@ class SeedSource:
 
 
 class AgentJobs:
-    """Jobs waiting for nodes' agents (``AgentService.command`` hands them out)."""
+    """Jobs waiting for nodes' agents (``AgentService.command`` hands them out): the
+    lifecycle's ``AgentJobQueue``."""
 
     def __init__(self) -> None:
         self._jobs: dict[str, _Job] = {}

@@ -16,10 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from provisioner.config import InstallerSettings, check_installer_url, check_ssh_key
-from provisioner.domain import Node
+from provisioner.domain import Node, NodeState
 from provisioner.errors import ConfigError, FatalError, RetryableError
 from provisioner.install.images import choose_disk
-from provisioner.lifecycle.states import NodeState
 
 #: The sub-step name under which the deploy step waits for the ``installed`` callback. Once
 #: it is checkpointed, the node's iPXE script is a local boot: an installer that reboots

@@ -23,7 +23,6 @@ from provisioner.kube.join import BootstrapTokens, RunJoin, SecretStore
 from provisioner.kube.labels import apply_metadata, desired_metadata
 from provisioner.kube.model import NodeInfo
 from provisioner.kube.wait import NodeWaiter, exists, gpu_stack_ready, node_name, ready
-from provisioner.validation.record import passed_now
 
 log = logging.getLogger(__name__)
 
@@ -34,15 +33,9 @@ class JoinClient(DrainClient, SecretStore, Protocol):
     async def delete_node(self, name: str) -> bool: ...
 
 
-def validation_passed(node: Node) -> bool:
-    """Default validation gate: the validating step's record says the node passed in its
-    current provisioning (a record left from an earlier one does not count)."""
-    return passed_now(node.state, node.facts, node.checkpoint)
-
-
 class KubeNodeJoiner:
     def __init__(self, client: JoinClient, settings: KubeSettings, run_join: RunJoin, *,
-                 validated: Callable[[Node], bool] = validation_passed,
+                 validated: Callable[[Node], bool],
                  topology_labels: Callable[[Node], Mapping[str, str]] = lambda node: {},
                  now: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:

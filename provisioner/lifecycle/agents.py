@@ -21,7 +21,6 @@ from provisioner.agent.facts import FactsError, validate
 from provisioner.domain import Node, Role, TokenInfo
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
-from provisioner.install.images import AgentJobs
 from provisioner.lifecycle.agent_binding import (
     AgentBinding,
     RefusalLog,
@@ -31,6 +30,7 @@ from provisioner.lifecycle.agent_binding import (
 from provisioner.lifecycle.bmclink import BmcLinkPolicy, reported_bmc
 from provisioner.lifecycle.callbacks import BootCallbacks, Callback
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.ports import AgentJobQueue, NoAgentJobs
 from provisioner.lifecycle.states import IN_FLIGHT, NodeState
 from provisioner.lifecycle.steps import IMAGE_WRITTEN
 from provisioner.store.repo import NodeChange, NodeRepo
@@ -141,7 +141,7 @@ class AgentService:
                  mailbox: FactsMailbox, *, token_ttl_s: int,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  agent_tokens: AgentTokens | None = None,
-                 jobs: AgentJobs | None = None,
+                 jobs: AgentJobQueue | None = None,
                  callbacks: BootCallbacks | None = None,
                  bmc_link: BmcLinkPolicy | None = None,
                  binding: AgentBinding | None = None) -> None:
@@ -149,7 +149,7 @@ class AgentService:
         self._binding = binding or AgentBinding()
         self._refusals = RefusalLog()
         self._bmc_link = bmc_link
-        self._jobs = jobs or AgentJobs()
+        self._jobs: AgentJobQueue = jobs or NoAgentJobs()
         self._callbacks = callbacks
         self._repo = repo
         self._mailbox = mailbox

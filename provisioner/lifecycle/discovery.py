@@ -9,8 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from provisioner.boot.inventory import KnownNode
-from provisioner.domain import NewNode, Node
+from provisioner.domain import KnownNode, NewNode, Node
 from provisioner.errors import Conflict, NotFound
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.conductor import Conductor

@@ -117,6 +117,34 @@ class NoBootWait:
         return None
 
 
+class AgentJobQueue(Protocol):
+    """Jobs waiting for nodes' agents: ``AgentService`` hands them out and takes the agents'
+    reports; the image writer queues them (``install.images.AgentJobs`` implements it)."""
+
+    def pending(self, node_id: str) -> dict[str, Any] | None: ...
+
+    def seed(self, node_id: str, generation: str) -> bytes | None:
+        """The cloud-init seed of the node's pending deploy job, if it names ``generation``."""
+        ...
+
+    def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
+        """Settle the node's job for ``generation``; False when there is none."""
+        ...
+
+
+class NoAgentJobs:
+    """For wirings with no image writer: no job is ever queued."""
+
+    def pending(self, node_id: str) -> dict[str, Any] | None:
+        return None
+
+    def seed(self, node_id: str, generation: str) -> bytes | None:
+        return None
+
+    def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
+        return False
+
+
 HttpBootUri = Callable[[Node], str | None]
 """A node's UEFI HTTP boot file URI (``boot.policy.uefi_http_boot_uri``); None: unknown."""
 

@@ -1,4 +1,8 @@
-"""Node states, events and the transition table (DESIGN §2). Pure: standard library only.
+"""Node states, events and the transition table (DESIGN §2). Pure: the standard library,
+``provisioner.domain`` and ``provisioner.errors`` only.
+
+``NodeState`` itself lives in ``provisioner.domain`` (the store and the drivers use it
+without the lifecycle); it is re-exported here.
 
 Stable states wait for a request or a policy; in-flight states (gerunds) run one step;
 every in-flight state has a ``*_failed`` twin that records why it stopped.
@@ -10,32 +14,8 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Final
 
+from provisioner.domain import NodeState as NodeState
 from provisioner.errors import InvalidTransition
-
-
-class NodeState(StrEnum):
-    # stable
-    DISCOVERED = "discovered"
-    ENROLLED = "enrolled"
-    INSPECTED = "inspected"
-    ACTIVE = "active"
-    RETIRED = "retired"
-    # in flight
-    INSPECTING = "inspecting"
-    DEPLOYING = "deploying"
-    CONFIGURING = "configuring"
-    JOINING = "joining"
-    VALIDATING = "validating"
-    REGISTERING = "registering"
-    RETIRING = "retiring"
-    # failed twins (stable)
-    INSPECT_FAILED = "inspect_failed"
-    DEPLOY_FAILED = "deploy_failed"
-    CONFIGURE_FAILED = "configure_failed"
-    JOIN_FAILED = "join_failed"
-    VALIDATE_FAILED = "validate_failed"
-    REGISTER_FAILED = "register_failed"
-    RETIRE_FAILED = "retire_failed"
 
 
 class Event(StrEnum):

@@ -186,3 +186,10 @@ def member_of(node: Node) -> Member | None:
     if node.state is NodeState.VALIDATING:
         return Member(node.id, name, record.clique, Standing.PENDING)
     return None  # registering/active with a failed record: not ours to judge
+
+
+def validation_passed(node: Node) -> bool:
+    """The validation gate the Kubernetes joiner holds GPU operands behind: the validating
+    step's record says the node passed in its current provisioning (a record left from an
+    earlier one does not count)."""
+    return passed_now(node.state, node.facts, node.checkpoint)

@@ -11,12 +11,12 @@ import asyncio
 import hashlib
 import random
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from provisioner.domain import Node
 from provisioner.errors import RetryableError
-from provisioner.lifecycle.ports import Note
 from provisioner.simulation.world import SimWorld
 from provisioner.validation.record import ValidationRecord
 
@@ -96,7 +96,8 @@ class FakeValidator(_Sim):
         return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat(),
                                 checks=("simulated",))
 
-    async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
+    async def wait_domain(self, node: Node, record: ValidationRecord,
+                          note: Callable[[str, str], Awaitable[None]]) -> None:
         return None
 
     async def check_sku(self, node: Node) -> ValidationRecord:

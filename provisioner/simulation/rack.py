@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from provisioner.config import SimulationSettings
-from provisioner.domain import BmcEndpoint, NewNode
-from provisioner.lifecycle.states import NodeState
+from provisioner.domain import BmcEndpoint, NewNode, NodeState
 
 
 def simulated_nodes(settings: SimulationSettings) -> list[NewNode]:

@@ -5,9 +5,21 @@ Off: uncordon in Kubernetes, then resume in Slurm. join/remove pass through."""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from provisioner.domain import Node
-from provisioner.lifecycle.ports import KubeJoiner
 from provisioner.slurm.handoff import SlurmHandoff
+
+
+class KubeJoiner(Protocol):
+    """The Kubernetes side this wraps (``kube.joiner.KubeNodeJoiner``); the same shape as the
+    lifecycle's ``KubeJoiner`` port, which ``SlurmFirstKube`` itself implements."""
+
+    async def join(self, node: Node) -> None: ...
+
+    async def maintenance(self, node: Node, on: bool, reason: str) -> None: ...
+
+    async def remove(self, node: Node) -> None: ...
 
 
 class SlurmFirstKube:

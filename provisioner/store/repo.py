@@ -28,11 +28,11 @@ from provisioner.domain import (
     NewNode,
     Node,
     NodeFilter,
+    NodeState,
     NodeSummary,
 )
 from provisioner.errors import Conflict, Fenced, InvalidRequest, NodeBusy, NotFound
 from provisioner.ids import NodeId, is_mac, new_node_id, normalize_mac
-from provisioner.lifecycle.states import NodeState
 from provisioner.store import notify
 from provisioner.store.models import (
     ApiTokenRow,

@@ -25,8 +25,7 @@ from datetime import UTC, datetime
 from typing import Final, Protocol
 
 from provisioner.config import TopologySettings
-from provisioner.domain import Node
-from provisioner.lifecycle.states import NodeState
+from provisioner.domain import Node, NodeState
 from provisioner.store.topology import TopologyRepo
 from provisioner.topology.model import Finding, GpuReport, IbScan
 from provisioner.topology.snapshot import (

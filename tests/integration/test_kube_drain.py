@@ -12,6 +12,7 @@ import pytest
 from provisioner.kube.drain import DrainTimeout
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.model import ANNOTATION_CORDON, EvictionBlocked
+from provisioner.lifecycle.validation import validation_passed
 from tests.integration.kube_support import connected, domain_node, kube_settings
 from tests.peers.kube import KubeCluster
 from tests.peers.kube_admin import KubeAdmin, wait_until
@@ -49,7 +50,7 @@ async def test_pdb_blocks_until_relaxed_and_daemonset_pods_stay(
             await kube.evict_pod(ns, "web-1")
         assert blocked.value.pdb == "web-pdb"
 
-        joiner = KubeNodeJoiner(kube, settings, run_join=_never)
+        joiner = KubeNodeJoiner(kube, settings, run_join=_never, validated=validation_passed)
         caplog.set_level(logging.WARNING, logger="provisioner.kube.drain")
         drain = asyncio.create_task(joiner.maintenance(node, True, "maintenance: test"))
         await asyncio.to_thread(wait_until, lambda: admin.pod(ns, "loose") is None,
@@ -86,7 +87,7 @@ async def test_drain_deadline_names_the_blocking_pdb(kube_cluster: KubeCluster) 
     await asyncio.to_thread(_workload, admin, ns, name)
     settings = kube_settings(kube_cluster, drain_timeout_s=1.5, eviction_backoff_s=0.2)
     async with connected(settings) as kube:
-        joiner = KubeNodeJoiner(kube, settings, run_join=_never)
+        joiner = KubeNodeJoiner(kube, settings, run_join=_never, validated=validation_passed)
         with pytest.raises(DrainTimeout) as info:
             await joiner.maintenance(domain_node(name), True)
     message = str(info.value)

@@ -15,6 +15,7 @@ from provisioner.kube.join import NODE_GROUP, BootstrapTokens, JoinTicket, ca_ce
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.model import ANNOTATION_MANAGED, LABEL_OPERANDS, KubeTimeout
 from provisioner.lifecycle.states import NodeState
+from provisioner.lifecycle.validation import validation_passed
 from tests.integration.kube_support import (
     connected,
     create_kubelet_csr,
@@ -66,7 +67,7 @@ async def test_join_token_labels_and_gpu_readiness(kube_cluster: KubeCluster,
     kubeadm = FakeKubeadm(kube_cluster, admin)
     node = domain_node("gpu-join-1", serial="SER-J1")
     async with connected(settings) as kube:
-        joiner = KubeNodeJoiner(kube, settings, kubeadm)
+        joiner = KubeNodeJoiner(kube, settings, kubeadm, validated=validation_passed)
         await joiner.join(node)
 
         # The token authenticated as kubeadm's default node token does, could file a CSR...
@@ -141,7 +142,7 @@ async def test_token_is_deleted_when_the_join_fails(kube_cluster: KubeCluster,
         # A token an earlier, crashed run left behind goes before a new one is made.
         stale = await BootstrapTokens(kube, ttl_s=600).create(node)
         with pytest.raises(RuntimeError, match="kubeadm join failed"):
-            await KubeNodeJoiner(kube, settings, kubeadm).join(node)
+            await KubeNodeJoiner(kube, settings, kubeadm, validated=validation_passed).join(node)
     (ticket,) = kubeadm.tickets
     names = await asyncio.to_thread(admin.secret_names, "kube-system")
     assert f"bootstrap-token-{ticket.token_id}" not in names
@@ -155,7 +156,8 @@ async def test_timeout_names_the_missing_gpu_condition(kube_cluster: KubeCluster
     await asyncio.to_thread(admin.create_node, "nvl-join-1")
     node = domain_node("nvl-join-1", profile="nvl72")
     async with connected(settings) as kube:
-        joiner = KubeNodeJoiner(kube, settings, FakeKubeadm(kube_cluster, admin))
+        joiner = KubeNodeJoiner(kube, settings, FakeKubeadm(kube_cluster, admin),
+                                validated=validation_passed)
         await joiner.join(node)  # joining never waits for the GPU stack: not validated yet
         labels = (await asyncio.to_thread(admin.node, "nvl-join-1")).metadata.labels
         assert labels[LABEL_OPERANDS] == "false"
@@ -175,6 +177,7 @@ async def test_same_hostname_other_machine_is_refused(kube_cluster: KubeCluster,
     await asyncio.to_thread(wait_until, lambda: admin.node_ready("imposter-1"))
     settings = kube_settings(kube_cluster)
     async with connected(settings) as kube:
-        joiner = KubeNodeJoiner(kube, settings, FakeKubeadm(kube_cluster, admin))
+        joiner = KubeNodeJoiner(kube, settings, FakeKubeadm(kube_cluster, admin),
+                                validated=validation_passed)
         with pytest.raises(FatalError, match="belongs to another machine"):
             await joiner.join(domain_node("imposter-1", serial="SER-MINE"))

@@ -16,6 +16,7 @@ from provisioner.kube.sync import KubeSync
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
+from provisioner.lifecycle.validation import validation_passed
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports
@@ -34,7 +35,8 @@ async def test_maintenance_both_ways(kube_cluster: KubeCluster, store: Store, wo
                                      make_node) -> None:  # type: ignore[no-untyped-def]
     admin = KubeAdmin(kube_cluster)
     async with connected(kube_settings(kube_cluster)) as kube:
-        joiner = KubeNodeJoiner(kube, kube_settings(kube_cluster), run_join=_never_join)
+        joiner = KubeNodeJoiner(kube, kube_settings(kube_cluster), run_join=_never_join,
+                                validated=validation_passed)
         base = fake_ports(world)
         ports = Ports(bmc=base.bmc, inspector=base.inspector, installer=base.installer,
                       kube=joiner, slurm=base.slurm)

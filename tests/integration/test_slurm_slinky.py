@@ -23,6 +23,7 @@ from provisioner.config import SlurmSettings
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.model import ANNOTATION_CORDON, LABEL_NODE_ID, LABEL_OPERANDS
 from provisioner.kube.sync import SLINKY_CORDON_REASON
+from provisioner.lifecycle.validation import validation_passed
 from provisioner.slurm.handoff import SLINKY_TOPOLOGY, SlurmHandoff
 from provisioner.slurm.maintenance import SlurmFirstKube
 from provisioner.slurm.scontrol import ScontrolSlurm
@@ -143,7 +144,8 @@ async def test_handoff_labels_register_drain_and_retire(
             assert LABEL_OPERANDS not in gpu_wait_labels and LABEL not in gpu_wait_labels
             assert "State=IDLE" in ctld.scontrol("show", "node", HOST)
 
-            joiner = SlurmFirstKube(KubeNodeJoiner(kube, kube_cfg, never), handoff)
+            joiner = SlurmFirstKube(
+                KubeNodeJoiner(kube, kube_cfg, never, validated=validation_passed), handoff)
             await joiner.maintenance(node, True, "swap PSU")
             meta = await asyncio.to_thread(admin.node, HOST)
             assert meta.spec.unschedulable is True
