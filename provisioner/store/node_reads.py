@@ -1,0 +1,213 @@
+"""The node repository's reads: one node, lists and pages, stamps for pollers, counts,
+history, BMC credentials (decrypted only here)."""
+
+from __future__ import annotations
+
+import builtins
+import json
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+from sqlalchemy import Engine, func, or_
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from provisioner.domain import (
+    BmcCredentials,
+    HistoryEntry,
+    Node,
+    NodeFilter,
+    NodeState,
+    NodeSummary,
+)
+from provisioner.ids import NodeId
+from provisioner.store.models import NodeRow, TransitionRow
+from provisioner.store.node_rows import (
+    escape_like,
+    filtered,
+    find_row,
+    get_row,
+    macs_for,
+    to_entry,
+    to_node,
+)
+from provisioner.store.secretbox import SecretBox
+from provisioner.store.session import SessionRepo
+
+
+class NodeReads(SessionRepo):
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor, box: SecretBox, *,
+                 instance: str | None = None) -> None:
+        """``instance``: this daemon's id, written on every history row and checked (with
+        the fencing number) by fenced writes."""
+        super().__init__(engine, pool)
+        self._box = box
+        self.instance = instance
+
+    # -- reads ------------------------------------------------------------------------------
+
+    async def get(self, node_id: str) -> Node:
+        return await self._run(lambda s: to_node(s, get_row(s, node_id)))
+
+    async def find(self, key: str) -> Node:
+        """Look a node up by id, hostname, serial or MAC."""
+        return await self._run(lambda s: to_node(s, find_row(s, key)))
+
+    async def find_by_serial(self, serial: str) -> Node | None:
+        def work(s: Session) -> Node | None:
+            row = s.exec(select(NodeRow).where(col(NodeRow.serial) == serial)).first()
+            return None if row is None else to_node(s, row)
+
+        return await self._run(work)
+
+    async def list(
+        self, flt: NodeFilter, *, limit: int, offset: int
+    ) -> tuple[builtins.list[Node], int]:
+        def work(s: Session) -> tuple[builtins.list[Node], int]:
+            query = filtered(select(NodeRow), flt)
+            total = s.exec(filtered(select(func.count()).select_from(NodeRow), flt)).one()
+            rows = s.exec(query.order_by(col(NodeRow.created_at), col(NodeRow.id))
+                          .offset(offset).limit(limit)).all()
+            macs = macs_for(s, [r.id for r in rows])
+            return [to_node(s, r, macs.get(r.id, ())) for r in rows], int(total)
+
+        return await self._run(work)
+
+    async def in_states(self, states: Iterable[NodeState]) -> builtins.list[Node]:
+        wanted = [str(st) for st in states]
+
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(col(NodeRow.state).in_(wanted))).all()
+            macs = macs_for(s, [r.id for r in rows])
+            return [to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def stamps(self, states: Iterable[NodeState]) -> dict[str, tuple[str, datetime]]:
+        """``{id: (state, updated_at)}`` of the nodes in ``states``, without their facts: a
+        poller re-reads (``get``) only the nodes whose stamp changed since it last looked."""
+        wanted = [str(st) for st in states]
+
+        def work(s: Session) -> dict[str, tuple[str, datetime]]:
+            rows = s.exec(select(NodeRow.id, NodeRow.state, NodeRow.updated_at)
+                          .where(col(NodeRow.state).in_(wanted))).all()
+            return {node_id: (state, updated) for node_id, state, updated in rows}
+
+        return await self._run(work)
+
+    async def serials(self) -> frozenset[str]:
+        def work(s: Session) -> frozenset[str]:
+            rows = s.exec(select(NodeRow.serial).where(col(NodeRow.serial).is_not(None))).all()
+            return frozenset(serial for serial in rows if serial is not None)
+
+        return await self._run(work)
+
+    async def count_by_state(self) -> dict[str, int]:
+        def work(s: Session) -> dict[str, int]:
+            query = select(NodeRow.state, func.count()).group_by(col(NodeRow.state))
+            return {state: int(n) for state, n in s.exec(query).all()}
+
+        return await self._run(work)
+
+    async def naming_clique(self, clique: str) -> builtins.list[Node]:
+        """Nodes whose stored facts name NVLink ``clique`` (a text match on the JSON, which
+        is written with ``json.dumps``: the caller confirms with the parsed record). Reads
+        one domain's nodes, not the fleet's."""
+        needle = "%" + escape_like('"clique": ' + json.dumps(clique)) + "%"
+
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(
+                col(NodeRow.facts).like(needle, escape="\\"))).all()
+            macs = macs_for(s, [r.id for r in rows])
+            return [to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def clique_stamps(self, states: Iterable[NodeState],
+                            ) -> dict[str, tuple[str, datetime]]:
+        """``stamps`` of the nodes in ``states`` whose facts name some NVLink clique (the
+        same text match as ``naming_clique``): the nodes a view of the domains must read."""
+        wanted = [str(st) for st in states]
+        needle = "%" + escape_like('"clique": "') + "%"
+
+        def work(s: Session) -> dict[str, tuple[str, datetime]]:
+            rows = s.exec(select(NodeRow.id, NodeRow.state, NodeRow.updated_at).where(
+                col(NodeRow.state).in_(wanted),
+                col(NodeRow.facts).like(needle, escape="\\"))).all()
+            return {node_id: (state, updated) for node_id, state, updated in rows}
+
+        return await self._run(work)
+
+    async def get_many(self, node_ids: Sequence[str]) -> builtins.list[Node]:
+        """The nodes of ``node_ids`` that exist, in one query."""
+        def work(s: Session) -> builtins.list[Node]:
+            rows = s.exec(select(NodeRow).where(col(NodeRow.id).in_(list(node_ids)))).all()
+            macs = macs_for(s, [r.id for r in rows])
+            return [to_node(s, r, macs.get(r.id, ())) for r in rows]
+
+        return await self._run(work)
+
+    async def page(self, flt: NodeFilter, *, limit: int, offset: int,
+                   ) -> tuple[builtins.list[NodeSummary], int]:
+        """``list`` without facts or MACs (a node's facts may be megabytes): the console's
+        node table."""
+        def work(s: Session) -> tuple[builtins.list[NodeSummary], int]:
+            c = NodeRow.__table__.c  # type: ignore[attr-defined]
+            query = filtered(sa_select(
+                c.id, c.hostname, c.state, c.maintenance, c.rack, c.position, c.profile,
+                c.power_state, c.last_error, c.maintenance_reason), flt)
+            total = s.exec(filtered(select(func.count()).select_from(NodeRow), flt)).one()
+            rows = s.connection().execute(
+                query.order_by(c.created_at, c.id).offset(offset).limit(limit)).all()
+            return [NodeSummary(NodeId(r[0]), r[1], r[2], bool(r[3]), *r[4:]) for r in rows], \
+                int(total)
+
+        return await self._run(work)
+
+    async def rack_stamps(self) -> dict[str | None, tuple[int, datetime]]:
+        """{rack: (node count, newest ``updated_at``)}: a rack's stamp changes whenever one of
+        its nodes does (every write sets ``updated_at``), so views per rack can be cached."""
+        def work(s: Session) -> dict[str | None, tuple[int, datetime]]:
+            rows = s.exec(select(NodeRow.rack, func.count(), func.max(NodeRow.updated_at))
+                          .group_by(col(NodeRow.rack))).all()
+            return {rack: (int(count), newest) for rack, count, newest in rows}
+
+        return await self._run(work)
+
+    async def summaries(self, racks: Iterable[str | None] | None = None,
+                        ) -> builtins.list[NodeSummary]:
+        """Nodes, light (no facts, no MACs), of ``racks`` (None: every node): the console's
+        rack elevation and counts."""
+        wanted = None if racks is None else set(racks)
+
+        def work(s: Session) -> builtins.list[NodeSummary]:
+            c = NodeRow.__table__.c  # type: ignore[attr-defined]  # plain rows: no ORM objects
+            query = sa_select(c.id, c.hostname, c.state, c.maintenance, c.rack, c.position)
+            if wanted is not None:
+                named = [r for r in wanted if r is not None]
+                query = query.where(or_(c.rack.in_(named), c.rack.is_(None)) if None in wanted
+                                    else c.rack.in_(named))
+            rows = s.connection().execute(query).all()
+            return [NodeSummary(NodeId(i), h, st, bool(m), r, p) for i, h, st, m, r, p in rows]
+
+        return await self._run(work)
+
+    async def history(self, node_id: str) -> builtins.list[HistoryEntry]:
+        def work(s: Session) -> builtins.list[HistoryEntry]:
+            get_row(s, node_id)
+            rows = s.exec(select(TransitionRow).where(TransitionRow.node_id == node_id)
+                          .order_by(col(TransitionRow.seq))).all()
+            return [to_entry(r) for r in rows]
+
+        return await self._run(work)
+
+    async def credentials(self, node_id: str) -> BmcCredentials:
+        def work(s: Session) -> BmcCredentials:
+            row = get_row(s, node_id)
+            password = None
+            if row.bmc_password_enc is not None:
+                password = self._box.decrypt(row.bmc_password_enc)
+            return BmcCredentials(username=row.bmc_username, password=password)
+
+        return await self._run(work)
