@@ -2,6 +2,9 @@
 
 Every transition goes through ``_transition`` under a per-node lock, as one compare-and-set
 plus a history row. Steps run outside the lock; their outcome comes back as ``done``/``fail``.
+Mixins, one job each: ``StepRunner`` (``step_runner.py``) runs the steps, ``LeasedSteps``
+(``leasing.py``) holds the leases of in-flight nodes, ``BmcRequests`` (``bmc_requests.py``)
+serves an operator's BMC requests outside the steps.
 """
 
 from __future__ import annotations
@@ -9,28 +12,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
-from contextlib import asynccontextmanager, nullcontext
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Final, TypeVar
+from typing import Final
 
-from provisioner.bmc.base import Bmc, BootDevice, PowerAction, PowerState
 from provisioner.config import LifecycleSettings
 from provisioner.domain import NewNode, Node
 from provisioner.errors import (
     Conflict,
     Fenced,
-    InvalidRequest,
     NodeBusy,
     ProvisionerError,
     StoreUnavailable,
 )
-from provisioner.ids import NodeId
+from provisioner.lifecycle.bmc_requests import BmcRequests
 from provisioner.lifecycle.budgets import Budgets
-from provisioner.lifecycle.context import RunContext
-from provisioner.lifecycle.leasing import WAITING, LeasedSteps
+from provisioner.lifecycle.leasing import WAITING
 from provisioner.lifecycle.ports import Ports
-from provisioner.lifecycle.power import SYNC_ACTOR, apply_power
 from provisioner.lifecycle.states import (
     FAILED,
     IN_FLIGHT,
@@ -40,7 +38,8 @@ from provisioner.lifecycle.states import (
     allowed_events,
     next_state,
 )
-from provisioner.lifecycle.steps import KEYED_STEPS, STEPS, WAITING_STEPS, Step
+from provisioner.lifecycle.step_runner import SYSTEM_ACTOR, StepRunner
+from provisioner.lifecycle.steps import STEPS, Step
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
@@ -48,19 +47,15 @@ from provisioner.validation.sku import OVERRIDE_EVENT, OVERRIDE_KEY, held_reason
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 Observer = Callable[[Node, str, NodeState], None]
 """Called after every committed transition with (node after, event, state before)."""
 
 _SUCCESS: Final = frozenset({NodeState.INSPECTED, NodeState.ACTIVE, NodeState.RETIRED})
 _WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
-_OUTCOME_TRIES: Final = 5  # a step's outcome retried when another daemon's write raced it
-SYSTEM_ACTOR: Final = "conductor"
 POLICY_ACTOR: Final = "policy"
 
 
-class Conductor(LeasedSteps):
+class Conductor(BmcRequests, StepRunner):
     def __init__(
         self,
         repo: NodeRepo,
@@ -189,85 +184,6 @@ class Conductor(LeasedSteps):
             await self._apply_policy(node)
         return node
 
-    # -- power (BMC) outside steps ------------------------------------------------------------
-
-    async def record_power(self, node_id: str, state: str, *,
-                           actor: str = SYNC_ACTOR) -> Node | None:
-        """Record a power state read from the node's BMC. A change goes into the history
-        (event ``power_sync``); None when nothing was recorded: no change, or a step is in
-        flight (it owns the power). A first reading is stored without a history row."""
-        async with self._locks[node_id]:
-            node = await self._repo.get(node_id)
-            if node.state in IN_FLIGHT or node.power_state == state:
-                return None
-            if node.power_state is None:
-                await self._repo.note_power(node_id, state)
-                return None
-            reason = f"power {node.power_state}\u2192{state} out of band"
-            node = await self._repo.record_power(node, state, event="power_sync", actor=actor,
-                                                 reason=reason)
-        log.info("node %s: %s (seen by %s)", node_id, reason, actor)
-        return node
-
-    async def power(self, node_id: str, action: PowerAction, *,
-                    actor: str) -> tuple[Node, PowerState]:
-        """An operator's power request. ``status`` reads, even while a step runs; the others
-        need an idle node (Conflict while a step owns the BMC) and go into the history."""
-        if action is PowerAction.STATUS:
-            node = await self._repo.get(node_id)
-            state = await self._with_bmc(node, lambda bmc: apply_power(bmc, action))
-            await self.record_power(node_id, str(state), actor=actor)
-            return await self._repo.get(node_id), state
-        async with self._no_step(node_id, f"power {action}") as node:
-            soft_off = self._ports.soft_off(node)
-            state = await self._with_bmc(node, lambda bmc: apply_power(
-                bmc, action, soft_off=soft_off))
-            node = await self._repo.record_power(
-                node, str(state), event="power_" + str(action).replace("-", "_"), actor=actor,
-                reason=f"power {action} requested")
-        log.info("node %s: power %s by %s", node_id, action, actor)
-        return node, state
-
-    async def set_boot_device(self, node_id: str, device: BootDevice, *, persistent: bool,
-                              uefi: bool, actor: str) -> Node:
-        """An operator's boot-device request; needs an idle node; goes into the history."""
-        how = f"{'persistent' if persistent else 'once'}, {'UEFI' if uefi else 'legacy'}"
-        async with self._no_step(node_id, "boot device") as node:
-            uri = self._ports.http_boot_uri(node) if device is BootDevice.HTTP else None
-            how += f", from {uri}" if uri else ""
-            await self._with_bmc(node, lambda bmc: bmc.set_boot_device(
-                device, persistent=persistent, uefi=uefi, http_uri=uri))
-            node = await self._repo.transition(node, to_state=node.state, event="bootdev",
-                                               actor=actor, reason=f"boot device {device} "
-                                               f"({how})", reset_checkpoint=False)
-        log.info("node %s: boot device %s (%s) by %s", node_id, device, how, actor)
-        return node
-
-    async def while_idle(self, node_id: str, what: str,
-                         fn: Callable[[Node], Awaitable[T]]) -> T:
-        """Run ``fn(node)`` under the node's lock, refused (Conflict) while a step owns the
-        BMC: for BMC work outside the steps (password rotation)."""
-        async with self._no_step(node_id, what) as node:
-            return await fn(node)
-
-    @asynccontextmanager
-    async def _no_step(self, node_id: str, what: str) -> AsyncIterator[Node]:
-        async with self._locks[node_id]:
-            node = await self._repo.get(node_id)
-            if node.state in IN_FLIGHT:
-                raise Conflict(f"node {node_id} is {node.state}: its step owns the BMC; "
-                               f"{what} refused until the step ends (or abort it)")
-            yield node
-
-    async def _with_bmc(self, node: Node, fn: Callable[[Bmc], Awaitable[T]]) -> T:
-        if node.bmc is None:
-            raise InvalidRequest(f"node {node.id} has no BMC endpoint")
-        bmc = self._ports.bmc(node.id, node.bmc, await self._repo.credentials(node.id))
-        try:
-            return await fn(bmc)
-        finally:
-            await bmc.aclose()
-
     async def _kube_maintenance(self, node: Node, on: bool, reason: str) -> None:
         try:
             await self._ports.kube.maintenance(node, on, reason or "maintenance")
@@ -286,7 +202,7 @@ class Conductor(LeasedSteps):
         """``queued`` (waiting for a budget), ``running``, ``held`` (maintenance) or None."""
         return self._status.get(node_id)
 
-    # -- start and stop -----------------------------------------------------------------------
+    # -- start (stop: StepRunner) ------------------------------------------------------------
 
     async def recover(self) -> int:
         """Resume every in-flight node where it was; apply policy to waiting ones."""
@@ -296,22 +212,7 @@ class Conductor(LeasedSteps):
             await self._apply_policy(node)
         return resumed
 
-    async def stop(self, grace_s: float = 0.0) -> None:
-        """Let running sub-steps finish (up to ``grace_s``), start no new ones, then cancel.
-
-        Nodes stay in their in-flight state with their checkpoint: the next start resumes
-        them. A sub-step cut off by the deadline is redone then (sub-steps are idempotent)."""
-        self._draining = True
-        if grace_s > 0:
-            try:
-                async with asyncio.timeout(grace_s):
-                    await self._idle.wait()
-            except TimeoutError:
-                log.warning("%d sub-steps still running after %g s; cancelling them",
-                            self._busy, grace_s)
-        await self._tasks.cancel_all()
-
-    # -- internals ----------------------------------------------------------------------------
+    # -- transitions and policy ---------------------------------------------------------------
 
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
@@ -389,118 +290,6 @@ class Conductor(LeasedSteps):
             log.info("node %s: policy skipped %s: %s", node.id, event, exc)
         except StoreUnavailable as exc:  # the database is away: the stale-policy round
             log.warning("node %s: policy %s deferred: %s", node.id, event, exc)  # retries
-
-    def _start(self, node: Node) -> None:
-        """Run the step of ``node.state`` unless it runs already. A task left over for an
-        earlier state (a stale start) never blocks this one: it finds the node moved on and
-        ends without acting."""
-        current = self._running.get(node.id)
-        if current is not None and current[0] == node.state and not current[1].done():
-            return
-        self._status[node.id] = "queued"
-        task = self._tasks.spawn(self._run(node.id, node.state), name=f"{node.state}:{node.id}")
-        self._running[node.id] = (node.state, task)
-
-    async def _run(self, node_id: NodeId, state: NodeState) -> None:
-        outcome: tuple[Event, str] | None = None
-        try:
-            outcome = await self._execute(node_id, state)
-        finally:
-            current = self._running.get(node_id)
-            if current is not None and current[1] is asyncio.current_task():
-                del self._running[node_id]
-                self._status.pop(node_id, None)
-        if outcome is not None:
-            node = await self._outcome(node_id, state, *outcome)
-            if node is not None:
-                await self._follow_up(node)
-
-    async def _outcome(self, node_id: NodeId, state: NodeState, event: Event,
-                       reason: str) -> Node | None:
-        """Write a step's outcome; retried when another daemon's write (a maintenance flag,
-        a history row) raced it; dropped, and logged, when our lease was lost."""
-        for attempt in range(_OUTCOME_TRIES):
-            try:
-                return await self._transition(node_id, event, actor=SYSTEM_ACTOR,
-                                              reason=reason, expect=state, step=True)
-            except (Fenced, StoreUnavailable) as exc:
-                log.warning("node %s: %s; %s of its %s step dropped", node_id, exc, event,
-                            state)
-                self._fences.pop(node_id, None)
-                return None
-            except NodeBusy:
-                if attempt == _OUTCOME_TRIES - 1:
-                    raise
-                await asyncio.sleep(0.05 * (attempt + 1))
-        return None
-
-    async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
-        waits = state in WAITING_STEPS  # bounds its own wait; holds no budget slot
-        async with nullcontext() if waits else self._budgets.slot(state):
-            node = await self._repo.get(node_id)
-            if node.state != state:
-                return None  # a stale start: the node moved on
-            if self._own is not None and node_id not in self._fences:
-                log.info("node %s: %s step not started, another daemon holds its lease",
-                         node_id, state)
-                return None
-            self._status[node_id] = "running"
-            ctx = RunContext(node, self._ports, self._repo, self._gate,
-                             recorder=self._step_record, keyed=state in KEYED_STEPS,
-                             fence=self._fences.get(node_id))
-            try:
-                async with asyncio.timeout(None if waits else self._settings.step_timeout_s):
-                    await self._steps[state](ctx)
-            except TimeoutError:
-                return Event.FAIL, f"{state} timed out after {self._settings.step_timeout_s:g} s"
-            except (Fenced, StoreUnavailable) as exc:
-                # lease lost, or no database to record anything in: the node stays in
-                # flight, and its lease expires; whoever claims it next resumes it
-                log.warning("node %s: %s; its %s step stops here", node_id, exc, state)
-                self._fences.pop(node_id, None)
-                return None
-            except ProvisionerError as exc:
-                return Event.FAIL, str(exc)
-            except Exception as exc:  # a task boundary: log once, keep the node's reason
-                log.exception("node %s: %s step crashed", node_id, state)
-                return Event.FAIL, f"internal error in {state}: {type(exc).__name__}: {exc}"
-            finally:
-                await ctx.aclose()
-        return Event.DONE, ""
-
-    async def _step_record(self, node_id: str, event: str, reason: str) -> None:
-        await self.record(node_id, event, actor=SYSTEM_ACTOR, reason=reason)
-
-    @asynccontextmanager
-    async def _gate(self, node_id: str) -> AsyncIterator[None]:
-        """Entered around each sub-step: waits while the node is in maintenance, never lets
-        a new sub-step start while the daemon drains, and counts busy sub-steps."""
-        released = self._released.get(node_id)
-        if released is not None and not released.is_set():
-            self._status[node_id] = "held"
-            await released.wait()
-            self._status[node_id] = "running"
-        if self._draining:
-            await asyncio.Future()  # parked until stop() cancels it
-        self._busy += 1
-        self._idle.clear()
-        try:
-            yield
-        finally:
-            self._busy -= 1
-            if self._busy == 0:
-                self._idle.set()
-
-    def _hold(self, node_id: str, on: bool) -> None:
-        released = self._released.setdefault(node_id, asyncio.Event())
-        if on:
-            released.clear()
-        else:
-            released.set()
-            del self._released[node_id]
-
-    def _spawn_task(self, coro: Coroutine[Any, Any, None], name: str) -> None:
-        self._tasks.spawn(coro, name=name)
 
     def add_observer(self, observer: Observer) -> None:
         """Also call ``observer`` after every committed transition (caches, metrics)."""
