@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from provisioner.config import LifecycleSettings
-from provisioner.daemon import _maintenance_from
+from provisioner.daemon.hooks import maintenance_from
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.model import LABEL_NODE_ID
 from provisioner.kube.sync import KubeSync
@@ -51,7 +51,7 @@ async def test_maintenance_both_ways(kube_cluster: KubeCluster, store: Store, wo
         await conductor.set_maintenance(node.id, False, actor="op", reason="")
         await poll(lambda: not admin.node("maint-a").spec.unschedulable, what="uncordon")
 
-        sync = KubeSync(kube, _maintenance_from("kubernetes", store, conductor), grace_s=300,
+        sync = KubeSync(kube, maintenance_from("kubernetes", store, conductor), grace_s=300,
                         interval_s=0.5)
         await sync.sync_once()  # what is there now is the baseline
         await asyncio.to_thread(admin.patch_node, "maint-b", {"spec": {"unschedulable": True}})

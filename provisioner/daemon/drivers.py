@@ -1,0 +1,135 @@
+"""The drivers each node gets: BMC drivers behind breakers and limits, and the lifecycle's
+ports routed per node (simulated nodes act on the simulated rack, real ones on ``real``);
+BMC password rotation."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from provisioner.bmc.base import SoftOff
+from provisioner.bmc.fake import fake_bmc_factory
+from provisioner.bmc.ipmi import IpmiDriver
+from provisioner.bmc.ipmi_pool import IpmiWorkers
+from provisioner.bmc.managed import BmcManager
+from provisioner.bmc.redfish import RedfishDriver
+from provisioner.bmc.registry import BmcRegistry
+from provisioner.boot.stack import http_boot_uris
+from provisioner.config import BmcProfile, BmcSettings, Settings
+from provisioner.domain import Node
+from provisioner.lifecycle.ports import (
+    BootWaiter,
+    Inspector,
+    Installer,
+    KubeJoiner,
+    NoBootWait,
+    Ports,
+    SlurmRegistrar,
+    Validator,
+)
+from provisioner.lifecycle.rack_limit import RackBmcLimit
+from provisioner.lifecycle.rotation import BmcRotation, generated_password
+from provisioner.lifecycle.routing import (
+    RoutedInspector,
+    RoutedInstaller,
+    RoutedKube,
+    RoutedSlurm,
+    RoutedValidator,
+)
+from provisioner.lifecycle.stagger import PowerOnStagger
+from provisioner.simulation.drivers import (
+    FakeInspector,
+    FakeInstaller,
+    FakeKube,
+    FakeSlurm,
+    FakeValidator,
+)
+from provisioner.simulation.world import SimWorld
+from provisioner.store.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def build_bmc(settings: Settings, world: SimWorld) -> BmcManager:
+    """BMC drivers by each node's driver name, behind breakers and limits. IPMI runs in
+    worker processes (pyghmi blocks and keeps process-wide state); ``aclose()`` at
+    shutdown logs every session out and stops them."""
+    bmc = settings.bmc
+    ipmi = IpmiDriver(ipmi_workers(bmc), timeout_s=bmc.timeout_s)
+    redfish = RedfishDriver(timeout_s=bmc.timeout_s, verify_tls=bmc.redfish_verify_tls,
+                            ca_file=bmc.redfish_ca_file)
+    fake = fake_bmc_factory(world, delay_s=settings.simulation.step_delay_s)
+    registry = BmcRegistry({"fake": fake, "ipmi": ipmi, "redfish": redfish},
+                           closers=[ipmi.aclose, redfish.aclose])
+    return BmcManager(registry, bmc)
+
+
+@dataclass(frozen=True, slots=True)
+class RealDrivers:
+    """The drivers for real (not simulated) nodes; ``Unavailable`` where not configured."""
+
+    inspector: Inspector
+    installer: Installer
+    kube: KubeJoiner
+    validator: Validator
+    slurm: SlurmRegistrar
+
+
+def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
+                boots: BootWaiter | None = None,
+                rotation: BmcRotation | None = None) -> Ports:
+    """Pick the drivers per node: simulated nodes (fake BMC) act on the simulated rack, real
+    ones use ``real``."""
+    delay_s, fail_rate = settings.simulation.step_delay_s, settings.simulation.fail_rate
+    return Ports(
+        bmc=bmc,
+        stagger=PowerOnStagger(settings.bmc.power_on_per_rack_per_s,
+                               exempt={"fake"}),  # simulated nodes have no PDUs
+        rack_bmc=RackBmcLimit(settings.bmc.per_rack_concurrency,
+                              settings.bmc.profile_rack_concurrency),
+        inspector=RoutedInspector(
+            FakeInspector(world, delay_s=delay_s, fail_rate=fail_rate), real.inspector),
+        installer=RoutedInstaller(
+            FakeInstaller(world, delay_s=delay_s, fail_rate=fail_rate), real.installer),
+        kube=RoutedKube(FakeKube(world, delay_s=delay_s, fail_rate=fail_rate), real.kube),
+        validator=RoutedValidator(
+            FakeValidator(world, delay_s=delay_s, fail_rate=fail_rate), real.validator),
+        slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate), real.slurm),
+        boots=boots or NoBootWait(),
+        http_boot_uri=http_boot_uris(settings),
+        soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
+        rotate_bmc=None if rotation is None else rotate_if_opted_in(settings.bmc, rotation),
+    )
+
+
+def build_rotation(settings: BmcSettings, store: Store, bmc: BmcManager) -> BmcRotation:
+    site = settings.rotation_password
+    return BmcRotation(store.nodes, store.bmc_secrets, bmc, effective=bmc.credentials_for,
+                       passwords=generated_password if site is None
+                       else lambda _node: site.get_secret_value())
+
+
+async def settle_rotations(rotation: BmcRotation) -> None:
+    outcome = await rotation.settle_all(actor="startup")
+    if outcome:
+        log.info("BMC password rotations a stop had interrupted: %s", outcome)
+
+
+def rotate_if_opted_in(settings: BmcSettings,
+                       rotation: BmcRotation) -> Callable[[Node], Awaitable[None]]:
+    async def rotate(node: Node) -> None:
+        if settings.profile(node.profile).rotate_credentials:
+            await rotation.rotate(node, actor="inspect")
+
+    return rotate
+
+
+def ipmi_workers(bmc: BmcSettings) -> IpmiWorkers:
+    return IpmiWorkers(count=bmc.ipmi_workers, threads=bmc.ipmi_worker_threads,
+                       heartbeat_timeout_s=bmc.ipmi_heartbeat_timeout_s,
+                       grace_s=bmc.ipmi_hang_grace_s)
+
+
+def soft_off_for(profile: BmcProfile) -> SoftOff:
+    return SoftOff(profile.soft_off_timeout_s, profile.hard_off_fallback)

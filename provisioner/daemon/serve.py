@@ -1,0 +1,219 @@
+"""The daemon's run: settings → store → drivers → conductor → servers, in one exit stack
+that stops them in reverse; the event loop's TaskGroup, signals and systemd notifications.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from contextlib import AsyncExitStack
+
+from provisioner.bmc.managed import BmcManager
+from provisioner.config import Settings
+from provisioner.daemon.clients import (
+    ansible_installer,
+    connect_kube,
+    connect_slurm,
+    image_writer,
+    kube_and_slurm,
+)
+from provisioner.daemon.drivers import (
+    RealDrivers,
+    build_bmc,
+    build_ports,
+    build_rotation,
+    settle_rotations,
+)
+from provisioner.daemon.hooks import ansible_to_history, maintenance_from
+from provisioner.daemon.servers import start_api, start_boot
+from provisioner.errors import ConfigError, Conflict, SchemaError
+from provisioner.install.base import ComposedInstaller
+from provisioner.install.images import AgentJobs
+from provisioner.kube.joiner import KubeNodeJoiner
+from provisioner.kube.sync import KubeSync
+from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
+from provisioner.lifecycle.callbacks import BootCallbacks
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
+from provisioner.lifecycle.power import PowerSync
+from provisioner.lifecycle.routing import Unavailable
+from provisioner.lifecycle.validation import FactsValidator, validation_passed
+from provisioner.log import setup_logging
+from provisioner.metrics import Metrics
+from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
+from provisioner.simulation.rack import simulated_nodes
+from provisioner.simulation.world import SimWorld
+from provisioner.slurm.sync import SlurmSync
+from provisioner.store.exclusive import lock_sqlite
+from provisioner.store.store import Store, open_store
+from provisioner.topology_live.build import build_live_topology
+
+log = logging.getLogger("provisioner.daemon")  # operators and the journald test read it
+
+
+def run(settings: Settings) -> int:
+    """Run the daemon until SIGTERM or SIGINT; return the process exit code."""
+    setup_logging(settings.log.level)
+    try:
+        return asyncio.run(Daemon(settings).serve())
+    except (ConfigError, SchemaError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        return 1
+
+
+async def _cancel(task: asyncio.Task[None]) -> None:
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+class Daemon:
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._stop = asyncio.Event()
+        self._notifier = SystemdNotifier()
+
+    async def serve(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._request_stop, sig)
+        async with AsyncExitStack() as stack:
+            self._settings.state_dir.mkdir(parents=True, exist_ok=True)
+            sqlite_lock = lock_sqlite(self._settings.sqlalchemy_url)  # ConfigError: exit 2
+            if sqlite_lock is not None:
+                stack.callback(sqlite_lock.release)
+            store = await asyncio.to_thread(open_store, self._settings)
+            stack.callback(store.close)
+            world = SimWorld(self._settings.state_dir / "simworld.sqlite")
+            stack.callback(world.close)
+            metrics = Metrics()
+            mailbox = FactsMailbox()
+            kube_client = await connect_kube(self._settings, stack)
+            agent_tokens = AgentTokens(store.tokens,
+                                       ttl_s=self._settings.boot.agent_token_ttl_s)
+            # ConfigError (exit 2) without ansible-playbook
+            ansible = ansible_installer(self._settings, stack, agent_tokens)
+            joiner = None
+            if kube_client is not None:
+                joiner = KubeNodeJoiner(kube_client, self._settings.kube,
+                                        run_join=ansible.run_join,
+                                        validated=validation_passed)
+            topology = build_live_topology(self._settings, store, kube_client)
+            stack.push_async_callback(topology.aclose)
+            slurm_client = await connect_slurm(self._settings, stack)
+            jobs = AgentJobs()
+            callbacks = BootCallbacks(timeout_s=self._settings.deploy.callback_timeout_s,
+                                      installer_profiles=frozenset(self._settings.installers))
+            images = image_writer(self._settings, jobs, agent_tokens) or Unavailable(
+                "OS image deploy", "set http.listen (the agent that writes images reaches "
+                "the daemon over the boot HTTP server)")
+            kube, slurm = kube_and_slurm(self._settings, joiner, kube_client, slurm_client,
+                                         topology)
+            real = RealDrivers(
+                inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
+                validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm)
+            bmc = self._bmc(stack, world)
+            rotation = build_rotation(self._settings.bmc, store, bmc)
+            ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
+            conductor = Conductor(store.nodes, ports, self._settings.lifecycle,
+                                  observer=metrics.observe_transition,
+                                  ownership=store.ownership)
+            stack.push_async_callback(self._leave, store)  # after the conductor stopped
+            # leases renewed from the first claim on (recovery and seeding claim nodes),
+            # until the conductor's steps stopped
+            fleet = FleetMember(conductor, store.ownership, api_listen=self._settings.api.listen)
+            await store.ownership.heartbeat(self._settings.api.listen)
+            fleet_task = asyncio.create_task(fleet.run(), name="fleet")
+            stack.push_async_callback(_cancel, fleet_task)
+            conductor.add_observer(topology.observe)
+            ansible.set_event_sink(ansible_to_history(conductor))
+            stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
+            runner = await start_api(self._settings, store, conductor, metrics, topology,
+                                     rotation)
+            stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
+            await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
+                             jobs, callbacks)
+            resumed = await conductor.recover()  # before any new work starts
+            await self._seed_simulation(store, conductor)
+            log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
+                     self._settings.api.listen, store.instance, resumed)
+            self._notifier.ready(f"serving; {resumed} nodes resumed")
+            async with asyncio.TaskGroup() as group:
+                children = [group.create_task(self._watchdog(), name="watchdog")]
+                power_sync = PowerSync(store.nodes, bmc, conductor.record_power,
+                                       self._settings.bmc)
+                children.append(group.create_task(  # rotations a crash left open
+                    settle_rotations(rotation), name="bmc-rotation-settle"))
+                works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
+                if kube_client is not None:
+                    sync = KubeSync(kube_client, maintenance_from("kubernetes", store, conductor),
+                                    grace_s=self._settings.kube.not_ready_grace_s,
+                                    interval_s=self._settings.kube.sync_interval_s)
+                    works.append(("kube-sync", sync.run))
+                if slurm_client is not None and self._settings.slurm.sync_interval_s > 0:
+                    from_slurm = maintenance_from("slurm", store, conductor)
+                    slurm_sync = SlurmSync(slurm_client, from_slurm,
+                                           interval_s=self._settings.slurm.sync_interval_s,
+                                           reason_prefix=self._settings.slurm.reason_prefix)
+                    works.append(("slurm-sync", slurm_sync.run))
+                works.append(("topology", topology.run))
+                # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
+                singleton = Singleton(store.ownership, "fleet", works)
+                children.append(group.create_task(singleton.run(), name="singletons"))
+                await self._stop.wait()
+                for child in children:
+                    child.cancel()
+            self._notifier.stopping()
+            log.info("stopping: letting running sub-steps checkpoint")
+        log.info("stopped")
+        return 0
+
+    @staticmethod
+    async def _leave(store: Store) -> None:
+        """A clean stop frees our leases and lead: another daemon resumes at once."""
+        try:
+            freed = await store.ownership.release_all()
+        except Exception as exc:  # the database may be gone; the leases then expire
+            log.warning("leases not released (%s); they expire after ha.lease_s",
+                        type(exc).__name__)
+            return
+        if freed:
+            log.info("released %d node leases", freed)
+
+    def _bmc(self, stack: AsyncExitStack, world: SimWorld) -> BmcManager:
+        """The BMC drivers; at stop, after the conductor's steps ended: BMC sessions
+        logged out, then the IPMI workers stopped."""
+        bmc = build_bmc(self._settings, world)
+        stack.push_async_callback(bmc.aclose)
+        return bmc
+
+    def _request_stop(self, sig: signal.Signals) -> None:
+        log.info("received %s", sig.name)
+        self._stop.set()
+
+    async def _seed_simulation(self, store: Store, conductor: Conductor) -> None:
+        """Enroll the simulated rack's nodes that are not in the store yet (idempotent, so a
+        daemon killed half-way through seeding completes it on the next start)."""
+        sim = self._settings.simulation
+        if sim.nodes == 0:
+            return
+        known = await store.nodes.serials()
+        missing = [new for new in simulated_nodes(sim) if new.serial not in known]
+        if missing:
+            log.info("enrolling %d simulated nodes", len(missing))
+        for new in missing:
+            try:
+                await conductor.enroll(new, actor="simulation", reason="simulated rack")
+            except Conflict:  # another daemon on the same database enrolled it meanwhile
+                continue
+
+    async def _watchdog(self) -> None:
+        interval = watchdog_interval_s()
+        if interval is None:
+            return
+        while True:
+            self._notifier.watchdog()
+            await asyncio.sleep(interval)
