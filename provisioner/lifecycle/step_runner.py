@@ -38,6 +38,8 @@ class StepRunner(LeasedSteps):
     _busy: int
     _idle: asyncio.Event
 
+    # the Conductor's (conductor.py): a step's outcome goes through its transitions
+
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
         expect: NodeState | None = None, step: bool = False,
