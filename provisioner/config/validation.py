@@ -1,0 +1,70 @@
+"""``[validation]``: what a node of each profile must show before it goes to Slurm."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+
+from provisioner.config.section import Section
+
+
+class ValidationProfile(Section):
+    """What a node of one profile must show before it goes to Slurm (the ``validating``
+    step, from the node's last facts report). Unset: not checked. The hardware part (GPU
+    count and model, InfiniBand port count and rate, memory, disks) is also checked on the
+    inspection ramdisk's facts before deployment (the SKU gate)."""
+
+    gpu_count: int | None = Field(None, ge=0, description="GPUs the driver must see")
+    gpu_model: str | None = Field(
+        None, min_length=1, description="Every GPU's product name (or its pci.ids name) "
+        "contains this as whole words (case-insensitive), e.g. \"H100\" (not \"H20\" in "
+        "\"H200\")")
+    ib_rate_gbps: float | None = Field(
+        None, gt=0, description="Every InfiniBand port Active/LinkUp at this rate (Gb/s)")
+    ib_port_count: int | None = Field(
+        None, ge=0, description="InfiniBand ports (Ethernet ports of the HCAs not counted)")
+    nvlink_domain: bool = Field(
+        False, description="Multi-node NVLink (NVL72): every GPU's fabric Completed/Success "
+        "with a non-zero ClusterUUID")
+    nvlink_domain_nodes: int | None = Field(
+        None, ge=1, description="Nodes per NVLink domain: the domain waits for that many "
+        "passed nodes (e.g. 18 on an NVL72 rack)")
+    require_dcgm: bool = Field(
+        False, description="A passing `dcgmi diag -r 1` must be in the facts (a failing one "
+        "always fails the node)")
+    memory_min_gib: float | None = Field(
+        None, gt=0, description="Least memory the kernel reports (MemTotal, below the "
+        "installed size), GiB")
+    disk_count: int | None = Field(
+        None, ge=0, description="Disks (of at least disk_min_gb when set) the node has")
+    disk_min_gb: float | None = Field(
+        None, gt=0, description="Least size of a counted disk, GB (10^9 bytes)")
+    imex: Literal["dra", "host"] | None = Field(
+        None, description="GB200/GB300 compute trays: the IMEX package installed, no host "
+        "Fabric Manager, and the host nvidia-imex service masked (\"dra\": the NVIDIA DRA "
+        "driver's ComputeDomains run IMEX) or active (\"host\")")
+    nvlink_accept_degraded_bandwidth: bool = Field(
+        False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
+        "summary Limited Capacity); unset, such a node is held like an unhealthy one")
+
+    @field_validator("nvlink_domain_nodes")
+    @classmethod
+    def _check_domain_nodes(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("nvlink_domain"):
+            raise ValueError("nvlink_domain_nodes needs nvlink_domain = true")
+        return value
+
+
+class ValidationSettings(Section):
+    """The validation gate between ``joining`` and ``registering``."""
+
+    profiles: dict[str, ValidationProfile] = Field(
+        default_factory=dict, description="Checks per profile name; a profile without an "
+        "entry passes unchecked (its NVLink domain is still gated)")
+    domain_poll_interval_s: float = Field(
+        10.0, gt=0, description="How often a node that passed re-reads the store for the "
+        "rest of its NVLink domain")
+    domain_wait_timeout_s: float | None = Field(
+        None, gt=0, description="Give up waiting for the NVLink domain after this long "
+        "(validate_failed); unset: wait until it is complete or aborted")
