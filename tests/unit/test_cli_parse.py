@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 import provisioner.config
-from provisioner import __version__, cli, cli_format, client
+from provisioner import __version__, cli
+from provisioner.cli import client, formatting
 from provisioner.config import Settings
 
 
@@ -186,7 +187,7 @@ def test_config_show_without_a_config_file_uses_defaults(
 )
 def test_default_url_from_api_listen(listen: str, url: str) -> None:
     settings = Settings.model_validate({"api": {"listen": listen}})
-    assert cli.default_url(settings) == url
+    assert client.default_url(settings) == url
 
 
 def test_explicit_url_wins_and_api_suffix_is_dropped(monkeypatch: pytest.MonkeyPatch,
@@ -194,10 +195,10 @@ def test_explicit_url_wins_and_api_suffix_is_dropped(monkeypatch: pytest.MonkeyP
     args = cli.build_parser().parse_args(
         ["--config", str(tmp_path / "missing.toml"), "node", "list",
          "--url", "http://h:1/api/v1/"])
-    assert cli.client(args).base_url == "http://h:1"  # the config was never read
+    assert client.api_client(args).base_url == "http://h:1"  # the config was never read
     monkeypatch.setenv("PROVISIONER_URL", "http://env:2")
     args = cli.build_parser().parse_args(["node", "list"])
-    assert cli.client(args).base_url == "http://env:2"
+    assert client.api_client(args).base_url == "http://env:2"
 
 
 def test_token_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -205,10 +206,11 @@ def test_token_sources(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     token_file.write_text("pvt_fromfile\n")
     parse = cli.build_parser().parse_args
     monkeypatch.setenv("PROVISIONER_TOKEN", "pvt_fromenv")
-    assert cli._token(parse(["node", "list"])) == "pvt_fromenv"
-    assert cli._token(parse(["node", "list", "--token", "pvt_flag"])) == "pvt_flag"
-    assert cli._token(parse(["node", "list", "--token-file", str(token_file)])) == "pvt_fromfile"
-    api = cli.client(parse(["node", "list", "--url", "http://h:1"]))
+    assert client.bearer_token(parse(["node", "list"])) == "pvt_fromenv"
+    assert client.bearer_token(parse(["node", "list", "--token", "pvt_flag"])) == "pvt_flag"
+    from_file = parse(["node", "list", "--token-file", str(token_file)])
+    assert client.bearer_token(from_file) == "pvt_fromfile"
+    api = client.api_client(parse(["node", "list", "--url", "http://h:1"]))
     assert "pvt_" not in repr(api)
 
 
@@ -253,9 +255,9 @@ def test_non_json_error_body() -> None:
 
 
 def test_api_reason_adds_state_and_auth_hint() -> None:
-    assert cli_format.api_reason(409, "not allowed", {"state": "inspecting"}) == (
+    assert formatting.api_reason(409, "not allowed", {"state": "inspecting"}) == (
         "not allowed (state inspecting)")
-    assert "PROVISIONER_TOKEN" in cli_format.api_reason(401, "missing bearer token", {})
+    assert "PROVISIONER_TOKEN" in formatting.api_reason(401, "missing bearer token", {})
 
 
 def test_query_string() -> None:
@@ -283,15 +285,15 @@ NODE = {
 
 
 def test_node_table_is_aligned() -> None:
-    lines = cli_format.node_table([NODE, {**NODE, "id": "x", "hostname": "h"}]).splitlines()
-    assert lines[0].split() == list(cli_format.NODE_HEADERS)
+    lines = formatting.node_table([NODE, {**NODE, "id": "x", "hostname": "h"}]).splitlines()
+    assert lines[0].split() == list(formatting.NODE_HEADERS)
     assert lines[1].split() == ["0f1e2d3c", "gpu-001", "SER1", "inspected", "-", "yes", "r1",
                                 "-"]
     assert lines[0].index("STATE") == lines[1].index("inspected") == lines[2].index("inspected")
 
 
 def test_node_detail_summarises_facts_and_history() -> None:
-    out = cli_format.node_detail(NODE)
+    out = formatting.node_detail(NODE)
     assert "bmc:" in out and "fake SIM1 (user admin, password set)" in out
     assert "cpu:        model=Grace, cores=72" in out
     assert "gpus:       2 items" in out

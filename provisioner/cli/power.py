@@ -7,13 +7,21 @@ drives a node's BMC through the API (operator token; recorded in the node's hist
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+from provisioner.cli import formatting
+from provisioner.cli.client import api_client, api_options, node_path
+
+if TYPE_CHECKING:
+    from provisioner.cli.client import Subcommands
 
 POWER_ACTIONS = ("on", "off", "soft-off", "cycle", "status")
 BOOT_DEVICES = ("pxe", "disk", "http", "bios")
 
 
-def add_power_commands(node: argparse._SubParsersAction[argparse.ArgumentParser],
-                       api: argparse.ArgumentParser) -> None:
+def add_commands(node: Subcommands) -> None:
+    """Under the ``node`` group: ``power``, ``bootdev`` and ``bmc``."""
+    api = api_options()
     power = node.add_parser("power", parents=[api], allow_abbrev=False,
                             help="power a node on/off/cycle through its BMC, or read it")
     power.add_argument("node", metavar="NODE", help="id, hostname, serial or MAC")
@@ -42,11 +50,9 @@ def add_power_commands(node: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def cmd_node_power(args: argparse.Namespace) -> int:
-    from provisioner import cli, cli_format
-
-    reply = cli.client(args).post(cli._node_path(args.node, "power"), {"action": args.action})
+    reply = api_client(args).post(node_path(args.node, "power"), {"action": args.action})
     if args.json:
-        print(cli_format.dump_json(reply))
+        print(formatting.dump_json(reply))
         return 0
     node = reply.get("node") or {}
     name = node.get("hostname") or node.get("serial") or node.get("id")
@@ -56,13 +62,11 @@ def cmd_node_power(args: argparse.Namespace) -> int:
 
 
 def cmd_node_bootdev(args: argparse.Namespace) -> int:
-    from provisioner import cli, cli_format
-
     body = {"device": args.device, "persistent": bool(args.persistent),
             "uefi": not args.legacy}
-    reply = cli.client(args).post(cli._node_path(args.node, "bootdev"), body)
+    reply = api_client(args).post(node_path(args.node, "bootdev"), body)
     if args.json:
-        print(cli_format.dump_json(reply))
+        print(formatting.dump_json(reply))
         return 0
     node = reply.get("node") or {}
     name = node.get("hostname") or node.get("serial") or node.get("id")
@@ -72,11 +76,9 @@ def cmd_node_bootdev(args: argparse.Namespace) -> int:
 
 
 def cmd_node_bmc(args: argparse.Namespace) -> int:
-    from provisioner import cli, cli_format
-
-    reply = cli.client(args).post(cli._node_path(args.node, "bmc", args.action))
+    reply = api_client(args).post(node_path(args.node, "bmc", args.action))
     if args.json:
-        print(cli_format.dump_json(reply))
+        print(formatting.dump_json(reply))
         return 0
     name = reply.get("hostname") or reply.get("serial") or reply.get("id")
     print(f"{name}: BMC password rotated (a fresh login with the new one worked; it is "

@@ -20,7 +20,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from provisioner.cli import formatting
+from provisioner.cli.client import API, add_group, api_client, api_options
+
 if TYPE_CHECKING:
+    from provisioner.cli.client import Subcommands
     from provisioner.topology.model import Finding, Fleet, GpuReport
 
 FORMATS = ("tree", "block", "yaml", "labels", "slinky")
@@ -32,11 +36,9 @@ class InputError(Exception):
     """An input file that cannot be read or parsed: exit 2 with this one-line reason."""
 
 
-def add_topology_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    topology = subparsers.add_parser("topology", help="fabric topology (offline export, or "
-                                     "the daemon's live one)", allow_abbrev=False)
-    commands = topology.add_subparsers(dest="topology_command", metavar="COMMAND",
-                                       required=True)
+def add_commands(sub: Subcommands) -> None:
+    commands = add_group(sub, "topology", "fabric topology (offline export, or the daemon's "
+                         "live one)")
     export = commands.add_parser(
         "export", allow_abbrev=False,
         help="topology.conf / topology.yaml / node labels from recorded ibnetdiscover and "
@@ -56,13 +58,8 @@ def add_topology_parser(subparsers: argparse._SubParsersAction[argparse.Argument
                              "other hosts are reported, not placed")
     export.add_argument("--quiet", action="store_true", help="do not print findings")
     export.set_defaults(command=cmd_topology_export)
-    add_show_command(commands)
 
-
-def add_show_command(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    from provisioner import cli  # loaded already: it is building this parser
-
-    show = commands.add_parser("show", parents=[cli._api_options()], allow_abbrev=False,
+    show = commands.add_parser("show", parents=[api_options()], allow_abbrev=False,
                                help="the daemon's live topology (through the API)")
     output = show.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="the API's JSON")
@@ -177,11 +174,9 @@ def _json(value: object) -> str:
 
 def cmd_topology_show(args: argparse.Namespace) -> int:
     """Exit 0, or 1 when ``--format`` has nothing to print (no host placed)."""
-    from provisioner import cli, cli_format
-
-    topology = cli.client(args).get(f"{cli.API}/topology")
+    topology = api_client(args).get(f"{API}/topology")
     if args.json:
-        print(cli_format.dump_json(topology))
+        print(formatting.dump_json(topology))
         return 0
     outputs = topology.get("outputs") or {}
     if args.format is not None:
@@ -199,7 +194,7 @@ def cmd_topology_show(args: argparse.Namespace) -> int:
 
 def summary(topology: dict[str, Any]) -> str:
     """The live topology for people: a headline, the nodes, the issues, the publications."""
-    from provisioner.cli_format import table, text, timestamp
+    from provisioner.cli.formatting import table, text, timestamp
 
     def items(key: str) -> list[dict[str, Any]]:
         value = topology.get(key)

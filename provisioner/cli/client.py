@@ -1,4 +1,7 @@
-"""A tiny synchronous client of the REST API (stdlib only, so the CLI starts fast).
+"""The CLI's one client module, which every command group imports: a tiny synchronous client
+of the REST API (stdlib only, so the CLI starts fast), the API options that make one
+(``--url``, ``--token``, ``--token-file``, ``--timeout``), and what the groups share besides:
+the settings behind ``--config``, ``UsageError``, API paths and the group parser.
 
 Errors come back as ``ApiError`` with a one-line reason taken from the problem document
 (``application/problem+json``); the bearer token is never part of any message.
@@ -6,19 +9,34 @@ Errors come back as ``ApiError`` with a one-line reason taken from the problem d
 
 from __future__ import annotations
 
+import argparse
 import http.client
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from provisioner import __version__
 
+if TYPE_CHECKING:
+    from provisioner.config import Settings
+
+    #: A group's commands, as ``ArgumentParser.add_subparsers`` returns them.
+    Subcommands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
+
+PROG = "provisioner"
+API = "/api/v1"
 #: JSON as it comes off the wire; the CLI looks at it, it never crosses into the daemon.
 Json = Any
 ParamValue = str | int | bool | None
+
+
+class UsageError(Exception):
+    """A bad argument found after parsing (unreadable file, wrong extension): exit 2."""
 
 
 class ApiError(Exception):
@@ -127,3 +145,78 @@ def _reason(exc: Exception) -> str:
     if isinstance(reason, OSError) and reason.strerror:
         return str(reason.strerror).lower()
     return str(reason) or type(reason).__name__
+
+
+# -- the API options and the client they make ------------------------------------------------
+
+
+def api_options() -> argparse.ArgumentParser:
+    """The parent parser of every command that talks to the API."""
+    api = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    api.add_argument("--url", help="API base URL (env PROVISIONER_URL; default: api.listen "
+                                   "from the config)")
+    who = api.add_mutually_exclusive_group()
+    who.add_argument("--token", help="bearer token (prefer env PROVISIONER_TOKEN)")
+    who.add_argument("--token-file", type=Path, metavar="FILE", help="file holding the token")
+    api.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                     help="per-request timeout in seconds (default 30)")
+    return api
+
+
+def api_client(args: argparse.Namespace) -> ApiClient:
+    """The client that ``--url`` (else PROVISIONER_URL, else the config) and the token name."""
+    url: str | None = args.url or os.environ.get("PROVISIONER_URL")
+    if not url:
+        url = default_url(load_config(args))
+    url = url.rstrip("/").removesuffix(API)
+    return ApiClient(url, bearer_token(args), timeout_s=float(args.timeout))
+
+
+def default_url(settings: Settings) -> str:
+    host, port = settings.api.host_port
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def bearer_token(args: argparse.Namespace) -> str | None:
+    """``--token-file``, else ``--token``, else PROVISIONER_TOKEN; None when none is set."""
+    if args.token_file is not None:
+        return read_secret(args.token_file, "--token-file") or None
+    token: str | None = args.token or os.environ.get("PROVISIONER_TOKEN")
+    return token.strip() if token else None
+
+
+def read_secret(path: Path, option: str) -> str:
+    """The secret in ``path`` (given as ``option``), less one trailing newline."""
+    try:
+        value = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path}: not UTF-8 text") from None
+    return value.removesuffix("\n").removesuffix("\r")
+
+
+def node_path(key: str, *rest: str) -> str:
+    """``/api/v1/nodes/<key>/<rest…>``, the key (id, hostname, serial or MAC) quoted."""
+    return "/".join([f"{API}/nodes", urllib.parse.quote(key, safe=""), *rest])
+
+
+# -- shared by the groups ----------------------------------------------------------------------
+
+
+def load_config(args: argparse.Namespace) -> Settings:
+    """The settings from ``--config`` (which must exist), else the default path if present."""
+    from provisioner.config import DEFAULT_CONFIG_PATH, load_settings
+
+    given: Path | None = args.config
+    if given is None:
+        return load_settings(DEFAULT_CONFIG_PATH, explicit=False)
+    return load_settings(given, explicit=True)
+
+
+def add_group(sub: Subcommands, name: str, help_text: str) -> Subcommands:
+    """A command group (``provisioner NAME COMMAND``) whose commands the caller adds."""
+    parser = sub.add_parser(name, help=help_text, allow_abbrev=False)
+    return parser.add_subparsers(dest=f"{name}_command", metavar="COMMAND", required=True)

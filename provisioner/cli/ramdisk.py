@@ -5,34 +5,30 @@ from __future__ import annotations
 
 import argparse
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from provisioner.cli.client import add_group, load_config
+
 if TYPE_CHECKING:
-    from provisioner.config import Settings
+    from provisioner.cli.client import Subcommands
 
 ARCHES = ("x86_64", "arm64")
 
 
-def add_ramdisk_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser],
-                       load: Callable[[argparse.Namespace], Settings]) -> None:
-    group = sub.add_parser("ramdisk", help="inspection ramdisks (local)", allow_abbrev=False)
-    commands = group.add_subparsers(dest="ramdisk_command", metavar="COMMAND", required=True)
-    build = commands.add_parser("build", allow_abbrev=False,
-                                help="build (or check the cache of) one architecture's ramdisk")
+def add_commands(sub: Subcommands) -> None:
+    group = add_group(sub, "ramdisk", "inspection ramdisks (local)")
+    build = group.add_parser("build", allow_abbrev=False,
+                             help="build (or check the cache of) one architecture's ramdisk")
     build.add_argument("--arch", choices=ARCHES, required=True,
                        help="x86_64 (HGX/DGX) or arm64 (Grace GB200/GB300)")
     build.add_argument("--state-dir", type=Path, metavar="DIR",
                        help="state directory (default: the configuration's state_dir)")
-
-    def run(args: argparse.Namespace) -> int:
-        return cmd_ramdisk_build(args, load(args))
-
-    build.set_defaults(command=run)
+    build.set_defaults(command=cmd_ramdisk_build)
 
 
-def cmd_ramdisk_build(args: argparse.Namespace, settings: Settings) -> int:
+def cmd_ramdisk_build(args: argparse.Namespace) -> int:
+    settings = load_config(args)
     from provisioner.ramdisk.build import build
     from provisioner.ramdisk.sysroot import arch_named
     from provisioner.ramdisk.targets import cache_dir, target_for
