@@ -231,9 +231,13 @@ async def test_stop_is_prompt_with_transfers_in_flight(root: Path) -> None:
     try:
         for client in clients:  # requests that are never ACKed
             await client.send(b"\x00\x01file1m\0octet\0", srv.address)
-        await clients[-1].recv()
-        async with asyncio.timeout(1):
+        first, _ = await clients[-1].recv()
+        assert struct.unpack("!HH", first[:4]) == (3, 1)  # block 1: a transfer is in flight
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        async with asyncio.timeout(10):  # a hang fails here rather than stalling the run
             await srv.stop()
+        assert loop.time() - started < 1.0
     finally:
         for client in clients:
             client.close()

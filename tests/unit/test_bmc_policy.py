@@ -252,13 +252,22 @@ def test_breaker_probes_once_with_exponential_back_off_and_closes_on_success(
     breaker.before_call()
 
 
+def assert_lets_a_call_through(breaker: CircuitBreaker) -> None:
+    try:
+        breaker.before_call()
+    except BmcCircuitOpen as exc:
+        pytest.fail(f"refused: {exc}")
+
+
 def test_breaker_release_frees_an_abandoned_probe(t: FakeTime) -> None:
     breaker = CircuitBreaker("b", threshold=1, reset_s=1, max_reset_s=1, clock=t.clock)
     breaker.record_failure(BmcTimeout("x"))
     t.now += 2
     breaker.before_call()
+    with pytest.raises(BmcCircuitOpen, match="a probe is running"):
+        breaker.check()
     breaker.release()  # cancelled
-    breaker.before_call()
+    assert_lets_a_call_through(breaker)
 
 
 # -- limiter --------------------------------------------------------------------------------
@@ -297,8 +306,9 @@ async def test_limiter_a_stuck_bmc_does_not_hold_global_slots() -> None:
 
     blocked = [asyncio.create_task(dead()) for _ in range(10)]
     await asyncio.sleep(0.01)
+    assert limiter.in_flight("dead") == 1  # the nine others wait on the BMC, not a global slot
     async with asyncio.timeout(1):
         async with limiter.slot("healthy"):
-            pass
+            assert limiter.in_flight("healthy") == 1
     stuck.set()
     await asyncio.gather(*blocked)

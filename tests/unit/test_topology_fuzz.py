@@ -59,7 +59,9 @@ PARSERS: dict[str, tuple[Parser, list[str]]] = {
 }
 
 
-def total(parse: Parser, text: str) -> None:
+def assert_total(parse: Parser, text: str) -> None:
+    """``parse(text)`` gives a record or a TopologyParseError with a line number and a
+    reason; any other exception fails the test."""
     try:
         parse(text)
     except TopologyParseError as exc:
@@ -104,7 +106,7 @@ def test_mutated_fixtures(name: str, relative: str) -> None:
     @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
     @given(mutated(text))
     def run(sample: str) -> None:
-        total(parse, sample)
+        assert_total(parse, sample)
 
     run()
 
@@ -116,7 +118,7 @@ def test_random_text(name: str) -> None:
     @settings(max_examples=150, deadline=None)
     @given(st.text(max_size=300) | st.text(alphabet="[]()\"'#:;=<>-0x1aSWCHR \t\n", max_size=300))
     def run(sample: str) -> None:
-        total(parse, sample)
+        assert_total(parse, sample)
 
     run()
 
@@ -127,14 +129,14 @@ def test_random_text(name: str) -> None:
                  state=st.text(max_size=12)), st.sampled_from([nvsmi.xml, nvsmi.text, nvsmi.csv]))
 def test_generated_reports_with_odd_values(gpus: list[nvsmi.FakeGpu],
                                            render: Callable[[list[nvsmi.FakeGpu]], str]) -> None:
-    total(parse_nvidia_smi, render(gpus))
+    assert_total(parse_nvidia_smi, render(gpus))
 
 
 @settings(max_examples=150, deadline=None)
 @given(st.dictionaries(st.from_regex(r"[a-z0-9_]{1,6}(/ports/[0-9x]{1,2})?/[a-z_]{1,10}",
                                      fullmatch=True), st.text(max_size=40), max_size=12))
 def test_sysfs_mappings(files: dict[str, str]) -> None:
-    total(lambda _text: parse_sysfs(files), "")
+    assert_total(lambda _text: parse_sysfs(files), "")
 
 
 def test_huge_and_binary_inputs_are_refused_with_a_reason() -> None:
