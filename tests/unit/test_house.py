@@ -32,11 +32,6 @@ import provisioner
 
 ROOT = Path(provisioner.__file__).parent
 MAX_LINES = 450
-#: modules being split on another branch (issue 17) at the time this test was written:
-#: expected over the limit until that branch merges, then the file is gone and so is the
-#: case; the entry can go too
-BEING_SPLIT = {"config.py"}
-
 Graph = Mapping[str, frozenset[str]]
 
 
@@ -179,10 +174,8 @@ def _cycle_in(graph: Graph, component: set[str]) -> list[str]:
 
 
 def _sizes() -> list[object]:
-    split_elsewhere = pytest.mark.xfail(strict=True, reason="split on another branch")
-    return [pytest.param(path, id=rel, marks=[split_elsewhere] if rel in BEING_SPLIT else [])
-            for path in sorted(ROOT.rglob("*.py"))
-            if (rel := path.relative_to(ROOT).as_posix())]
+    return [pytest.param(path, id=path.relative_to(ROOT).as_posix())
+            for path in sorted(ROOT.rglob("*.py"))]
 
 
 @pytest.mark.parametrize("path", _sizes())
