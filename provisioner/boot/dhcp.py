@@ -33,7 +33,7 @@ from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_scr
 from provisioner.boot.sockets import add_arp_entry, udp_socket
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.errors import ConfigError
-from provisioner.store.leases import AddressRange, Holder, LeaseRepo, LeaseState
+from provisioner.store.leases import AddressRange, Holder, LeaseRepo
 from provisioner.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -288,9 +288,7 @@ class DhcpServer:
         assert self._range is not None and self._network is not None
         server_id = packet.server_id
         if server_id is not None and server_id != self._server_id:
-            lease = await self._lease_repo().get(holder.mac)  # the client chose another
-            if lease is not None and lease.state == LeaseState.OFFERED:
-                await self._lease_repo().release(holder.mac, lease.ip)
+            await self._lease_repo().forget_offer(holder.mac)  # the client chose another
             return None
         renewing = server_id is None and packet.requested_ip is None
         ip = packet.ciaddr if renewing else packet.requested_ip
@@ -305,7 +303,9 @@ class DhcpServer:
         log.log(logging.DEBUG if renewing else logging.INFO, "DHCP: %s %s to %s%s",
                 "renewed" if renewing else "bound", ip, holder.mac,
                 f", boot file {boot.bootfile_name}" if boot else "")
+        left = repo.seconds_left(lease)  # less than a lease time for a cached renewal
         return replies.lease_reply(packet, MessageType.ACK, lease.ip, self._network,
+                                   lease_time_s=min(self._settings.lease_time_s, left),
                                    hostname=holder.hostname, boot=boot)
 
     async def _decline(self, packet: DhcpPacket, request: BootRequest) -> None:

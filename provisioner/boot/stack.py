@@ -32,6 +32,7 @@ from provisioner.ramdisk.service import BuildJob, RamdiskBuilder
 from provisioner.ramdisk.sysroot import arch_named
 from provisioner.ramdisk.targets import cache_dir, target_for
 from provisioner.store.leases import LeaseRepo
+from provisioner.store.mac_lookup import MacLookup
 from provisioner.store.store import Store
 
 log = logging.getLogger(__name__)
@@ -84,13 +85,15 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     servers: list[Server] = []
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
-                          TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst))
+                          TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst),
+                          macs=MacLookup(store.engine, store.pool))
     if caches is not None:
         caches.append(discovery)
     assets = netboot_dir(settings)
     stage_ipxe(settings.boot.assets_dir or DEBIAN_IPXE, assets)
     # authoritative DHCP: the lease store, which also binds agent tokens (agent_binding.py)
-    leases = LeaseRepo(store.engine, store.pool) if dhcp.mode == "authoritative" else None
+    leases = (LeaseRepo(store.engine, store.pool, cache_threshold=dhcp.cache_threshold)
+              if dhcp.mode == "authoritative" else None)
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
                               token_ttl_s=settings.boot.agent_token_ttl_s,

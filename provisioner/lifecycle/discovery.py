@@ -14,6 +14,7 @@ from provisioner.errors import Conflict, NotFound
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import NodeState
+from provisioner.store.mac_lookup import MacLookup
 from provisioner.store.repo import NodeRepo
 
 log = logging.getLogger(__name__)
@@ -43,13 +44,16 @@ class Discovery:
     writer of node state, drops a node's entries after each of its transitions."""
 
     def __init__(self, repo: NodeRepo, conductor: Conductor, bucket: TokenBucket,
-                 *, cache_size: int = 100_000, unknown_ttl_s: float = 30.0,
+                 *, macs: MacLookup | None = None, cache_size: int = 100_000,
+                 unknown_ttl_s: float = 30.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._repo = repo
+        self._macs = macs  # the boot servers' look-ups, one read per burst
         self._conductor = conductor
         self._bucket = bucket
         self._refused = 0
         self._cache: dict[str, Node] = {}
+        self._owners: dict[str, KnownNode] = {}  # what ``lookup`` found through ``macs``
         self._cache_size = cache_size
         # MACs the store does not know, until when. Every MAC reaches the store through the
         # conductor (enroll, adopt), which clears them; the TTL covers other daemons sharing
@@ -60,8 +64,21 @@ class Discovery:
         conductor.add_observer(self._invalidate)
 
     async def lookup(self, mac: str) -> KnownNode | None:
-        node = await self._find(mac)
-        return None if node is None else KnownNode(node.id, node.hostname, str(node.state))
+        if self._macs is None or (node := self._cache.get(mac)) is not None:
+            node = await self._find(mac)
+            return None if node is None else KnownNode(node.id, node.hostname, str(node.state))
+        if (known := self._owners.get(mac)) is not None:
+            return known
+        if self._unknown.get(mac, 0.0) > self._clock():
+            return None
+        owner = await self._macs.owner(normalize_mac(mac))
+        if owner is None:
+            self._remember_unknown(mac)
+            return None
+        if len(self._owners) >= self._cache_size:
+            self._owners.clear()
+        known = self._owners[mac] = KnownNode(owner.node_id, owner.hostname, owner.state)
+        return known
 
     async def unknown_mac_booted(self, mac: str, client: str) -> None:
         await self.ensure_node(mac, client)
@@ -95,15 +112,18 @@ class Discovery:
         try:
             node = await self._repo.find(mac)
         except NotFound:
-            if len(self._unknown) >= self._cache_size:
-                self._unknown.clear()
-            self._unknown[mac] = self._clock() + self._unknown_ttl_s
+            self._remember_unknown(mac)
             return None
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
         for known in node.macs:
             self._cache[known] = node
         return node
+
+    def _remember_unknown(self, mac: str) -> None:
+        if len(self._unknown) >= self._cache_size:
+            self._unknown.clear()
+        self._unknown[mac] = self._clock() + self._unknown_ttl_s
 
     def _invalidate(self, node: Node, _event: str, _before: NodeState) -> None:
         self.forget(node.macs)
@@ -112,10 +132,12 @@ class Discovery:
         """Drop these MACs from both caches (a node changed, here or on another daemon)."""
         for mac in macs:
             self._cache.pop(mac, None)
+            self._owners.pop(mac, None)
             self._unknown.pop(mac, None)
 
     def forget_all(self) -> None:
         """Notices from other daemons may have been missed (the listen connection was
         lost): start both caches afresh."""
         self._cache.clear()
+        self._owners.clear()
         self._unknown.clear()

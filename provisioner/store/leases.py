@@ -1,15 +1,19 @@
 """LeaseRepo: DHCP leases of the authoritative mode, in the ``lease`` table.
 
-One row per MAC (the primary key) and per address (unique). A MAC keeps its row after it
-released or let its lease expire, so it gets the same address back ("sticky") until the
-pool runs out of never-used addresses and reclaims the oldest expired one. A row with a
+One row per MAC (the primary key) and per address (unique). An OFFER writes nothing: the
+address is held in memory (``store/lease_offers.py``) until the REQUEST binds it, which is
+the one write a new client costs; a renewal within ``cache_threshold`` of the lease time
+since its last write is answered from the row as it is (Kea's lease caching). A MAC keeps
+its row after it released or let its lease expire, so it gets the same address back
+("sticky") until the pool runs out of never-used addresses and reclaims the oldest expired
+one. A row with a
 ``node_id`` is a reservation: it belongs to a known node and is never reclaimed. A declined
 address is parked under the key ``declined:<hex ip>`` until ``expires_at``.
 
 Every method runs in the bounded store pool, in one transaction with the others waiting at
-that moment (group commit, ``store/batch.py``). Two writers (threads or daemons
-on PostgreSQL) racing for one address meet the unique constraint; the loser retries with the
-next address, so an address is never handed to two MACs.
+that moment (group commit, ``store/batch.py``). Two daemons on PostgreSQL racing to bind one
+address meet the unique constraint; the loser's client is NAKed and starts over, so an
+address is never bound to two MACs.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from sqlalchemy.exc import IntegrityError
 
 from provisioner.errors import ConfigError
 from provisioner.store.batch import TxnBatcher
+from provisioner.store.lease_offers import OfferBook
 from provisioner.store.models import LeaseRow
 
 T = TypeVar("T")
 _LEASE: Table = LeaseRow.__table__  # type: ignore[attr-defined]
 _C = _LEASE.c
 _DECLINED_PREFIX = "declined:"
-_MAX_RACES = 8
+_LAPSED_BATCH = 32  # lapsed rows looked at per offer, oldest first
 
 
 class LeaseState(StrEnum):
@@ -107,10 +112,12 @@ def _utcnow() -> datetime:
 
 class LeaseRepo:
     def __init__(self, engine: Engine, pool: ThreadPoolExecutor, *,
-                 clock: Callable[[], datetime] = _utcnow) -> None:
+                 clock: Callable[[], datetime] = _utcnow, cache_threshold: float = 0.0) -> None:
         self._engine = engine
         self._pool = pool
         self._clock = clock
+        self._cache_threshold = cache_threshold
+        self._offers = OfferBook()
         self._cursor: dict[IPv4Address, int] = {}  # per pool: where the next scan starts
         self._sql = _Sql(engine.dialect.name)
         self._batch = TxnBatcher(engine, pool, clock)
@@ -140,9 +147,11 @@ class LeaseRepo:
     async def offer(self, holder: Holder, addresses: AddressRange, *, hold_s: float,
                     requested: IPv4Address | None = None) -> Lease | None:
         """An address for DISCOVER: the MAC's own (sticky), else ``requested`` if free, else
-        the next free one. Held as ``offered`` for ``hold_s``; None when the pool is full."""
-        return await self._run(lambda c, now: self._allocate(
-            c, now, holder, addresses, requested, LeaseState.OFFERED, hold_s))
+        the next free one. Held as ``offered`` for ``hold_s`` in memory, not in the store (a
+        MAC whose lease is still bound gets it back as ``bound``); None when the pool is
+        full."""
+        return await self._run(lambda c, now: self._offer(
+            c, now, holder, addresses, requested, hold_s))
 
     async def bind(self, holder: Holder, ip: IPv4Address, addresses: AddressRange, *,
                    lease_time_s: float) -> Lease | None:
@@ -151,23 +160,59 @@ class LeaseRepo:
         def work(conn: Connection, now: datetime) -> Lease | None:
             own = self._sql.by_mac(conn, holder.mac)
             if own is not None and IPv4Address(own.ip) == ip:
+                self._offers.drop(holder.mac)
+                node_id = holder.node_id or own.node_id
+                if self._unchanged(own, holder, node_id, now, lease_time_s):
+                    return _lease(own)  # a renewal that changes nothing writes nothing
                 return self._sql.write(conn, now, holder, ip, LeaseState.BOUND, lease_time_s,
-                                       node_id=holder.node_id or own.node_id, new=False)
+                                       node_id=node_id, new=False)
             if ip not in addresses or (own is not None and own.node_id is not None):
                 return None  # not ours to give, or this node's reservation is elsewhere
-            return self._allocate(conn, now, holder, addresses, ip, LeaseState.BOUND,
-                                  lease_time_s, only_requested=True)
+            if self._offers.held_by_other(ip, holder.mac, now):
+                return None  # offered to another client a moment ago
+            lease = self._bind_free(conn, now, holder, own, addresses, ip, lease_time_s)
+            if lease is None:  # NAK: the client starts over, with another offer
+                self._offers.drop(holder.mac)
+            return lease
 
-        return await self._run(work)
+        try:
+            return await self._run(work)
+        except IntegrityError:  # another daemon bound the address (or the MAC) first
+            await self.forget_offer(holder.mac)
+            return None
 
     async def renew(self, holder: Holder, ip: IPv4Address, addresses: AddressRange, *,
                     lease_time_s: float) -> Lease | None:
         """A bound client extends its lease (RENEWING/REBINDING); same rules as ``bind``."""
         return await self.bind(holder, ip, addresses, lease_time_s=lease_time_s)
 
+    def seconds_left(self, lease: Lease) -> int:
+        """Whole seconds until ``lease`` expires (at least 1), by this repository's clock."""
+        return max(1, round((lease.expires_at - self._clock()).total_seconds()))
+
+    async def forget_offer(self, mac: str) -> None:
+        """The client took another server's offer: its address is free again here."""
+        def work(_conn: Connection, _now: datetime) -> None:
+            self._offers.drop(mac)
+
+        await self._run(work)
+
+    def _unchanged(self, own: Row[tuple[object, ...]], holder: Holder, node_id: str | None,
+                   now: datetime, lease_time_s: float) -> bool:
+        """A bound, unexpired row with the same holder, written less than
+        ``cache_threshold`` of a lease time ago (and never past its own lease time)."""
+        m = own._mapping
+        if (m["state"] != LeaseState.BOUND or m["node_id"] != node_id
+                or m["hostname"] != holder.hostname or m["client_id"] != holder.client_id):
+            return False
+        written, expires = _aware(m["updated_at"]), _aware(m["expires_at"])
+        return (expires > now and expires - written <= timedelta(seconds=lease_time_s)
+                and now - written < timedelta(seconds=self._cache_threshold * lease_time_s))
+
     async def release(self, mac: str, ip: IPv4Address) -> bool:
         """RELEASE: the address goes back to the pool but stays this MAC's first choice."""
         def work(conn: Connection, now: datetime) -> bool:
+            self._offers.drop(mac)
             result = conn.execute(update(_LEASE).where(_C.mac == mac, _C.ip == str(ip))
                                   .values(state=LeaseState.RELEASED, expires_at=now,
                                           updated_at=now))
@@ -179,6 +224,7 @@ class LeaseRepo:
         """DECLINE (the client found the address in use): park it for ``hold_s``; the MAC
         gets another address next time."""
         def work(conn: Connection, now: datetime) -> bool:
+            self._offers.drop(mac)
             result = conn.execute(
                 update(_LEASE).where(_C.mac == mac, _C.ip == str(ip))
                 .values(mac=_declined_key(ip), state=LeaseState.DECLINED, node_id=None,
@@ -198,44 +244,60 @@ class LeaseRepo:
                 update(_LEASE).where(_C.state.in_([LeaseState.OFFERED, LeaseState.BOUND]),
                                      _C.expires_at <= now)
                 .values(state=LeaseState.EXPIRED, updated_at=now)).rowcount
-            return int(freed) + int(lapsed)
+            return int(freed) + int(lapsed) + self._offers.expire(now)
 
         return await self._run(work)
 
     # -- allocation (runs in the pool) ---------------------------------------------------------
 
-    def _allocate(self, conn: Connection, now: datetime, holder: Holder,
-                  addresses: AddressRange, requested: IPv4Address | None, state: LeaseState,
-                  duration_s: float, *, only_requested: bool = False) -> Lease | None:
-        sql = self._sql
-        for _round in range(_MAX_RACES):  # racing writers took every candidate: rescan
-            own = sql.by_mac(conn, holder.mac)
-            if own is not None and not only_requested:
-                ip = IPv4Address(own.ip)
-                if ip in addresses or own.node_id is not None:
-                    keep = own.state == LeaseState.BOUND and _aware(own.expires_at) > now
-                    return sql.write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
-                                     duration_s, node_id=holder.node_id or own.node_id,
-                                     new=False)
+    def _offer(self, conn: Connection, now: datetime, holder: Holder,
+               addresses: AddressRange, requested: IPv4Address | None,
+               hold_s: float) -> Lease | None:
+        until = now + timedelta(seconds=hold_s)
+        own = self._sql.by_mac(conn, holder.mac)
+        if own is not None:
+            ip = IPv4Address(own.ip)
+            if ip in addresses or own.node_id is not None:
+                if own.state == LeaseState.BOUND and _aware(own.expires_at) > now:
+                    self._offers.drop(holder.mac)
+                    return _lease(own)  # still bound: the same lease again
+                if not self._offers.held_by_other(ip, holder.mac, now):
+                    return self._promise(holder, ip, until, now,
+                                         node_id=holder.node_id or own.node_id)
+            else:
                 conn.execute(delete(_LEASE).where(_C.mac == holder.mac))  # pool moved away
-                own = None
-            tried = 0
-            for ip, occupied in self._candidates(conn, now, addresses, requested,
-                                                 only_requested):
-                tried += 1
-                try:
-                    with conn.begin_nested():
-                        if occupied:  # a lapsed lease of another MAC: reclaim it
-                            sql.reclaim(conn, ip, holder.mac, now)
-                        return sql.write(conn, now, holder, ip, state, duration_s,
-                                         node_id=holder.node_id, new=own is None)
-                except IntegrityError:  # another writer took the address, or the MAC
-                    if not only_requested and sql.by_mac(conn, holder.mac) is not None:
-                        break
-                if tried >= _MAX_RACES:
-                    break
-            if tried == 0:
-                return None
+        promised = self._offers.of(holder.mac, now)
+        if promised is not None and promised in addresses and self._free(conn, promised, now):
+            return self._promise(holder, promised, until, now, node_id=holder.node_id)
+        for ip, _occupied in self._candidates(conn, now, addresses, requested, False):
+            if not self._offers.held_by_other(ip, holder.mac, now):
+                return self._promise(holder, ip, until, now, node_id=holder.node_id)
+        return None
+
+    def _free(self, conn: Connection, ip: IPv4Address, now: datetime) -> bool:
+        """No row holds ``ip``, or only a lapsed lease that is no reservation."""
+        row = self._sql.by_ip(conn, ip)
+        return row is None or (row.node_id is None and _aware(row.expires_at) <= now)
+
+    def _promise(self, holder: Holder, ip: IPv4Address, until: datetime, now: datetime, *,
+                 node_id: str | None) -> Lease | None:
+        if not self._offers.hold(holder.mac, ip, until, now):
+            return None
+        return Lease(mac=holder.mac, ip=ip, state=LeaseState.OFFERED, expires_at=until,
+                     node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
+
+    def _bind_free(self, conn: Connection, now: datetime, holder: Holder, own: _Row | None,
+                   addresses: AddressRange, ip: IPv4Address, lease_time_s: float) -> Lease | None:
+        """Bind ``ip``, free or lapsed, to a MAC whose row (if any) holds another address.
+        Another daemon binding it at the same moment makes the insert raise IntegrityError
+        (``bind`` answers NAK); no savepoint per bind: it cost a third of a bind."""
+        for candidate, occupied in self._candidates(conn, now, addresses, ip, True):
+            if occupied:  # a lapsed lease of another MAC: reclaim it
+                self._sql.reclaim(conn, candidate, holder.mac, now)
+            lease = self._sql.write(conn, now, holder, candidate, LeaseState.BOUND,
+                                    lease_time_s, node_id=holder.node_id, new=own is None)
+            self._offers.drop(holder.mac)
+            return lease
         return None
 
     def _candidates(self, conn: Connection, now: datetime, addresses: AddressRange,
@@ -250,7 +312,7 @@ class LeaseRepo:
             return
         yield from ((ip, False) for ip in self._scan(conn, addresses))
         rows = conn.execute(select(_C.ip).where(_C.node_id.is_(None), _C.expires_at <= now)
-                            .order_by(_C.expires_at).limit(4 * _MAX_RACES)).all()
+                            .order_by(_C.expires_at).limit(_LAPSED_BATCH)).all()
         yield from ((ip, True) for row in rows if (ip := IPv4Address(row.ip)) in addresses)
 
     def _scan(self, conn: Connection, addresses: AddressRange) -> Iterator[IPv4Address]:
@@ -266,6 +328,9 @@ class LeaseRepo:
                 yield ip
         used = {row.ip for row in conn.execute(select(_C.ip))}
         yield from (ip for ip in addresses if str(ip) not in used)
+
+
+_Row = Row[tuple[object, ...]]
 
 
 class _Sql:

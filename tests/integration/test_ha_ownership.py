@@ -280,24 +280,39 @@ async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store
 
 async def test_two_daemons_dhcp_on_one_segment_never_share_an_address(
         stores: dict[str, Store]) -> None:
-    """Two daemons serving one segment by mistake hear the same DISCOVERs and offer from
-    one pool through their own connections: the shared lease table's uniqueness gives each
-    address to one MAC, each MAC one address, until the pool runs out."""
-    from provisioner.store.leases import AddressRange, Holder, LeaseRepo
+    """Two daemons serving one segment by mistake hear the same DISCOVERs and both offer
+    (offers are held in each daemon's memory, so both may offer one address); each client
+    REQUESTs one server's offer, the other forgets its own. The shared lease table's
+    uniqueness binds each address to one MAC, each MAC to one address, until the pool runs
+    out; a client that lost a race is NAKed and starts over."""
+    from provisioner.store.leases import AddressRange, Holder, Lease, LeaseRepo, LeaseState
 
     pool = AddressRange.parse("10.88.0.10-10.88.0.49", "255.255.255.0")  # 40 addresses
     repos = [LeaseRepo(stores[name].engine, stores[name].pool) for name in ("A", "B")]
     macs = [f"52:54:00:88:00:{n:02x}" for n in range(60)]
-    results = await asyncio.gather(*(repo.offer(Holder(m), pool, hold_s=60)
-                                     for m in macs for repo in repos))
-    offered = [lease for lease in results if lease is not None]
-    by_ip: dict[str, set[str]] = {}
-    for lease in offered:
-        by_ip.setdefault(str(lease.ip), set()).add(lease.mac)
-    assert all(len(owners) == 1 for owners in by_ip.values()), by_ip
+
+    async def client(n: int, mac: str) -> Lease | None:
+        for attempt in range(20):
+            offers = await asyncio.gather(*(r.offer(Holder(mac), pool, hold_s=60)
+                                            for r in repos))
+            pick = (n + attempt) % 2  # the first offer to arrive: either server
+            chosen, other = repos[pick], repos[1 - pick]
+            await other.forget_offer(mac)
+            offer = offers[pick]
+            if offer is None:
+                return None  # this server's pool is full
+            bound = await chosen.bind(Holder(mac), offer.ip, pool, lease_time_s=600)
+            if bound is not None:
+                return bound
+        raise AssertionError(f"{mac} NAKed 20 times")
+
+    results = await asyncio.gather(*(client(n, m) for n, m in enumerate(macs)))
+    bound = [lease for lease in results if lease is not None]
+    assert len({lease.ip for lease in bound}) == len(bound) == 40  # the pool, once each
     stored = await repos[0].all()
-    assert len({lease.ip for lease in stored}) == len(stored) == 40  # the pool, once each
-    assert len({lease.mac for lease in stored}) == 40
+    assert len({lease.ip for lease in stored}) == len(stored) == 40
+    assert {lease.mac for lease in stored} == {lease.mac for lease in bound}
+    assert all(lease.state == LeaseState.BOUND for lease in stored)
 
 
 async def test_maintenance_set_on_another_daemon_parks_the_step(

@@ -14,7 +14,7 @@ import pytest
 from provisioner.domain import NewNode
 from provisioner.errors import ConfigError
 from provisioner.lifecycle.states import NodeState
-from provisioner.store.leases import AddressRange, Holder, LeaseRepo, LeaseState
+from provisioner.store.leases import AddressRange, Holder, Lease, LeaseRepo, LeaseState
 from provisioner.store.store import Store
 
 POOL = AddressRange.parse("10.77.0.100-10.77.0.109", "255.255.255.0")
@@ -90,7 +90,8 @@ async def test_requested_address_and_naks(repo: LeaseRepo) -> None:
     # A MAC moving to another free address leaves its old one.
     moved = await repo.bind(Holder(mac(3)), IPv4Address("10.77.0.108"), POOL, lease_time_s=60)
     assert moved is not None
-    assert {str(lease.ip) for lease in await repo.all()} == {"10.77.0.105", "10.77.0.108"}
+    assert [str(lease.ip) for lease in await repo.all()] == ["10.77.0.108"]  # offers: memory
+    assert await repo.bind(Holder(mac(3)), wanted, POOL, lease_time_s=60) is None  # still held
 
 
 async def test_reservations_are_never_reclaimed(repo: LeaseRepo, lease_store: Store,
@@ -124,12 +125,15 @@ async def test_pool_exhaustion_then_reclaim_oldest_expired(repo: LeaseRepo,
     clock.advance(101)  # only mac(0)'s lease (100 s) has lapsed
     taken = await repo.offer(Holder(mac(50)), POOL, hold_s=60)
     assert taken is not None and taken.ip == IPv4Address("10.77.0.100")
-    assert await repo.get(mac(0)) is None
+    assert await repo.get(mac(0)) is not None  # an offer changes nothing in the store ...
+    assert await repo.bind(Holder(mac(50)), taken.ip, POOL, lease_time_s=60) is not None
+    assert await repo.get(mac(0)) is None  # ... the bind reclaims the lapsed lease
 
 
 async def test_decline_parks_the_address(repo: LeaseRepo, clock: Clock) -> None:
     first = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
-    assert first is not None
+    assert first is not None  # a client declines the address it was ACKed (RFC 2131 §3.1)
+    assert await repo.bind(Holder(mac(1)), first.ip, POOL, lease_time_s=60) is not None
     assert await repo.decline(mac(1), first.ip, hold_s=600)
     second = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
     assert second is not None and second.ip != first.ip
@@ -143,23 +147,78 @@ async def test_decline_parks_the_address(repo: LeaseRepo, clock: Clock) -> None:
 async def test_expire_marks_lapsed_leases(repo: LeaseRepo, clock: Clock) -> None:
     lease = await repo.offer(Holder(mac(1)), POOL, hold_s=30)
     assert lease is not None
-    clock.advance(31)
+    assert await repo.bind(Holder(mac(1)), lease.ip, POOL, lease_time_s=60) is not None
+    clock.advance(61)
     assert await repo.expire() == 1
     assert (await repo.get(mac(1))).state == LeaseState.EXPIRED  # type: ignore[union-attr]
 
 
+async def test_an_offer_is_held_in_memory_and_never_written(repo: LeaseRepo,
+                                                            clock: Clock) -> None:
+    first = await repo.offer(Holder(mac(1)), POOL, hold_s=30)
+    second = await repo.offer(Holder(mac(2)), POOL, hold_s=30)
+    assert first is not None and second is not None
+    assert first.state == second.state == LeaseState.OFFERED
+    assert first.ip != second.ip  # two DISCOVERs never get one address
+    assert await repo.all() == []  # ... and neither offer cost a store write
+    assert (await repo.offer(Holder(mac(1)), POOL, hold_s=30)).ip == first.ip  # type: ignore[union-attr]
+    assert await repo.bind(Holder(mac(3)), first.ip, POOL, lease_time_s=60) is None  # held
+    await repo.forget_offer(mac(1))  # mac(1) took another server's offer
+    taken = await repo.bind(Holder(mac(3)), first.ip, POOL, lease_time_s=60)
+    assert taken is not None and taken.state == LeaseState.BOUND
+    clock.advance(31)  # mac(2)'s hold ran out: its address may go to another
+    assert await repo.expire() == 1
+    assert await repo.bind(Holder(mac(4)), second.ip, POOL, lease_time_s=60) is not None
+    assert [(lease.mac, lease.ip) for lease in await repo.all()] == [
+        (mac(3), first.ip), (mac(4), second.ip)]
+
+
+async def test_a_renewal_that_changes_nothing_writes_nothing(lease_store: Store,
+                                                             clock: Clock) -> None:
+    repo = LeaseRepo(lease_store.engine, lease_store.pool, clock=clock, cache_threshold=0.25)
+    holder = Holder(mac(1), hostname="gpu-1")
+    offered = await repo.offer(holder, POOL, hold_s=30)
+    assert offered is not None
+    bound = await repo.bind(holder, offered.ip, POOL, lease_time_s=600)
+    assert bound is not None and repo.seconds_left(bound) == 600
+    clock.advance(100)  # iPXE's second DORA, seconds after the ROM's: answered from the row
+    cached = await repo.bind(holder, offered.ip, POOL, lease_time_s=600)
+    assert cached is not None and cached.expires_at == bound.expires_at
+    assert repo.seconds_left(cached) == 500
+    renamed = await repo.bind(Holder(mac(1), hostname="gpu-9"), offered.ip, POOL,
+                              lease_time_s=600)  # a changed holder is written at once
+    assert renamed is not None and renamed.expires_at == clock.now + timedelta(seconds=600)
+    clock.advance(200)  # past a quarter of the lease time since the last write: written
+    renewed = await repo.renew(Holder(mac(1), hostname="gpu-9"), offered.ip, POOL,
+                               lease_time_s=600)
+    assert renewed is not None and renewed.expires_at == clock.now + timedelta(seconds=600)
+    stored = await repo.get(mac(1))
+    assert stored is not None and stored.expires_at == renewed.expires_at
+
+
 async def test_concurrent_requests_never_share_an_address(lease_store: Store,
                                                           clock: Clock) -> None:
-    """Many writers at once (threads on PostgreSQL; SQLite serialises on its one writer)."""
+    """Many writers at once, each with its own offers in memory (like several daemons:
+    threads on PostgreSQL; SQLite serialises on its one writer): two writers may offer one
+    address, only one binds it, the other's client is NAKed and starts over."""
     workers = 1 if lease_store.engine.dialect.name == "sqlite" else 8
     big = AddressRange.parse("10.77.1.0-10.77.1.255", "255.255.0.0")
+
+    async def dora(repo: LeaseRepo, holder: Holder) -> tuple[Lease | None, int]:
+        for naks in range(50):
+            offered = await repo.offer(holder, big, hold_s=60)
+            assert offered is not None
+            bound = await repo.bind(holder, offered.ip, big, lease_time_s=600)
+            if bound is not None:
+                return bound, naks
+        return None, 50
+
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lease-test") as pool:
         repos = [LeaseRepo(lease_store.engine, pool, clock=clock) for _ in range(4)]
         results = await asyncio.gather(*(
-            repos[n % 4].offer(Holder(mac(n % 200)), big, hold_s=60) for n in range(400)))
-    leases = [lease for lease in results if lease is not None]
-    by_mac = {lease.mac: lease.ip for lease in leases}
-    assert len(by_mac) == 200  # every MAC got an address ...
-    assert len(set(by_mac.values())) == 200  # ... its own
+            dora(repos[n % 4], Holder(mac(n % 200))) for n in range(400)))
+    assert [n for n, (lease, _naks) in enumerate(results) if lease is None] == []  # all got one
     stored = await LeaseRepo(lease_store.engine, lease_store.pool).all()
-    assert len({lease.ip for lease in stored}) == len(stored) == 200
+    assert {lease.mac for lease in stored} == {mac(n) for n in range(200)}
+    assert len({lease.ip for lease in stored}) == len(stored) == 200  # ... its own
+    assert all(lease.state == LeaseState.BOUND for lease in stored)
