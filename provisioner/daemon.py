@@ -69,6 +69,7 @@ from provisioner.lifecycle.routing import (
     Unavailable,
 )
 from provisioner.lifecycle.stagger import PowerOnStagger
+from provisioner.lifecycle.sweeps import ExpirySweeps
 from provisioner.lifecycle.validation import FactsValidator
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
@@ -88,6 +89,7 @@ from provisioner.slurm.maintenance import SlurmFirstKube
 from provisioner.slurm.model import SlurmClient
 from provisioner.slurm.sync import SlurmSync
 from provisioner.store.exclusive import lock_sqlite
+from provisioner.store.leases import LeaseRepo
 from provisioner.store.notify import Listener, NodeChanged
 from provisioner.store.store import Store, open_store
 from provisioner.topology_live.build import build_live_topology
@@ -310,6 +312,10 @@ class Daemon:
                                            reason_prefix=self._settings.slurm.reason_prefix)
                     works.append(("slurm-sync", slurm_sync.run))
                 works.append(("topology", topology.run))
+                sweeps = ExpirySweeps(LeaseRepo(store.engine, store.pool), store.tokens,
+                                      interval_s=store.ownership.lease_s,
+                                      instance=store.instance)
+                works.append(("expiry-sweeps", sweeps.run))
                 # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
                 singleton = Singleton(store.ownership, "fleet", works)
                 children.append(group.create_task(singleton.run(), name="singletons"))
