@@ -35,7 +35,7 @@ from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_scr
 from provisioner.boot.sockets import add_arp_entry, udp_socket
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.errors import ConfigError
-from provisioner.store.leases import AddressRange, Holder, LeaseRepo, LeaseState
+from provisioner.store.leases import AddressRange, Holder, LeaseRepo
 from provisioner.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -287,9 +287,9 @@ class DhcpServer:
         assert self._range is not None and self._network is not None
         server_id = packet.server_id
         if server_id is not None and server_id != self._server_id:
-            lease = await self._lease_repo().get(holder.mac)  # the client chose another
-            if lease is not None and lease.state == LeaseState.OFFERED:
-                await self._lease_repo().release(holder.mac, lease.ip)
+            # the client chose another server: withdraw an offer, never a binding (two
+            # servers on one segment share the row: the other one may have just bound it)
+            await self._lease_repo().withdraw_offer(holder.mac)
             return None
         renewing = server_id is None and packet.requested_ip is None
         ip = packet.ciaddr if renewing else packet.requested_ip

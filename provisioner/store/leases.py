@@ -149,7 +149,7 @@ class LeaseRepo:
         """REQUEST (selecting, init-reboot, renewing, rebinding) for ``ip``: bound, or None
         when the address is not this MAC's to have (the server answers NAK)."""
         def work(conn: Connection, now: datetime) -> Lease | None:
-            own = self._sql.by_mac(conn, holder.mac)
+            own = self._sql.by_mac_locked(conn, holder.mac)
             if own is not None and IPv4Address(own.ip) == ip:
                 return self._sql.write(conn, now, holder, ip, LeaseState.BOUND, lease_time_s,
                                        node_id=holder.node_id or own.node_id, new=False)
@@ -169,6 +169,18 @@ class LeaseRepo:
         """RELEASE: the address goes back to the pool but stays this MAC's first choice."""
         def work(conn: Connection, now: datetime) -> bool:
             result = conn.execute(update(_LEASE).where(_C.mac == mac, _C.ip == str(ip))
+                                  .values(state=LeaseState.RELEASED, expires_at=now,
+                                          updated_at=now))
+            return bool(result.rowcount)
+
+        return await self._run(work)
+
+    async def withdraw_offer(self, mac: str) -> bool:
+        """The client took another server's offer: free this MAC's address if it is still
+        only offered (one statement: a binding made meanwhile is never undone)."""
+        def work(conn: Connection, now: datetime) -> bool:
+            result = conn.execute(update(_LEASE).where(_C.mac == mac,
+                                                       _C.state == LeaseState.OFFERED)
                                   .values(state=LeaseState.RELEASED, expires_at=now,
                                           updated_at=now))
             return bool(result.rowcount)
@@ -209,14 +221,17 @@ class LeaseRepo:
                   duration_s: float, *, only_requested: bool = False) -> Lease | None:
         sql = self._sql
         for _round in range(_MAX_RACES):  # racing writers took every candidate: rescan
-            own = sql.by_mac(conn, holder.mac)
+            own = sql.by_mac_locked(conn, holder.mac)
             if own is not None and not only_requested:
                 ip = IPv4Address(own.ip)
                 if ip in addresses or own.node_id is not None:
                     keep = own.state == LeaseState.BOUND and _aware(own.expires_at) > now
-                    return sql.write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
+                    kept = sql.write(conn, now, holder, ip, LeaseState.BOUND if keep else state,
                                      duration_s, node_id=holder.node_id or own.node_id,
                                      new=False)
+                    if kept is not None:
+                        return kept
+                    continue  # another server reclaimed our lapsed row: start over
                 conn.execute(delete(_LEASE).where(_C.mac == holder.mac))  # pool moved away
                 own = None
             tried = 0
@@ -227,8 +242,11 @@ class LeaseRepo:
                     with conn.begin_nested():
                         if occupied:  # a lapsed lease of another MAC: reclaim it
                             sql.reclaim(conn, ip, holder.mac, now)
-                        return sql.write(conn, now, holder, ip, state, duration_s,
-                                         node_id=holder.node_id, new=own is None)
+                        written = sql.write(conn, now, holder, ip, state, duration_s,
+                                            node_id=holder.node_id, new=own is None)
+                    if written is not None:
+                        return written
+                    break  # our row was reclaimed meanwhile: read it again
                 except IntegrityError:  # another writer took the address, or the MAC
                     if not only_requested and sql.by_mac(conn, holder.mac) is not None:
                         break
@@ -278,6 +296,10 @@ class _Sql:
         self._sqlite = dialect == "sqlite"
         m = "?" if self._sqlite else "%s"
         self._by_mac = f"SELECT {self._COLUMNS} FROM lease WHERE mac = {m}"
+        # a writer reads the MAC's row locked: two servers answering one client at once
+        # (one binds, one offers) never overwrite each other's newer row (PostgreSQL;
+        # SQLite has one writer at a time)
+        self._by_mac_locked = self._by_mac + ("" if self._sqlite else " FOR UPDATE")
         self._by_ip = f"SELECT mac, node_id, expires_at FROM lease WHERE ip = {m}"
         self._insert = f"INSERT INTO lease ({self._COLUMNS}) VALUES ({', '.join([m] * 8)})"
         self._update = (f"UPDATE lease SET ip = {m}, state = {m}, node_id = {m}, "
@@ -294,6 +316,9 @@ class _Sql:
     def by_mac(self, conn: Connection, mac: str) -> Row[tuple[object, ...]] | None:
         return conn.exec_driver_sql(self._by_mac, (mac,)).first()
 
+    def by_mac_locked(self, conn: Connection, mac: str) -> Row[tuple[object, ...]] | None:
+        return conn.exec_driver_sql(self._by_mac_locked, (mac,)).first()
+
     def by_ip(self, conn: Connection, ip: IPv4Address) -> Row[tuple[object, ...]] | None:
         return conn.exec_driver_sql(self._by_ip, (str(ip),)).first()
 
@@ -302,14 +327,16 @@ class _Sql:
 
     def write(self, conn: Connection, now: datetime, holder: Holder, ip: IPv4Address,
               state: LeaseState, duration_s: float, *, node_id: str | None,
-              new: bool) -> Lease:
+              new: bool) -> Lease | None:
+        """Insert the MAC's row, or update it: None when it is gone (another server
+        reclaimed its lapsed address since we read it; the address is no longer ours)."""
         expires_at = now + timedelta(seconds=duration_s)
         values = (str(ip), str(state), node_id, self._ts(expires_at), self._ts(now),
                   holder.hostname, holder.client_id)
         if new:
             conn.exec_driver_sql(self._insert, (holder.mac, *values))
-        else:
-            conn.exec_driver_sql(self._update, (*values, holder.mac))
+        elif conn.exec_driver_sql(self._update, (*values, holder.mac)).rowcount == 0:
+            return None
         return Lease(mac=holder.mac, ip=ip, state=state, expires_at=expires_at,
                      node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
 
