@@ -50,6 +50,7 @@ from provisioner.errors import (
     InvalidTransition,
     NotFound,
     ProvisionerError,
+    StoreUnavailable,
 )
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.rotation import BmcRotation
@@ -70,6 +71,7 @@ ROLES: Final[web.AppKey[Mapping[tuple[str, str], Role | None]]] = web.AppKey("ro
 _PROBLEM_MEDIA: Final = "application/problem+json"
 _STATUS_OF: Final[Sequence[tuple[type[ProvisionerError], int]]] = (
     (NotFound, 404), (Conflict, 409), (InvalidRequest, 422),
+    (StoreUnavailable, 503),  # the database is away or full: reads may still work
 )
 _METHODS: Final = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _MAX_TOKEN_CHARS: Final = 512
@@ -194,6 +196,8 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if status is None:  # ConfigError, SchemaError, DriverError: not the caller's fault
             log.exception("%s %s failed", request.method, request.path)
             return problem(500, "internal error; see the daemon log")
+        if status >= 500:
+            log.warning("%s %s failed: %s", request.method, request.path, exc)
         return problem(status, str(exc))
     except Exception:  # the API's task boundary: log once, with the traceback
         log.exception("%s %s failed", request.method, request.path)

@@ -5,7 +5,9 @@ store, known nodes' addresses reserved) with boot options for network-booting cl
 ``proxy`` answers only network-booting clients, beside the site's DHCP, on the server port
 (ProxyDHCP offers without an address) and on ``proxy_port`` (4011, PXE/iPXE requests);
 ``off`` runs nothing. The datagram handler never raises: a malformed packet is a DEBUG line
-and a counted drop (a WARNING summary at most once a minute).
+and a counted drop (a WARNING summary at most once a minute). Lapsed leases are marked
+expired by the fleet's expiry sweep (``lifecycle/sweeps.py``, on the daemon leading the
+singletons), not by each server.
 """
 
 from __future__ import annotations
@@ -39,7 +41,6 @@ from provisioner.tasks import TaskSet
 log = logging.getLogger(__name__)
 
 OFFER_HOLD_S = 60.0  # an offered address is kept for the client's REQUEST this long
-EXPIRY_INTERVAL_S = 60.0
 MAX_IN_FLIGHT = 1024  # requests being answered at once; more are dropped (clients retry)
 PER_MAC_RATE_PER_S, PER_MAC_BURST, PER_MAC_IN_FLIGHT = 5.0, 20, 4  # one MAC's share
 LOOKUP_TTL_S = 10.0  # a node's inventory entry is reused this long (DISCOVER, then REQUEST)
@@ -111,8 +112,6 @@ class DhcpServer:
             transport, _ = await loop.create_datagram_endpoint(
                 _endpoint_factory(self, port), sock=sock)
             self._transports.append(transport)
-        if mode == "authoritative":
-            self._background.spawn(self._expire_forever(), name="dhcp-expiry")
         log.info("DHCP %s on %s port %s (server id %s)", mode,
                  self._settings.interface or "all interfaces",
                  "/".join(map(str, ports)), self._server_id)
@@ -288,7 +287,9 @@ class DhcpServer:
         assert self._range is not None and self._network is not None
         server_id = packet.server_id
         if server_id is not None and server_id != self._server_id:
-            await self._lease_repo().forget_offer(holder.mac)  # the client chose another
+            # the client chose another server: its offer (in memory) is withdrawn; a binding,
+            # which another server on the segment may just have made, is never touched
+            await self._lease_repo().forget_offer(holder.mac)
             return None
         renewing = server_id is None and packet.requested_ip is None
         ip = packet.ciaddr if renewing else packet.requested_ip
@@ -316,17 +317,6 @@ class DhcpServer:
                                             hold_s=self._settings.decline_hold_s):
             log.warning("DHCP: %s declined %s (in use by another host); held for %s s",
                         request.mac, ip, self._settings.decline_hold_s)
-
-    async def _expire_forever(self) -> None:
-        while True:
-            await asyncio.sleep(EXPIRY_INTERVAL_S)
-            try:
-                changed = await self._lease_repo().expire()
-            except Exception as exc:
-                log.warning("DHCP: lease expiry failed: %s", exc)
-            else:
-                if changed:
-                    log.debug("DHCP: %d leases expired or freed", changed)
 
     # -- sending ------------------------------------------------------------------------------
 

@@ -33,6 +33,10 @@ class DhcpSettings(Section):
     decline_hold_s: int = Field(
         600, ge=0, description="An address a client declined (in use) is not offered again "
         "for this long")
+    cache_threshold: float = Field(
+        0.25, ge=0, lt=1, description="A renewal less than this fraction of a lease time "
+        "after the lease was last written is answered with the time it has left and not "
+        "written (Kea's cache-threshold; 0: every renewal is written)")
 
 
 class TftpSettings(Section):

@@ -38,6 +38,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.routing import Unavailable
+from provisioner.lifecycle.sweeps import ExpirySweeps
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
 from provisioner.log import setup_logging
 from provisioner.metrics import Metrics
@@ -46,6 +47,7 @@ from provisioner.simulation.rack import simulated_nodes
 from provisioner.simulation.world import SimWorld
 from provisioner.slurm.sync import SlurmSync
 from provisioner.store.exclusive import lock_sqlite
+from provisioner.store.leases import LeaseRepo
 from provisioner.store.store import Store, open_store
 from provisioner.topology_live.build import build_live_topology
 
@@ -160,6 +162,10 @@ class Daemon:
                                            reason_prefix=self._settings.slurm.reason_prefix)
                     works.append(("slurm-sync", slurm_sync.run))
                 works.append(("topology", topology.run))
+                sweeps = ExpirySweeps(LeaseRepo(store.engine, store.pool), store.tokens,
+                                      interval_s=store.ownership.lease_s,
+                                      instance=store.instance)
+                works.append(("expiry-sweeps", sweeps.run))
                 # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
                 singleton = Singleton(store.ownership, "fleet", works)
                 children.append(group.create_task(singleton.run(), name="singletons"))

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from provisioner.bmc.base import Bmc
 from provisioner.domain import Node
-from provisioner.errors import FatalError
+from provisioner.errors import FatalError, StoreUnavailable
 from provisioner.lifecycle.ports import Ports
 from provisioner.store.repo import NodeRepo
+
+log = logging.getLogger(__name__)
 
 _RUN_PREFIX = "run:"
 
@@ -93,7 +96,10 @@ class RunContext:
     async def aclose(self) -> None:
         if self._power is not None:  # the sub-step failed after it set the power
             power, self._power = self._power, None
-            await self._repo.note_power(self._node.id, power)
+            try:
+                await self._repo.note_power(self._node.id, power)
+            except StoreUnavailable as exc:  # the step stops anyway; power sync catches up
+                log.warning("node %s: power %s not recorded: %s", self._node.id, power, exc)
         if self._bmc is not None:
             bmc, self._bmc = self._bmc, None
             await bmc.aclose()

@@ -3,8 +3,8 @@
 ``FleetMember`` keeps this daemon's heartbeat and node leases fresh, takes over the in-flight
 nodes of daemons that died or were cut off (their leases expired) and re-applies the policy
 to nodes a dead daemon left waiting. ``Singleton`` runs fleet-wide work (topology
-publication, power-state sync, Kubernetes and Slurm syncs) on the one daemon that leads it,
-and moves it when that daemon stops renewing its lead.
+publication, power-state sync, Kubernetes and Slurm syncs, expiry sweeps) on the one daemon
+that leads it, and moves it when that daemon stops renewing its lead.
 """
 
 from __future__ import annotations

@@ -41,6 +41,12 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process
+    # the WAL is folded into the database every ~400 KiB (SQLite's default: 4 MiB) and cut
+    # back to 1 MiB after a checkpoint: on a small or full filesystem a WAL that grew to the
+    # first checkpoint keeps the space the database needs (the checkpoint can then never
+    # run, and writes fail even after space is freed; tests/e2e/test_sqlite_disk_full.py)
+    cursor.execute("PRAGMA wal_autocheckpoint=100")
+    cursor.execute("PRAGMA journal_size_limit=1048576")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()

@@ -17,7 +17,8 @@ from __future__ import annotations
 from datetime import datetime
 from ipaddress import IPv4Address
 
-MAX_OFFERS = 262_144  # a made-up-MAC flood cannot grow the book past this
+MAX_OFFERS = 65_536  # a made-up-MAC flood cannot grow the book past this (lapsed offers
+# are dropped when it is full, by a bind, or by the repository's expire())
 
 
 class OfferBook:

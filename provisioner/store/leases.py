@@ -158,7 +158,7 @@ class LeaseRepo:
         """REQUEST (selecting, init-reboot, renewing, rebinding) for ``ip``: bound, or None
         when the address is not this MAC's to have (the server answers NAK)."""
         def work(conn: Connection, now: datetime) -> Lease | None:
-            own = self._sql.by_mac(conn, holder.mac)
+            own = self._sql.by_mac_locked(conn, holder.mac)
             if own is not None and IPv4Address(own.ip) == ip:
                 self._offers.drop(holder.mac)
                 node_id = holder.node_id or own.node_id
@@ -296,7 +296,8 @@ class LeaseRepo:
                 self._sql.reclaim(conn, candidate, holder.mac, now)
             lease = self._sql.write(conn, now, holder, candidate, LeaseState.BOUND,
                                     lease_time_s, node_id=holder.node_id, new=own is None)
-            self._offers.drop(holder.mac)
+            if lease is not None:  # (None: another server reclaimed our own row meanwhile)
+                self._offers.drop(holder.mac)
             return lease
         return None
 
@@ -343,6 +344,10 @@ class _Sql:
         self._sqlite = dialect == "sqlite"
         m = "?" if self._sqlite else "%s"
         self._by_mac = f"SELECT {self._COLUMNS} FROM lease WHERE mac = {m}"
+        # a writer reads the MAC's row locked: two servers answering one client at once
+        # (one binds, one offers) never overwrite each other's newer row (PostgreSQL;
+        # SQLite has one writer at a time)
+        self._by_mac_locked = self._by_mac + ("" if self._sqlite else " FOR UPDATE")
         self._by_ip = f"SELECT mac, node_id, expires_at FROM lease WHERE ip = {m}"
         self._insert = f"INSERT INTO lease ({self._COLUMNS}) VALUES ({', '.join([m] * 8)})"
         self._update = (f"UPDATE lease SET ip = {m}, state = {m}, node_id = {m}, "
@@ -359,6 +364,9 @@ class _Sql:
     def by_mac(self, conn: Connection, mac: str) -> Row[tuple[object, ...]] | None:
         return conn.exec_driver_sql(self._by_mac, (mac,)).first()
 
+    def by_mac_locked(self, conn: Connection, mac: str) -> Row[tuple[object, ...]] | None:
+        return conn.exec_driver_sql(self._by_mac_locked, (mac,)).first()
+
     def by_ip(self, conn: Connection, ip: IPv4Address) -> Row[tuple[object, ...]] | None:
         return conn.exec_driver_sql(self._by_ip, (str(ip),)).first()
 
@@ -367,14 +375,16 @@ class _Sql:
 
     def write(self, conn: Connection, now: datetime, holder: Holder, ip: IPv4Address,
               state: LeaseState, duration_s: float, *, node_id: str | None,
-              new: bool) -> Lease:
+              new: bool) -> Lease | None:
+        """Insert the MAC's row, or update it: None when it is gone (another server
+        reclaimed its lapsed address since we read it; the address is no longer ours)."""
         expires_at = now + timedelta(seconds=duration_s)
         values = (str(ip), str(state), node_id, self._ts(expires_at), self._ts(now),
                   holder.hostname, holder.client_id)
         if new:
             conn.exec_driver_sql(self._insert, (holder.mac, *values))
-        else:
-            conn.exec_driver_sql(self._update, (*values, holder.mac))
+        elif conn.exec_driver_sql(self._update, (*values, holder.mac)).rowcount == 0:
+            return None
         return Lease(mac=holder.mac, ip=ip, state=state, expires_at=expires_at,
                      node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
 

@@ -73,6 +73,16 @@ class TokenRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def delete_expired(self) -> int:
+        """Delete tokens past their expiry (``lookup`` refuses them already)."""
+        def work(s: Session) -> int:
+            result = s.execute(delete(ApiTokenRow).where(
+                col(ApiTokenRow.expires_at) <= datetime.now(UTC)))
+            s.commit()
+            return int(result.rowcount)  # type: ignore[attr-defined]
+
+        return await self._run(work)
+
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)

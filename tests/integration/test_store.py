@@ -154,3 +154,28 @@ def test_migrations_match_the_models(backend_settings: Settings) -> None:
         drift = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     opened.close()
     assert drift == [], "models changed without a migration: " + repr(drift)
+
+
+async def test_expiry_sweep_deletes_expired_tokens_and_expires_lapsed_leases(
+        any_store: Store) -> None:
+    from provisioner.lifecycle.sweeps import ExpirySweeps
+    from provisioner.store.leases import AddressRange, Holder, LeaseRepo, LeaseState
+
+    now = datetime.now(UTC)
+    tokens = any_store.tokens
+    await tokens.create("gone", Role.AGENT, expires_at=now - timedelta(seconds=1))
+    _, kept = await tokens.create("kept", Role.AGENT, expires_at=now + timedelta(hours=1))
+    _, forever = await tokens.create("forever", Role.VIEWER)
+    leases = LeaseRepo(any_store.engine, any_store.pool)
+    pool = AddressRange.parse("10.88.0.10-10.88.0.20", "255.255.255.0")
+    lapsed = await leases.bind(Holder("52:54:00:88:00:01"), pool.first, pool, lease_time_s=0.0)
+    live = await leases.bind(Holder("52:54:00:88:00:02"), pool.last, pool, lease_time_s=600.0)
+    assert lapsed is not None and live is not None
+    sweeps = ExpirySweeps(leases, tokens, interval_s=60.0, instance="test")
+    swept = await sweeps.sweep()
+    assert (swept.leases, swept.tokens) == (1, 1)
+    assert not await sweeps.sweep()  # nothing left to sweep
+    assert await tokens.lookup(kept) is not None and await tokens.lookup(forever) is not None
+    states = {lease.mac: lease.state for lease in await leases.all()}
+    assert states == {"52:54:00:88:00:01": LeaseState.EXPIRED,
+                      "52:54:00:88:00:02": LeaseState.BOUND}

@@ -1,0 +1,58 @@
+"""Fleet-wide expiry sweeps (docs/ha.md, "Singletons").
+
+Run by the one daemon leading the ``fleet`` singleton, so several daemons on one database do
+not each scan the same rows: lapsed DHCP leases are marked expired and declined addresses
+whose hold is over are freed (the shared ``lease`` table), and expired API and agent tokens
+are deleted (``api_token``). Neither sweep is needed for correctness (an expired token is
+refused and a lapsed lease is reclaimed whether swept or not); they keep the tables small
+and the lease states true. Caches (the MAC cache, the negative discovery cache) are each
+daemon's own and expire in it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+from provisioner.store.leases import LeaseRepo
+from provisioner.store.tokens import TokenRepo
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Swept:
+    leases: int  # lease rows marked expired or freed
+    tokens: int  # expired tokens deleted
+
+    def __bool__(self) -> bool:
+        return bool(self.leases or self.tokens)
+
+
+class ExpirySweeps:
+    def __init__(self, leases: LeaseRepo, tokens: TokenRepo, *, interval_s: float,
+                 instance: str) -> None:
+        self._leases = leases
+        self._tokens = tokens
+        self.interval_s = interval_s
+        self._instance = instance
+
+    async def sweep(self) -> Swept:
+        swept = Swept(leases=await self._leases.expire(),
+                      tokens=await self._tokens.delete_expired())
+        if swept:
+            log.info("expiry sweep by %s: %d DHCP leases expired or freed, %d expired tokens "
+                     "deleted", self._instance, swept.leases, swept.tokens)
+        return swept
+
+    async def run(self) -> None:
+        """Sweep every ``interval_s`` while this daemon leads (cancelled when it stops)."""
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop's task boundary: the database may be away
+                log.warning("expiry sweep failed: %s: %s", type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "")
+            await asyncio.sleep(self.interval_s)
