@@ -316,6 +316,9 @@ class KubeSettings(_Section):
     max_concurrency: int = Field(8, ge=1, description="Threads of the \"kube\" pool "
                                  "(requests in flight)")
     request_timeout_s: float = Field(30.0, gt=0, description="Per-request timeout")
+    call_deadline_s: float = Field(
+        120.0, gt=0, description="Watchdog: a client call still running after this fails "
+        "the step (retryable); its \"kube\" thread is abandoned until it returns")
     retries: int = Field(5, ge=0, description="Retries of a 429, 5xx or connection error")
     retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay (doubles, max 30 s)")
     token_ttl_s: int = Field(1800, ge=60, description="Lifetime of a node's bootstrap token")
@@ -433,6 +436,10 @@ class InstallSettings(_Section):
         4, ge=1, description="Threads of the \"install\" pool: playbook runs at once; more wait")
     run_timeout_s: float = Field(3600.0, gt=0, description="A playbook run longer than "
                                  "this is killed and fails the step (retryable)")
+    run_grace_s: float = Field(
+        120.0, gt=0, description="Watchdog: a run not ended run_timeout_s + this after it "
+        "started has its processes killed and fails the step (retryable); its \"install\" "
+        "thread is abandoned until ansible-runner returns")
     forks: int = Field(5, ge=1, description="Ansible forks per run")
     keep_failed_runs: int = Field(
         3, ge=0, description="Private data dirs of failed runs kept per node for debugging "
