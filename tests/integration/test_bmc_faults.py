@@ -1,6 +1,6 @@
 """100 simulated IPMI BMCs (pyghmi's Bmc class, 20 per process) behind the real ipmi
 driver, driven through the real conductor's inspect step: 10 are dead (5 silent UDP
-sockets, 5 ports with nothing listening), 5 flap (their first 2 commands answer "node
+sockets, 5 ports that refuse), 5 flap (their first 2 commands answer "node
 busy"). The 85 healthy nodes finish about as fast as 85 nodes with no faults (measured in a
 process of its own); the dead ones end ``inspect_failed`` with the reason; the flapping
 ones succeed after retries.
@@ -22,6 +22,7 @@ workers (fix 6)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import json
 import os
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,14 +59,24 @@ LIFECYCLE = LifecycleSettings(auto_inspect=False, auto_deploy=False, max_inspect
 DONE = (NodeState.INSPECTED, NodeState.INSPECT_FAILED)
 
 
-def closed_ports(count: int) -> list[int]:
-    """Loopback UDP ports with nothing listening (bound, then closed)."""
-    ports = []
-    for _ in range(count):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+@contextlib.contextmanager
+def refusing_ports(count: int) -> Iterator[list[int]]:
+    """Loopback UDP ports that refuse every datagram (ICMP port unreachable), held for the
+    block: each bound by a socket connected to another port, which the kernel matches only
+    for datagrams from that peer. A port merely bound and closed again refused twice, then
+    went silent on the third try ("no answer", not "Connection refused"; no ICMP rate
+    limit counted): most likely taken meanwhile by one of the many UDP sockets the machine
+    opens."""
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        sink.bind(("127.0.0.1", 0))
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
             sock.bind(("127.0.0.1", 0))
+            sock.connect(sink.getsockname())
             ports.append(sock.getsockname()[1])
-    return ports
+        yield ports
 
 
 def baseline_in_a_fresh_process() -> float:
@@ -148,9 +160,9 @@ async def inspect_all(store: Store, world: SimWorld, tag: str, ports: list[int],
 async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
         store: Store, world: SimWorld) -> None:
     baseline_s = await asyncio.to_thread(baseline_in_a_fresh_process)
-    with SimBmcs(count=90, flap=5, flap_calls=2, silent=5) as sim:
+    with SimBmcs(count=90, flap=5, flap_calls=2, silent=5) as sim, refusing_ports(5) as closed:
         flapping, healthy = sim.ports[:5], sim.ports[5:]
-        silent, closed = sim.silent, closed_ports(5)
+        silent = sim.silent
         dead = silent + closed
         nodes, took = await inspect_all(store, world, "flt", sim.ports + dead, sim)
         stats = sim.stats()
