@@ -1,4 +1,4 @@
-"""100 simulated IPMI BMCs (pyghmi's Bmc class, 20 per process) behind the real ipmi
+"""100 simulated IPMI BMCs (pyghmi's Bmc class, 10 per process) behind the real ipmi
 driver, driven through the real conductor's inspect step: 10 are dead (5 silent UDP
 sockets, 5 ports that refuse), 5 flap (their first 2 commands answer "node
 busy"). The 85 healthy nodes finish about as fast as 85 nodes with no faults (measured in a

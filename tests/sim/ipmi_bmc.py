@@ -45,7 +45,9 @@ PER_PROCESS = 10
 one client socket talking to many BMC ports of one process) wedged 2 runs in 7 under 32
 concurrent client threads; 17 per process: 0 in 7. On 2026-11-25 (clients in 4 IPMI worker
 processes, machine load 5-7 on 2 cores) 20 per process left a group of healthy BMCs
-unanswered in 4 of 16 reference runs; 10 per process: 0 in 8."""
+unanswered in 4 of 16 reference runs; 10 per process: 0 in 8. Still 3 in 33 at load 8-15;
+the cause was fix 6 (an IO thread blocked reading one idle socket of the process), whose
+odds grow with the sockets per process: this count may go back up."""
 
 _due: list[tuple[float, int, Callable[[], None]]] = []
 _seq = itertools.count()
