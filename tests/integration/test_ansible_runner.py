@@ -190,7 +190,7 @@ async def test_a_run_past_the_watchdog_deadline_is_killed_and_fails_retryably(
                            r"node-1: no result within its 4 s deadline") as caught:
             await runner.run(spec)
         assert isinstance(caught.value, RetryableError)
-        assert 4.0 <= time.monotonic() - started < 8.0
+        assert 4.0 <= time.monotonic() - started < 12.0  # the deadline, not the task's 61 s
         assert await poll_for(lambda: not processes_named(sleep), 10), "task not killed"
         assert await poll_for(lambda: runner.hung_runs == 0, 10), "thread never returned"
 

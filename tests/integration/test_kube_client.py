@@ -91,7 +91,7 @@ async def test_an_apiserver_that_stops_answering_fails_calls_on_the_watchdog_dea
             started = time.monotonic()
             calls = await asyncio.gather(kube.get_node("a"), kube.list_nodes(),
                                          return_exceptions=True)
-            assert 1.0 <= time.monotonic() - started < 3.0
+            assert 1.0 <= time.monotonic() - started < 5.0  # loaded CI machines: slack
             for failed in calls:
                 assert isinstance(failed, CallDeadlineExceeded), failed
                 assert isinstance(failed, RetryableError)
@@ -101,7 +101,7 @@ async def test_an_apiserver_that_stops_answering_fails_calls_on_the_watchdog_dea
             started = time.monotonic()
             with pytest.raises(PoolExhausted, match="all 2 threads of the \"kube\" pool"):
                 await kube.get_node("b")
-            assert time.monotonic() - started < 0.5
+            assert time.monotonic() - started < 1.0
             proxy.resume()
             await poll(lambda: True if kube.hung_calls == 0 else None, what="threads back")
             assert await kube.find_node("no-such-node") is None

@@ -44,7 +44,7 @@ async def test_a_call_past_its_deadline_fails_retryably_and_its_thread_is_counte
             await watchdog.call(lambda: blocked(release), what="kube request for node n1",
                                 deadline_s=0.2, on_expiry=lambda: expired.append("x"))
         took = time.monotonic() - started
-        assert 0.2 <= took < 1.0
+        assert 0.2 <= took < 2.0
         assert isinstance(caught.value, RetryableError)
         assert str(caught.value).startswith("kube request for node n1: no result within its "
                                             "0.2 s deadline")
@@ -76,7 +76,7 @@ async def test_all_threads_hung_fails_new_and_queued_calls_fast(
         started = time.monotonic()
         with pytest.raises(PoolExhausted, match="run 4: not started"):
             await watchdog.call(lambda: "never", what="run 4", deadline_s=10)
-        assert time.monotonic() - started < 0.1
+        assert time.monotonic() - started < 0.5
         release.set()
         await until(lambda: watchdog.hung == 0)
         assert await watchdog.call(lambda: "ok", what="run 5", deadline_s=1) == "ok"
