@@ -11,19 +11,24 @@ wedged pyghmi costs the daemon this process (killed and replaced), not its event
 
 Exactly one pyghmi ``Command`` per BMC for the worker's lifetime; only a session pyghmi
 marked broken is replaced. This module and nothing else in the package imports pyghmi.
+``no_blocking_toggle`` fixes a pyghmi race that stalls its IO thread (the BMC simulator of
+the tests applies it too).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import socket
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO
 
+import pyghmi.ipmi.private.session as pyghmi_session
 from pyghmi.exceptions import IpmiException, PyghmiException
 from pyghmi.ipmi.command import Command
 
@@ -83,6 +88,34 @@ def forget(session: Any) -> None:
     cache = type(session).initting_sessions
     for key in [key for key, value in cache.items() if value is session]:
         del cache[key]
+
+
+def no_blocking_toggle() -> None:
+    """Replace pyghmi's socket IO (1.6.19) with calls that never change a socket's mode.
+
+    pyghmi's ``_io_recvfrom`` (its IO thread) does ``setblocking(0)`` then ``recvfrom``;
+    ``_io_sendto`` (any thread) does ``setblocking(1)`` then ``sendto``, on the same shared
+    socket. When a send lands between the IO thread's two calls, its ``recvfrom`` blocks
+    until the next datagram reaches that socket: the IO thread stops serving *every*
+    socket and session of the process meanwhile. Seen in the tests' BMC simulator (one
+    process silent for 6.4 s, all its BMCs unanswered, until a datagram reached the idle
+    socket its IO thread blocked on) and possible here (a client socket whose BMCs all went
+    quiet). Sockets now stay blocking; the IO thread reads with ``MSG_DONTWAIT``."""
+    pyghmi_session._io_recvfrom = recvfrom_nowait
+    pyghmi_session._io_sendto = sendto_blocking
+
+
+def recvfrom_nowait(sock: socket.socket, size: int) -> tuple[bytes, Any] | None:
+    try:
+        return sock.recvfrom(size, socket.MSG_DONTWAIT)
+    except OSError:  # nothing waiting (EAGAIN), or an ICMP error queued on the socket
+        return None
+
+
+def sendto_blocking(sock: socket.socket, packet: bytes, sockaddr: Any) -> None:
+    # as pyghmi's own: a failed send is a lost datagram, which its retransmission covers
+    with contextlib.suppress(OSError):
+        sock.sendto(packet, sockaddr)
 
 
 def _power_state(command: Any, _args: dict[str, Any]) -> str:
@@ -216,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=8)
     parser.add_argument("--heartbeat-s", type=float, default=0.5)
     args = parser.parse_args(argv)
+    no_blocking_toggle()
     worker = Worker(sys.stdout.buffer, args.threads)
     stop = threading.Event()
     threading.Thread(target=heartbeat, args=(worker, args.heartbeat_s, stop), daemon=True,

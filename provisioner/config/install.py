@@ -32,6 +32,10 @@ class InstallSettings(Section):
         4, ge=1, description="Threads of the \"install\" pool: playbook runs at once; more wait")
     run_timeout_s: float = Field(3600.0, gt=0, description="A playbook run longer than "
                                  "this is killed and fails the step (retryable)")
+    run_grace_s: float = Field(
+        120.0, gt=0, description="Watchdog: a run not ended run_timeout_s + this after it "
+        "started has its processes killed and fails the step (retryable); its \"install\" "
+        "thread is abandoned until ansible-runner returns")
     forks: int = Field(5, ge=1, description="Ansible forks per run")
     keep_failed_runs: int = Field(
         3, ge=0, description="Private data dirs of failed runs kept per node for debugging "

@@ -81,6 +81,9 @@ class KubeSettings(Section):
     max_concurrency: int = Field(8, ge=1, description="Threads of the \"kube\" pool "
                                  "(requests in flight)")
     request_timeout_s: float = Field(30.0, gt=0, description="Per-request timeout")
+    call_deadline_s: float = Field(
+        120.0, gt=0, description="Watchdog: a client call still running after this fails "
+        "the step (retryable); its \"kube\" thread is abandoned until it returns")
     retries: int = Field(5, ge=0, description="Retries of a 429, 5xx or connection error")
     retry_backoff_s: float = Field(0.5, ge=0, description="First retry delay (doubles, max 30 s)")
     token_ttl_s: int = Field(1800, ge=60, description="Lifetime of a node's bootstrap token")

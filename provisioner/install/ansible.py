@@ -8,7 +8,18 @@ also passes the noteworthy ones to ``on_event`` (the node's history) as they hap
 
 Cancelling (abort, shutdown) sets a ``threading.Event`` that runner's ``cancel_callback``
 reads every ``_POLL_S``; runner then kills ansible-playbook's process group, and the
-cancelled coroutine waits for that before it re-raises.
+cancelled coroutine waits for that (at most ``RunnerOptions.stop_wait_s``) before it
+re-raises.
+
+Runner kills a playbook that outlives ``timeout_s`` itself. A watchdog
+(``provisioner.watchdog``) bounds the whole run on its "install" thread as well, at
+``deadline_s`` (``install.run_timeout_s + install.run_grace_s``) after the thread picked it
+up: for what runner cannot end (a child in uninterruptible sleep that ``isalive()`` forever,
+a private data dir on a hung filesystem, a bug). On expiry every process of the run is
+SIGKILLed (found by its unique inventory path, as below), the run fails
+``CallDeadlineExceeded`` (retryable) and its events end; the thread, if it still does not
+return, stays abandoned and holds its slot of the pool; once every slot is so held, new
+runs fail ``PoolExhausted`` at once rather than queue forever.
 
 Secrets (join token, agent token) never touch the private data dir, the command line or
 the environment: each playbook declares them as ``vars_prompt`` with the prompt
@@ -40,6 +51,7 @@ from provisioner.errors import ConfigError, FatalError, ProvisionerError
 from provisioner.install.base import InstallEvent, OnEvent, RunResult, TaskStatus
 from provisioner.install.events import ANSI, recap_from_stats, translate
 from provisioner.install.workdir import RunDir, create_run_dir_blocking, finish_run_dir_blocking
+from provisioner.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25  # how often runner looks at the cancel flag and the timeout
@@ -88,19 +100,30 @@ class RunnerOptions:
     forks: int
     keep_failed_runs: int
     control_path_dir: Path | None = None  # ssh ControlMaster sockets; None: ~/.ansible/cp
+    deadline_s: float | None = None  # the watchdog's; None: timeout_s + 120 s
+    stop_wait_s: float = 30.0  # a cancelled run waits this long for runner to stop
+    pool_slots: int = 1  # threads of the "install" pool the runs share
+
+    @property
+    def watchdog_deadline_s(self) -> float:
+        return self.deadline_s if self.deadline_s is not None else self.timeout_s + 120.0
 
 
 class AnsibleRun:
     """One running playbook: an async iterator of its ``InstallEvent``s (ending when the
     run ends), then ``result()``. ``stop()`` cancels it and waits until runner stopped."""
 
-    def __init__(self, spec: RunSpec, options: RunnerOptions, pool: Executor) -> None:
+    def __init__(self, spec: RunSpec, options: RunnerOptions, watchdog: Watchdog) -> None:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[object] = asyncio.Queue()
         self._cancel = threading.Event()
         self._spec = spec
         self._options = options
-        self._future = self._loop.run_in_executor(pool, self._run_blocking)
+        self._inventory: str | None = None  # set by the thread once the run dir exists
+        self._future = asyncio.ensure_future(watchdog.call(
+            self._run_blocking, what=f"ansible-runner {spec.playbook} for node {spec.node_id}",
+            deadline_s=options.watchdog_deadline_s, on_expiry=self._expire))
+        self._future.add_done_callback(self._ended)
 
     def __aiter__(self) -> AnsibleRun:
         return self
@@ -117,10 +140,29 @@ class AnsibleRun:
         return await self._future
 
     async def stop(self) -> None:
-        """Cancel the run; return once ansible-playbook is gone (even if cancelled again)."""
+        """Cancel the run; return once ansible-playbook is gone (even if cancelled again),
+        or after ``stop_wait_s`` with its processes killed and its thread abandoned."""
         self._cancel.set()
-        with contextlib.suppress(Exception):  # the run's own outcome no longer matters
-            await asyncio.shield(self._future)
+        done, _ = await asyncio.wait({self._future}, timeout=self._options.stop_wait_s)
+        if not done:
+            log.error("node %s: ansible-runner did not stop within %g s of its cancel; "
+                      "killing its processes", self._spec.node_id, self._options.stop_wait_s)
+            self._expire()
+
+    def _ended(self, future: asyncio.Future[RunResult]) -> None:
+        """The run ended (even by the watchdog, its thread still stuck): events end too."""
+        if not future.cancelled():
+            future.exception()  # retrieved: result() re-raises it for whoever awaits
+        self._queue.put_nowait(_DONE)
+
+    def _expire(self) -> None:
+        """The watchdog's deadline passed: cancel, and kill whatever the run started (off
+        the loop: it reads /proc)."""
+        self._cancel.set()
+        marker = self._inventory
+        if marker is not None:
+            threading.Thread(target=kill_leftovers_blocking, args=(marker,), daemon=True,
+                             name="ansible-kill").start()
 
     # -- the "install" thread -----------------------------------------------------------------
 
@@ -137,6 +179,7 @@ class AnsibleRun:
             run_dir = create_run_dir_blocking(
                 options.state_dir / "ansible", spec.node_id, spec.run_id, options.playbooks,
                 inventory=spec.inventory, extravars=spec.extravars)
+            self._inventory = str(run_dir.inventory)
             result = self._execute_blocking(run_dir)
             finish_run_dir_blocking(run_dir, ok=result.ok,
                                     keep_failed=options.keep_failed_runs)
@@ -242,12 +285,17 @@ class AnsibleRunner:
     def __init__(self, options: RunnerOptions, pool: Executor,
                  on_event: OnEvent | None = None) -> None:
         self._options = options
-        self._pool = pool
+        self._watchdog = Watchdog(pool, name="install", slots=options.pool_slots)
         self._on_event = on_event
 
     @property
     def options(self) -> RunnerOptions:
         return self._options
+
+    @property
+    def hung_runs(self) -> int:
+        """Threads of the "install" pool held by runs past their deadline."""
+        return self._watchdog.hung
 
     def set_event_sink(self, on_event: OnEvent | None) -> None:
         """Late wiring: the daemon builds the conductor after the installer."""
@@ -256,7 +304,7 @@ class AnsibleRunner:
     def start(self, spec: RunSpec) -> AnsibleRun:
         log.info("node %s: ansible %s started (run %s)", spec.node_id, spec.playbook,
                  spec.run_id)
-        return AnsibleRun(spec, self._options, self._pool)
+        return AnsibleRun(spec, self._options, self._watchdog)
 
     async def run(self, spec: RunSpec) -> RunResult:
         """Run to the end, handing noteworthy events to ``on_event`` as they come. A

@@ -89,6 +89,8 @@ class AnsibleInstaller:
         options = RunnerOptions(state_dir=state_dir, playbooks=playbooks, binary=binary,
                                 timeout_s=settings.run_timeout_s, forks=settings.forks,
                                 keep_failed_runs=settings.keep_failed_runs,
+                                deadline_s=settings.run_timeout_s + settings.run_grace_s,
+                                pool_slots=settings.max_concurrency,
                                 control_path_dir=control_path_dir_blocking(
                                     state_dir / "ansible"))
         log.info("ansible: %s, playbooks in %s", binary, playbooks)

@@ -1,7 +1,11 @@
 """The only module that imports ``kubernetes``.
 
-Every call runs on the bounded "kube" thread pool, after a token from the client-side rate
-limiter; 429, 5xx and connection errors are retried with back-off (honouring Retry-After);
+Every call runs on the bounded "kube" thread pool under a watchdog deadline
+(``kube.call_deadline_s``, ``provisioner.watchdog``: a call that hangs beyond urllib3's own
+socket timeouts fails ``CallDeadlineExceeded``, not retried here, and its thread stays
+abandoned until it returns; with every thread so held, calls fail fast ``PoolExhausted``),
+after a token from the client-side rate limiter; 429, 5xx and connection errors are
+retried with back-off (honouring Retry-After);
 ``ApiException`` is mapped to our errors here. Responses are read raw and parsed into the
 plain values of ``kube.model``: no ``kubernetes`` type leaves this module.
 """
@@ -26,7 +30,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 
 from provisioner.config import KubeSettings
-from provisioner.errors import ConfigError
+from provisioner.errors import ConfigError, RetryableError
 from provisioner.kube.model import (
     ClientStats,
     ClusterInfo,
@@ -43,6 +47,7 @@ from provisioner.kube.model import (
     Taint,
 )
 from provisioner.kube.ratelimit import TokenBucket
+from provisioner.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,6 +75,7 @@ class KubeClient:
         self._settings = settings
         self._own_pool = executor is None
         self._pool = executor or ThreadPoolExecutor(settings.max_concurrency, "kube")
+        self._watchdog = Watchdog(self._pool, name="kube", slots=settings.max_concurrency)
         self._bucket = TokenBucket(settings.qps, settings.burst)
         self._sleep = sleep
         self.stats = ClientStats()
@@ -81,20 +87,31 @@ class KubeClient:
         if settings.kubeconfig is None:
             raise ConfigError("kube.kubeconfig is not set")
         pool = executor or ThreadPoolExecutor(settings.max_concurrency, "kube")
-        try:
-            api = await asyncio.get_running_loop().run_in_executor(
-                pool, _api_client_blocking, settings)
+        watchdog = Watchdog(pool, name="kube", slots=settings.max_concurrency)
+        try:  # an exec credential plugin in the kubeconfig runs here: it may hang too
+            api = await watchdog.call(lambda: _api_client_blocking(settings),
+                                      what=f"kube: loading {settings.kubeconfig}",
+                                      deadline_s=settings.call_deadline_s)
         except BaseException:
             if executor is None:
                 pool.shutdown(wait=False)
             raise
         client = cls(api, settings, executor=pool)
         client._own_pool = executor is None
+        client._watchdog = watchdog
         return client
 
+    @property
+    def hung_calls(self) -> int:
+        """Threads of the "kube" pool held by calls past their deadline."""
+        return self._watchdog.hung
+
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self._pool, self._api.close)
+        try:
+            await self._watchdog.call(self._api.close, what="kube: closing the client",
+                                      deadline_s=self._settings.call_deadline_s)
+        except RetryableError as exc:  # shutting down: a hung close must not stop that
+            log.warning("%s", exc)
         if self._own_pool:
             self._pool.shutdown(wait=False)
 
@@ -255,7 +272,6 @@ class KubeClient:
                     retry_429: bool = True) -> dict[str, Any]:
         """Run ``call`` on the pool under the rate limit, retrying; return the parsed body."""
         timeout = self._settings.request_timeout_s
-        loop = asyncio.get_running_loop()
 
         def blocking() -> dict[str, Any]:
             with _mapped(what):
@@ -270,7 +286,8 @@ class KubeClient:
                 self.stats.throttled += 1
             self.stats.requests += 1
             try:
-                return await loop.run_in_executor(self._pool, blocking)
+                return await self._watchdog.call(blocking, what=f"kube request for {what}",
+                                                 deadline_s=self._settings.call_deadline_s)
             except _Transient as exc:
                 if isinstance(exc, _Throttled) and exc.pdb and not retry_429:
                     raise  # a PodDisruptionBudget said no: the caller's back-off decides
@@ -289,7 +306,7 @@ class KubeClient:
                 raise
             except KubeNotFound:
                 raise
-            except Exception:
+            except Exception:  # CallDeadlineExceeded and PoolExhausted too: never retried here
                 self.stats.failures += 1
                 raise
         raise AssertionError("unreachable")

@@ -4,18 +4,20 @@ quickly, ``ansible-playbook`` missing at startup."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import subprocess
 import sys
 import sysconfig
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from provisioner.errors import ConfigError
+from provisioner.errors import ConfigError, RetryableError
 from provisioner.install.ansible import (
     AnsibleRunner,
     RunnerOptions,
@@ -28,6 +30,7 @@ from provisioner.install.workdir import one_host_inventory
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
+from provisioner.watchdog import CallDeadlineExceeded
 from tests.conftest import wait_for_state
 from tests.integration.ansible_support import (
     conductor_with,
@@ -164,3 +167,50 @@ def test_daemon_refuses_to_start_without_ansible_playbook(tmp_path: Path) -> Non
     assert "install ansible-core" in result.stderr
     assert "Traceback" not in result.stderr
     assert os.path.exists(tmp_path / "state")  # it got as far as the store, then stopped
+
+
+async def test_a_run_past_the_watchdog_deadline_is_killed_and_fails_retryably(
+        tmp_path: Path) -> None:
+    """A playbook whose task outlives the watchdog's deadline (set below runner's own
+    timeout, so the watchdog acts, not runner): the run fails CallDeadlineExceeded on time,
+    its processes (the task's ``sleep`` too) are killed, its thread comes back."""
+    sleep = "61.25"  # a command line no other process on the machine has
+    site = ("- hosts: all\n  gather_facts: false\n  tasks:\n"
+            f"    - name: Hang\n      ansible.builtin.command: sleep {sleep}\n")
+    options = RunnerOptions(state_dir=tmp_path / "state", playbooks=playbooks(tmp_path, site),
+                            binary=find_ansible_playbook(), timeout_s=300, forks=1,
+                            keep_failed_runs=1, deadline_s=4.0, pool_slots=1)
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    spec = RunSpec(node_id="node-1", run_id="node-1:1", playbook="site.yml",
+                   inventory=one_host_inventory("gpu-local", local), extravars={})
+    with ThreadPoolExecutor(1, thread_name_prefix="install") as pool:
+        runner = AnsibleRunner(options, pool)
+        started = time.monotonic()
+        with pytest.raises(CallDeadlineExceeded, match=r"ansible-runner site\.yml for node "
+                           r"node-1: no result within its 4 s deadline") as caught:
+            await runner.run(spec)
+        assert isinstance(caught.value, RetryableError)
+        assert 4.0 <= time.monotonic() - started < 12.0  # the deadline, not the task's 61 s
+        assert await poll_for(lambda: not processes_named(sleep), 10), "task not killed"
+        assert await poll_for(lambda: runner.hung_runs == 0, 10), "thread never returned"
+
+
+def processes_named(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return [pid for pid in found if pid != os.getpid()]
+
+
+async def poll_for(check: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return True

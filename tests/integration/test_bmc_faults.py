@@ -1,6 +1,6 @@
-"""100 simulated IPMI BMCs (pyghmi's Bmc class, 20 per process) behind the real ipmi
+"""100 simulated IPMI BMCs (pyghmi's Bmc class, 10 per process) behind the real ipmi
 driver, driven through the real conductor's inspect step: 10 are dead (5 silent UDP
-sockets, 5 ports with nothing listening), 5 flap (their first 2 commands answer "node
+sockets, 5 ports that refuse), 5 flap (their first 2 commands answer "node
 busy"). The 85 healthy nodes finish about as fast as 85 nodes with no faults (measured in a
 process of its own); the dead ones end ``inspect_failed`` with the reason; the flapping
 ones succeed after retries.
@@ -10,11 +10,19 @@ pyghmi's client for every BMC (dead logins timing out in its threads). The clien
 pyghmi in worker processes (``bmc/ipmi_pool.py``), as the daemon does. It was ``xfail``
 while a simulator process could wedge in pyghmi's ``wait_for_rsp`` (an unbounded Event
 wait on a missed IO-thread wake-up; 2 of 7 CI runs): tests/sim/ipmi_bmc.py bounds that
-wait (fix 5) and a watchdog dumps and ends a stalled simulator instead of hanging."""
+wait (fix 5) and a watchdog dumps and ends a stalled simulator instead of hanging. It stayed
+``xfail`` while, in about 1 run in 10 at machine load 8-12, a group of healthy BMCs went
+unanswered for seconds (the reference run too): all BMCs of one simulator process, whose
+pyghmi IO thread blocked in a ``recvfrom`` on an idle BMC socket that another thread had
+switched back to blocking mode between pyghmi's ``setblocking(0)`` and its read (traced:
+no datagram read by that process for 6.4 s while its listen loop ran, then the backlog at
+once). ``ipmi_worker.no_blocking_toggle`` fixes that, in the simulator and in our IPMI
+workers (fix 6)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import json
 import os
@@ -24,6 +32,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,14 +59,24 @@ LIFECYCLE = LifecycleSettings(auto_inspect=False, auto_deploy=False, max_inspect
 DONE = (NodeState.INSPECTED, NodeState.INSPECT_FAILED)
 
 
-def closed_ports(count: int) -> list[int]:
-    """Loopback UDP ports with nothing listening (bound, then closed)."""
-    ports = []
-    for _ in range(count):
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+@contextlib.contextmanager
+def refusing_ports(count: int) -> Iterator[list[int]]:
+    """Loopback UDP ports that refuse every datagram (ICMP port unreachable), held for the
+    block: each bound by a socket connected to another port, which the kernel matches only
+    for datagrams from that peer. A port merely bound and closed again refused twice, then
+    went silent on the third try ("no answer", not "Connection refused"; no ICMP rate
+    limit counted): most likely taken meanwhile by one of the many UDP sockets the machine
+    opens."""
+    with contextlib.ExitStack() as stack:
+        sink = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+        sink.bind(("127.0.0.1", 0))
+        ports = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
             sock.bind(("127.0.0.1", 0))
+            sock.connect(sink.getsockname())
             ports.append(sock.getsockname()[1])
-    return ports
+        yield ports
 
 
 def baseline_in_a_fresh_process() -> float:
@@ -138,16 +157,12 @@ async def inspect_all(store: Store, world: SimWorld, tag: str, ports: list[int],
     return nodes, finished
 
 
-# Still flaky (issue 15 stays open): in about 1 run in 5 on the loaded 2-core machine a group
-# of healthy BMCs goes unanswered ("no answer ... within 2 s"), in the fault-free reference run
-# too; not yet known whether the pyghmi-server simulator or the IPMI workers stall.
-@pytest.mark.xfail(strict=False, reason="healthy simulated BMCs sometimes unanswered under load")
 async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
         store: Store, world: SimWorld) -> None:
     baseline_s = await asyncio.to_thread(baseline_in_a_fresh_process)
-    with SimBmcs(count=90, flap=5, flap_calls=2, silent=5) as sim:
+    with SimBmcs(count=90, flap=5, flap_calls=2, silent=5) as sim, refusing_ports(5) as closed:
         flapping, healthy = sim.ports[:5], sim.ports[5:]
-        silent, closed = sim.silent, closed_ports(5)
+        silent = sim.silent
         dead = silent + closed
         nodes, took = await inspect_all(store, world, "flt", sim.ports + dead, sim)
         stats = sim.stats()
@@ -166,8 +181,12 @@ async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
     healthy_s = max(took[p] for p in healthy)
     assert healthy_s <= 1.5 * baseline_s + 2.0, (healthy_s, baseline_s)
     # the dead ones fail on our deadlines (3 attempts of 2 s, plus queueing for the pool
-    # while 100 nodes start at once), not after pyghmi's own ~5 s per login and retries
-    assert max(took[p] for p in dead) < (SETTINGS.retries + 1) * SETTINGS.timeout_s + 8.0
+    # while 100 nodes start at once), not after pyghmi's own ~5 s per login and retries.
+    # The queueing grows with the machine's load as the reference run does (seen: 14.9 s
+    # against a fixed 14 s bound at load 50 on 2 cores, every healthy BMC answered)
+    dead_s = max(took[p] for p in dead)
+    bound_s = (SETTINGS.retries + 1) * SETTINGS.timeout_s + max(8.0, 2 * baseline_s)
+    assert dead_s < bound_s, (dead_s, bound_s, baseline_s)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,8 @@
 """A loopback TCP proxy the test controls: ``cut()`` resets every connection through it and
 refuses new ones (a daemon cut off from its database), ``restore()`` lets them through again.
+``stall()`` black-holes instead: connections stay open and new ones are accepted, but no byte
+goes either way (a peer that stopped answering, its TCP stack still up) until ``resume()``
+delivers what was held back.
 Threads, no event loop: the daemons it serves are other processes."""
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ class TcpProxy:
         self._socks: set[socket.socket] = set()
         self._listener = socket.create_server(("127.0.0.1", self.port), backlog=64)
         self._closed = False
+        self._flowing = threading.Event()
+        self._flowing.set()
         self._thread = threading.Thread(target=self._accept, daemon=True, name="tcp-proxy")
         self._thread.start()
 
@@ -36,8 +41,15 @@ class TcpProxy:
         with self._lock:
             self._open = True
 
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def resume(self) -> None:
+        self._flowing.set()
+
     def close(self) -> None:
         self._closed = True
+        self._flowing.set()
         self.cut()
         self._listener.close()
         self._thread.join(timeout=5)
@@ -67,6 +79,7 @@ class TcpProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                self._flowing.wait()
                 dst.sendall(data)
         except OSError:
             pass

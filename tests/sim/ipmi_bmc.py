@@ -5,7 +5,9 @@ on one loopback address (ports picked by the OS), real RMCP+ on the wire. It pri
 JSON line, ``{"ports": [...]}``, when every BMC listens, then answers commands on stdin,
 one per line: ``stats`` prints a JSON line with each BMC's power, boot device and session
 counts. PEERS.md §5's three fixes are applied (SHA-1 cipher, wake the IO thread, a listen
-loop that survives exceptions), plus a bounded IO wait (fix 5: no wedge) and a watchdog.
+loop that survives exceptions), plus a bounded IO wait (fix 5: no wedge), sockets whose
+blocking mode no thread toggles (fix 6, the IPMI worker's ``no_blocking_toggle``: a group of
+healthy BMCs unanswered for seconds) and a watchdog.
 Options inject a latency per IPMI command (answered later from the same loop, so 1,000
 slow BMCs do not serialise), flapping BMCs (the first k commands answer "node busy") and
 silent ones (a bound UDP socket that never answers).
@@ -34,6 +36,8 @@ import pyghmi.ipmi.bmc as pyghmi_bmc
 import pyghmi.ipmi.private.serversession as serversession
 import pyghmi.ipmi.private.session as ipmisession
 
+from provisioner.bmc.ipmi_worker import no_blocking_toggle
+
 log = logging.getLogger("ipmi-sim")
 _ROOT = Path(__file__).resolve().parents[2]
 PER_PROCESS = 10
@@ -41,7 +45,9 @@ PER_PROCESS = 10
 one client socket talking to many BMC ports of one process) wedged 2 runs in 7 under 32
 concurrent client threads; 17 per process: 0 in 7. On 2026-11-25 (clients in 4 IPMI worker
 processes, machine load 5-7 on 2 cores) 20 per process left a group of healthy BMCs
-unanswered in 4 of 16 reference runs; 10 per process: 0 in 8."""
+unanswered in 4 of 16 reference runs; 10 per process: 0 in 8. Still 3 in 33 at load 8-15;
+the cause was fix 6 (an IO thread blocked reading one idle socket of the process), whose
+odds grow with the sockets per process: this count may go back up."""
 
 _due: list[tuple[float, int, Callable[[], None]]] = []
 _seq = itertools.count()
@@ -264,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     serversession.ServerSession = CountingSession  # type: ignore[misc]
     ipmisession._io_wait = bounded_io_wait
+    no_blocking_toggle()  # fix 6
     bmcs = [SimBmc({args.user: args.password}, 0, args.address,
                    latency_s=args.latency_ms / 1000.0,
                    flap=args.flap_calls if i < args.flap else 0) for i in range(args.count)]
