@@ -102,6 +102,7 @@ _BOOTP = struct.Struct("!BBBBIHH4s4s4s4s16s64s128s")
 RRQ, DATA, ACK_TFTP, ERROR, OACK = 1, 3, 4, 5, 6
 BLKSIZE = 1456
 TFTP_RETRIES = 6
+SO_RCVBUFFORCE = 33  # Linux; root may exceed net.core.rmem_max
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -124,8 +125,13 @@ class ClientResult:
     phases: dict[str, float] = field(default_factory=dict)
 
 
-def mac_of(index: int) -> bytes:
-    return bytes([0x02, 0x5e, 0x00]) + index.to_bytes(3, "big")
+def client_macs(count: int) -> list[bytes]:
+    """Distinct MACs spread over the 24 bits after one OUI, the same in every run: the order
+    of a rack's MACs matters to dnsmasq (its address choice is a hash of the MAC: with
+    consecutive MACs, clients in flight are offered the same addresses and NAKed "address
+    in use" in a storm), so the bench uses neither end of that."""
+    return [bytes([0x52, 0x54, 0x00]) + n.to_bytes(3, "big")
+            for n in random.Random(14).sample(range(1 << 24), count)]
 
 
 def dhcp_packet(kind: int, xid: int, mac: bytes, arch: int, ipxe: bool,
@@ -162,6 +168,7 @@ class DhcpReply:
     siaddr: bytes
     server_id: bytes | None
     bootfile: str
+    message: str = ""
 
 
 def parse_dhcp(data: bytes) -> tuple[int, DhcpReply] | None:
@@ -186,13 +193,15 @@ def parse_dhcp(data: bytes) -> tuple[int, DhcpReply] | None:
         return None
     bootfile = options.get(67) or data[108:236].split(b"\0", 1)[0]
     return xid, DhcpReply(options[53][0], data[16:20], data[20:24], options.get(54),
-                          bootfile.rstrip(b"\0").decode("ascii", "replace"))
+                          bootfile.rstrip(b"\0").decode("ascii", "replace"),
+                          options.get(56, b"").decode("ascii", "replace"))
 
 
 class DhcpPort(asyncio.DatagramProtocol):
     """Port 68 on the client end of the veth: every client's replies, by xid."""
 
-    def __init__(self) -> None:
+    def __init__(self, macs: list[bytes]) -> None:
+        self.macs = macs
         self.waiting: dict[int, asyncio.Queue[DhcpReply]] = {}
         self.transport: asyncio.DatagramTransport | None = None
 
@@ -212,7 +221,7 @@ class DhcpPort(asyncio.DatagramProtocol):
 async def dhcp_lease(port: DhcpPort, result: ClientResult, xid: int, arch: int,
                      ipxe: bool) -> DhcpReply:
     """DISCOVER, OFFER, REQUEST, ACK with retransmissions; the ACK."""
-    mac = mac_of(result.index)
+    mac = port.macs[result.index]
     timeouts = IPXE_TIMEOUTS if ipxe else FIRMWARE_TIMEOUTS
     queue: asyncio.Queue[DhcpReply] = asyncio.Queue()
     port.waiting[xid] = queue
@@ -233,21 +242,26 @@ async def dhcp_lease(port: DhcpPort, result: ClientResult, xid: int, arch: int,
                     return reply
         return None
 
+    naks: list[str] = []
     try:
         for _ in range(3):  # a NAK or a silent REQUEST starts over
             offer = await exchange(dhcp_packet(DISCOVER, xid, mac, arch, ipxe), (OFFER,),
                                    lambda r: r.yiaddr != b"\0\0\0\0")
             if offer is None:
-                raise RuntimeError("no OFFER")
+                raise RuntimeError(f"{'iPXE' if ipxe else 'PXE ROM'} DHCP: no OFFER")
             server_id = offer.server_id or offer.siaddr
+
+            def from_server(reply: DhcpReply, chosen: bytes = server_id) -> bool:
+                return reply.server_id in (None, chosen)
+
             ack = await exchange(dhcp_packet(REQUEST, xid, mac, arch, ipxe, offer.yiaddr,
-                                             server_id), (ACK, NAK),
-                                 lambda r, s=server_id: r.server_id in (None, s))
+                                             server_id), (ACK, NAK), from_server)
             if ack is not None and ack.kind == ACK:
                 return ack
+            naks.append(ack.message if ack is not None else "no answer")
             while not queue.empty():
                 queue.get_nowait()
-        raise RuntimeError("no ACK")
+        raise RuntimeError(f"{'iPXE' if ipxe else 'PXE ROM'} DHCP: no ACK ({'; '.join(naks)})")
     finally:
         del port.waiting[xid]
 
@@ -508,10 +522,11 @@ async def run_clients(plan: ClientPlan) -> dict[str, object]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+    sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 8 << 20)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"vc0")
     sock.bind(("0.0.0.0", 68))
-    _, port = await loop.create_datagram_endpoint(DhcpPort, sock=sock)
+    macs = client_macs(plan.clients)
+    _, port = await loop.create_datagram_endpoint(lambda: DhcpPort(macs), sock=sock)
     sink = bytearray(1 << 20)
     salt = random.getrandbits(32)
     cpu = time.process_time()
@@ -646,10 +661,16 @@ http {{
             for cmd in (dnsmasq, tftpd, nginx)]
 
 
-def tcp_retransmits(ns: str) -> int:
-    text = sh("ip", "netns", "exec", ns, "cat", "/proc/net/snmp").stdout
-    rows = [line.split() for line in text.splitlines() if line.startswith("Tcp:")]
-    return int(rows[1][rows[0].index("RetransSegs")])
+def counters(ns: str) -> dict[str, int]:
+    """The namespace's /proc/net/snmp and /proc/net/netstat, as ``Tcp.RetransSegs``: n."""
+    text = sh("ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat").stdout
+    found: dict[str, int] = {}
+    lines = text.splitlines()
+    for names, values in zip(lines[::2], lines[1::2], strict=False):
+        prefix = names.split(":", 1)[0]
+        for name, value in zip(names.split()[1:], values.split()[1:], strict=False):
+            found[f"{prefix}.{name}"] = int(value)
+    return found
 
 
 @dataclass
@@ -661,6 +682,9 @@ class StackRun:
     dhcp_retx: int
     tftp_retx: int
     tcp_retx: int
+    syn_retx: int
+    server_udp_drops: int
+    client_udp_drops: int
     http_retries: int
     script_retries: int
     failures: int
@@ -678,7 +702,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], srv: str,
-            cli: str, plan: ClientPlan) -> StackRun:
+            cli: str, plan: ClientPlan, logs: Path | None) -> StackRun:
     with tempfile.TemporaryDirectory(prefix="stormbench") as tmp:
         d = Path(tmp)
         d.chmod(0o755)
@@ -686,18 +710,28 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
         try:
             wait_ready(srv, procs)
             time.sleep(1.0)
-            before = tcp_retransmits(srv)
+            before = {ns: counters(ns) for ns in (srv, cli)}
             out = subprocess.run(
                 ["ip", "netns", "exec", cli, sys.executable, __file__, "--client-run",
                  json.dumps(asdict(plan))], capture_output=True, text=True,
                 timeout=plan.deadline_s + 120)
             if out.returncode != 0:
                 raise RuntimeError(f"clients failed:\n{out.stderr}")
-            tcp = tcp_retransmits(srv) - before
+            after = {ns: counters(ns) for ns in (srv, cli)}
+            delta = {ns: {k: v - before[ns].get(k, 0) for k, v in after[ns].items()}
+                     for ns in after}
+            tcp, syn = delta[srv]["Tcp.RetransSegs"], delta[srv].get("TcpExt.TCPSynRetrans", 0)
+            # datagrams the servers' and the clients' sockets had no room for
+            udp_drops = {ns: delta[ns].get("Udp.RcvbufErrors", 0) for ns in delta}
             load = Path("/proc/loadavg").read_text().split()[:3]
         finally:
             for proc in reversed(procs):
                 stop(proc)
+            if logs is not None:
+                target = logs / name.split()[0]
+                target.mkdir(parents=True, exist_ok=True)
+                for log in d.glob("*.log"):
+                    shutil.copyfile(log, target / log.name)
     data = json.loads(out.stdout)
     results = [ClientResult(**r) for r in data["clients"]]
     done = [r for r in results if r.done is not None and r.error is None]
@@ -711,12 +745,15 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
     run = StackRun(
         name, max((r.done for r in done if r.done is not None), default=float("nan")),
         percentile(own, 0.5), percentile(own, 0.99), sum(r.dhcp_retx for r in results),
-        sum(r.tftp_retx for r in results), tcp, sum(r.http_retries for r in results),
+        sum(r.tftp_retx for r in results), tcp, syn, udp_drops[srv], udp_drops[cli],
+        sum(r.http_retries for r in results),
         sum(r.script_retries for r in results), len(results) - len(done), data["cpu_s"],
         " ".join(load), phases, [f"{n} × {e}" for e, n in sorted(errors.items())])
     print(f"{name}: last client done at {run.total_s:.2f} s, p50 {run.p50_s:.2f} s, p99 "
           f"{run.p99_s:.2f} s, {run.failures} failed, DHCP/TFTP/TCP retransmits "
-          f"{run.dhcp_retx}/{run.tftp_retx}/{run.tcp_retx}, HTTP retries "
+          f"{run.dhcp_retx}/{run.tftp_retx}/{run.tcp_retx} ({run.syn_retx} SYN-ACKs), "
+          "UDP receive-buffer drops "
+          f"servers {run.server_udp_drops} / clients {run.client_udp_drops}, HTTP retries "
           f"{run.http_retries}, script retries {run.script_retries}, client CPU "
           f"{run.client_cpu_s:.1f} s, load {run.load}", file=sys.stderr)
     print("  median phase ends (s after the client's start): " + ", ".join(
@@ -761,7 +798,8 @@ def report(runs: list[StackRun], clients: int) -> str:
         if r.name == "provisioner serve" and ref is not None and r.total_s > 0:
             ratio = f"{ref.total_s / r.total_s:.2f}×"
         lines.append(f"| {r.name} | {clients} | {r.total_s:.2f} s | {r.p50_s:.2f} s | "
-                     f"{r.p99_s:.2f} s | {r.dhcp_retx} | {r.tftp_retx} | {r.tcp_retx} | "
+                     f"{r.p99_s:.2f} s | {r.dhcp_retx} | {r.tftp_retx} | "
+                     f"{r.tcp_retx} ({r.syn_retx} SYN-ACK) | "
                      f"{r.failures} | {ratio} |")
     return "\n".join(lines)
 
@@ -780,6 +818,9 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="a client not done this long after its start failed")
     parser.add_argument("--nginx-workers", default="auto")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds per stack, alternating; the median is reported")
+    parser.add_argument("--logs", type=Path, help="copy the servers' logs here")
     parser.add_argument("--only", default="", help="run only stacks whose name has this")
     parser.add_argument("--client-run", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -810,11 +851,18 @@ def main() -> int:
             ("dnsmasq + tftpd-hpa + nginx",
              lambda ns, d: start_theirs(ns, d, files, args.clients, args.nginx_workers)),
         ]
-        runs = []
+        every: dict[str, list[StackRun]] = {}
         with namespaces() as (srv, cli):
-            for name, fn in stacks:
-                if args.only in name:
-                    runs.append(measure(name, lambda d, f=fn: f(srv, d), srv, cli, plan))
+            for _ in range(args.rounds):  # alternating, the median round reported
+                for name, fn in stacks:
+                    if args.only in name:
+                        def begin(d: Path, f: Callable[[str, Path], list[subprocess.Popen[
+                                bytes]]] = fn) -> list[subprocess.Popen[bytes]]:
+                            return f(srv, d)
+
+                        every.setdefault(name, []).append(
+                            measure(name, begin, srv, cli, plan, args.logs))
+    runs = [sorted(rs, key=lambda r: r.total_s)[len(rs) // 2] for rs in every.values()]
     print(report(runs, args.clients))
     print(f"\nload average after the runs: {runs[-1].load if runs else '?'}; "
           f"client process CPU: " + ", ".join(f"{r.name} {r.client_cpu_s:.1f} s"
