@@ -600,7 +600,8 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
-def start_ours(ns: str, d: Path, files: Path, clients: int) -> list[subprocess.Popen[bytes]]:
+def start_ours(ns: str, d: Path, files: Path, clients: int,
+               extra: str = "") -> list[subprocess.Popen[bytes]]:
     config = d / "provisioner.toml"
     config.write_text(f"""state_dir = "{d / 'state'}"
 [api]
@@ -623,6 +624,7 @@ artefacts_dir = "{files / 'artefacts'}"
 ramdisk_build = "off"
 [log]
 level = "WARNING"
+{extra}
 """)
     exe = Path(sys.executable).parent / "provisioner"
     log = (d / "provisioner.log").open("wb")
@@ -842,6 +844,8 @@ def main() -> int:
                         help="rounds per stack, alternating; the median is reported")
     parser.add_argument("--verbose", action="store_true",
                         help="print every network counter that moved, per namespace")
+    parser.add_argument("--ours-toml", default="", help="TOML appended to the daemon's "
+                        "config (experiments, e.g. '[lifecycle]\\nauto_inspect = false')")
     parser.add_argument("--logs", type=Path, help="copy the servers' logs here")
     parser.add_argument("--only", default="", help="run only stacks whose name has this")
     parser.add_argument("--client-run", help=argparse.SUPPRESS)
@@ -869,7 +873,8 @@ def main() -> int:
               f"boot.ramdisk_build = off (per-source caps unchanged: one address a client)",
               file=sys.stderr)
         stacks: list[tuple[str, Callable[[str, Path], list[subprocess.Popen[bytes]]]]] = [
-            ("provisioner serve", lambda ns, d: start_ours(ns, d, files, args.clients)),
+            ("provisioner serve", lambda ns, d: start_ours(ns, d, files, args.clients,
+                                                              args.ours_toml.replace("\\n", "\n"))),
             ("dnsmasq + tftpd-hpa + nginx",
              lambda ns, d: start_theirs(ns, d, files, args.clients, args.nginx_workers)),
         ]
