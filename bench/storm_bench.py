@@ -15,13 +15,16 @@ Each simulated client does what a machine's firmware and then iPXE do:
 5. HTTP GETs of the ``kernel`` and ``initrd`` URLs in that script (each byte counted).
 
 The clients run on asyncio in one process (DHCP packets built here with ``struct``, not the
-project's codec; TFTP over its own UDP socket per transfer; HTTP over raw sockets), in a
+project's codec; TFTP over its own UDP socket per transfer; HTTP over raw sockets, the
+kernel and initrd bytes counted and dropped in the kernel with ``MSG_TRUNC`` so that the
+clients take as little of the servers' CPU as they can), in a
 network namespace joined to the servers' namespace by a veth pair. Every client has its own
 MAC and, once leased, its own IP: the client namespace holds the pool's subnet as a
 ``local`` route (Linux "AnyIP"), so a client binds its TFTP and HTTP sockets to the address
 it leased, and the servers' namespace routes the pool to the client end of the veth (one
 neighbour entry for 1,000 clients). DHCP replies are broadcast (the clients set the
-broadcast flag, as PXE ROMs do). Client starts are spread evenly over ``--spread`` s.
+broadcast flag, as PXE ROMs do). Client starts are spread evenly over ``--spread`` s. The
+MACs are spread over one OUI (see ``client_macs``: consecutive MACs make dnsmasq NAK).
 
 Stacks (both serve the same files; the TFTP root holds copies of /usr/lib/ipxe):
 
@@ -50,6 +53,8 @@ after ``--deadline`` s, or a wrong size), and the load average. The ratio is the
 stack's time over ours (higher is better for us; the issue's bar is ≥ 0.83, within 1.2×).
 
 Run as root from the repository root:  python3 bench/storm_bench.py [--clients 1000]
+(``--verbose``: every network counter that moved, per namespace; ``--logs DIR``: the servers'
+logs; ``--ours-toml``: TOML appended to the daemon's config, for experiments.)
 Needs: dnsmasq-base, tftpd-hpa, nginx, ipxe (/usr/lib/ipxe). Stops every process it starts
 and deletes its namespaces. Traffic stays inside the namespaces.
 """
