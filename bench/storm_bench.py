@@ -17,8 +17,8 @@ Each simulated client does what a machine's firmware and then iPXE do:
 The clients run on asyncio in one process (DHCP packets built here with ``struct``, not the
 project's codec; TFTP over its own UDP socket per transfer; HTTP over raw sockets, the
 kernel and initrd bytes counted and dropped in the kernel with ``MSG_TRUNC`` so that the
-clients take as little of the servers' CPU as they can), in a
-network namespace joined to the servers' namespace by a veth pair. Every client has its own
+clients take as little of the servers' CPU as they can), in a network namespace joined to
+the servers' namespace by a veth pair. Every client has its own
 MAC and, once leased, its own IP: the client namespace holds the pool's subnet as a
 ``local`` route (Linux "AnyIP"), so a client binds its TFTP and HTTP sockets to the address
 it leased, and the servers' namespace routes the pool to the client end of the veth (one
@@ -48,7 +48,8 @@ the same directory.
 
 Reported per stack: the time until the last client has everything, the p50 / p99 of each
 client's own time (its start to its last initrd byte), DHCP and TFTP retransmissions by the
-clients, TCP segments the servers' namespace retransmitted, failures (a client not done
+clients, TCP segments the servers' namespace retransmitted, UDP datagrams either side's
+sockets had no room for, the median time at which each phase ended, failures (a client not done
 after ``--deadline`` s, or a wrong size), and the load average. The ratio is the reference
 stack's time over ours (higher is better for us; the issue's bar is ≥ 0.83, within 1.2×).
 
