@@ -133,6 +133,8 @@ class TftpSettings(_Section):
     timeout_s: float = Field(2.0, gt=0, description="Retransmit timeout per block")
     retries: int = Field(5, ge=1, description="Retransmits before a transfer is dropped")
     max_transfers: int = Field(1000, ge=1, description="Concurrent transfers")
+    workers: int | None = Field(None, ge=1, description="Processes that serve transfers; "
+                                "default: one per CPU; 1: in the daemon's process")
 
     @field_validator("listen")
     @classmethod
