@@ -36,6 +36,7 @@ from provisioner.boot.tftp_packets import (
 )
 from provisioner.boot.tftp_transfer import (
     Peer,
+    SocketHub,
     Transfer,
     as_netascii,
     raise_fd_limit,
@@ -70,6 +71,7 @@ class TftpServer:
         self._cache = FileCache(_CACHE_BYTES)
         self._pool: ThreadPoolExecutor | None = None
         self._workers: TftpWorkers | None = None
+        self._hub: SocketHub | None = None  # transfers in this process (one worker)
         self._listener: asyncio.DatagramTransport | None = None
         self._active: dict[Peer, Transfer | None] = {}
         self._max_per_source = max_per_source
@@ -127,6 +129,9 @@ class TftpServer:
                 transfer.finish("server stopping")
         self._active.clear()
         self._per_source.clear()
+        if self._hub is not None:
+            self._hub.close()
+            self._hub = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
@@ -165,7 +170,9 @@ class TftpServer:
                 self._workers.dispatch(fd, req, peer)
                 return
             data = await loop.run_in_executor(self._pool, self._cache.load_fd, fd)
-            transfer = Transfer(peer, req, as_netascii(data, req.mode),
+            if self._hub is None:
+                self._hub = SocketHub()
+            transfer = Transfer(peer, req, as_netascii(data, req.mode), hub=self._hub,
                                 timeout_s=self._settings.timeout_s,
                                 retries=self._settings.retries, on_done=self.transfer_done)
             self._active[peer] = transfer

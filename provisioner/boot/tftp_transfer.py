@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import resource
+import select
 import socket
 from collections.abc import Callable
 
@@ -27,15 +28,45 @@ log = logging.getLogger(__name__)
 Peer = tuple[str, int]
 
 
-class Transfer:
-    """OACK (if options), then windows of DATA until the last ACK. Its socket is read with
-    ``add_reader`` (drained per wake-up) and written directly; one retransmit timer,
-    re-armed from the last progress rather than per ACK. ``on_done(peer)`` once at the end,
-    however it ends."""
+class SocketHub:
+    """Every transfer socket of a process behind one reader of the event loop (an epoll of
+    its own): one wake-up serves every transfer with an ACK waiting, without a loop
+    callback per socket (the per-ACK cost is what limits a TFTP server in Python)."""
 
-    def __init__(self, peer: Peer, req: ReadRequest, data: bytes, *, timeout_s: float,
-                 retries: int, on_done: Callable[[Peer], None]) -> None:
-        self._peer, self._name, self._on_done = peer, req.filename, on_done
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._epoll = select.epoll()
+        self._callbacks: dict[int, Callable[[], object]] = {}
+        self._loop.add_reader(self._epoll.fileno(), self._ready)
+
+    def add(self, fd: int, callback: Callable[[], object]) -> None:
+        self._epoll.register(fd, select.EPOLLIN)
+        self._callbacks[fd] = callback
+
+    def remove(self, fd: int) -> None:
+        if self._callbacks.pop(fd, None) is not None:
+            self._epoll.unregister(fd)
+
+    def close(self) -> None:
+        self._loop.remove_reader(self._epoll.fileno())
+        self._epoll.close()
+        self._callbacks.clear()
+
+    def _ready(self) -> None:
+        for fd, _ in self._epoll.poll(0, 1024):
+            if (callback := self._callbacks.get(fd)) is not None:
+                callback()
+
+
+class Transfer:
+    """OACK (if options), then windows of DATA until the last ACK. Its socket is read
+    through the ``SocketHub`` (one datagram per report) and written directly; one retransmit
+    timer, re-armed from the last progress rather than per ACK. ``on_done(peer)`` once at
+    the end, however it ends."""
+
+    def __init__(self, peer: Peer, req: ReadRequest, data: bytes, *, hub: SocketHub,
+                 timeout_s: float, retries: int, on_done: Callable[[Peer], None]) -> None:
+        self._peer, self._name, self._on_done, self._hub = peer, req.filename, on_done, hub
         self._data = memoryview(data)
         self._timeout_s, self._max_retries = timeout_s, retries
         self._oack = negotiate(req.options, len(data))
@@ -56,7 +87,7 @@ class Transfer:
 
     def start(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._loop.add_reader(sock.fileno(), self._readable)
+        self._hub.add(sock.fileno(), self._read_one)
         self._send_next()
         self._timer = self._loop.call_at(self._progress + self._timeout_s, self._check)
 
@@ -83,22 +114,23 @@ class Transfer:
 
     def poll(self) -> None:
         """Handle what the client already sent (an ERROR, the last ACK) now."""
-        if self._sock is not None and not self._done:
-            self._readable()
+        for _ in range(64):
+            if self._done or self._sock is None or not self._read_one():
+                return
 
-    def _readable(self) -> None:
+    def _read_one(self) -> bool:
+        """One datagram (the hub calls again while more wait: level-triggered, and no
+        EAGAIN raised per ACK); False when none was read."""
         assert self._sock is not None
-        for _ in range(64):  # drain what is queued, bounded so others get their turn
-            try:
-                data, addr = self._sock.recvfrom(1024)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # e.g. ICMP port unreachable: the client is gone
-                self.finish(f"socket error: {exc}")
-                return
-            self._datagram(data, addr)
-            if self._done:
-                return
+        try:
+            data, addr = self._sock.recvfrom(1024)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:  # e.g. ICMP port unreachable: the client is gone
+            self.finish(f"socket error: {exc}")
+            return False
+        self._datagram(data, addr)
+        return True
 
     def _datagram(self, data: bytes, addr: Peer) -> None:
         if addr != self._peer:
@@ -153,7 +185,7 @@ class Transfer:
         if self._timer is not None:
             self._timer.cancel()
         if self._sock is not None:
-            self._loop.remove_reader(self._sock.fileno())
+            self._hub.remove(self._sock.fileno())
             self._sock.close()
         self._on_done(self._peer)
         elapsed = self._loop.time() - self._started

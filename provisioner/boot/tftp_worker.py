@@ -43,6 +43,7 @@ from provisioner.boot.tftp_packets import (
 )
 from provisioner.boot.tftp_transfer import (
     Peer,
+    SocketHub,
     Transfer,
     as_netascii,
     raise_fd_limit,
@@ -99,6 +100,7 @@ class Worker:
     async def serve(self) -> None:
         """Until the daemon closes the control socket."""
         loop = asyncio.get_running_loop()
+        self._hub = SocketHub()
         self._gone: asyncio.Future[None] = loop.create_future()
         loop.add_reader(self._channel.sock.fileno(), self._readable)
         self._channel.send({"ready": os.getpid()})
@@ -135,7 +137,7 @@ class Worker:
                 raise TftpError(E_UNDEFINED, "internal error: no file")
             data = await asyncio.get_running_loop().run_in_executor(
                 self._pool, self._cache.load_fd, fds.pop())
-            transfer = Transfer(peer, req, as_netascii(data, req.mode),
+            transfer = Transfer(peer, req, as_netascii(data, req.mode), hub=self._hub,
                                 timeout_s=self._timeout_s, retries=self._retries,
                                 on_done=self._done)
             transfer.start(udp_socket(self._host, 0))
