@@ -6,11 +6,12 @@ SCM_RIGHTS descriptor: ``{"peer": [host, port], "name", "mode", "options"}``. Ba
 ``{"ready": pid}`` once, ``{"done": [host, port]}`` when a transfer ends (however it ends:
 the daemon then frees the peer's slot), and ``{"log": [logger, level, text]}``, which the
 daemon re-emits through its own logging. A request from a peer whose transfer the daemon
-still counts comes as ``{"again": [host, port], "rrq": latin-1 text}``: dropped while that
+still counts comes as ``{"again": [host, port], "rrq": base64}``: dropped while that
 transfer lives (a retransmitted request), else sent back to be served (the client ended
-its transfer and asked again before the ``done`` reached the daemon). A worker never
-resolves a file name: the daemon's jail opened the file, the worker reads the descriptor
-(``FileCache``) and sends.
+its transfer and asked again before the ``done`` reached the daemon; a retransmit that
+raced the transfer's end is served again, which the client refuses as an unknown TID).
+A worker never resolves a file name: the daemon's jail opened the file, the worker reads
+the descriptor (``FileCache``) and sends.
 
 It dies with the daemon: ``PR_SET_PDEATHSIG`` (SIGKILL when the daemon's spawning thread
 ends, SIGKILL of the daemon included) and, as a second guard, the end of the control
@@ -52,7 +53,8 @@ from provisioner.boot.tftp_transfer import (
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 1 << 17  # a job names at most one UDP datagram's worth of file name
+MAX_MESSAGE = 1 << 18  # at most one UDP datagram's worth of request, base64
+_LOG_CHARS = 8192  # a log line's text, well inside MAX_MESSAGE once JSON-escaped
 _PR_SET_PDEATHSIG = 1
 _FD = array.array("i")
 
@@ -85,7 +87,7 @@ class ChannelLog(logging.Handler):
         text = record.getMessage()
         if record.exc_info:
             text += "\n" + logging.Formatter().formatException(record.exc_info)
-        self._channel.send({"log": [record.name, record.levelno, text]})
+        self._channel.send({"log": [record.name, record.levelno, text[:_LOG_CHARS]]})
 
 
 class Worker:
@@ -158,6 +160,7 @@ class Worker:
         self._channel.send({"done": list(peer)})
 
     def _again(self, job: dict[str, Any]) -> None:
+        """A request from a peer the daemon still counts as ours."""
         peer: Peer = (str(job["again"][0]), int(job["again"][1]))
         if peer in self._live and (transfer := self._live[peer]) is not None:
             transfer.poll()  # the client's ERROR or last ACK may wait in its socket

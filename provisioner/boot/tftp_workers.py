@@ -13,6 +13,7 @@ jail stay exact, in one place; only the per-block work moves.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import logging
@@ -28,10 +29,12 @@ from typing import Any
 
 from provisioner.boot.tftp_packets import E_UNDEFINED, OPTIONS, ReadRequest, TftpError
 from provisioner.boot.tftp_transfer import Peer
+from provisioner.boot.tftp_worker import MAX_MESSAGE
 
 log = logging.getLogger(__name__)
 
 _MODULE = "provisioner.boot.tftp_worker"
+_NAME_CHARS = 256
 _RESTART_PAUSE_S = 1.0  # a worker that dies within this of its start waits this long
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # workers run this very code
 
@@ -100,7 +103,8 @@ class TftpWorkers:
             raise TftpError(E_UNDEFINED, "server busy, retry later")
         worker = min(live, key=lambda w: len(w.peers))
         options = {k: v for k, v in req.options.items() if k in OPTIONS}
-        job = {"peer": list(peer), "name": req.filename, "mode": req.mode, "options": options}
+        job = {"peer": list(peer), "name": req.filename[:_NAME_CHARS], "mode": req.mode,
+               "options": options}  # the name only for the worker's log lines
         worker.peers.add(peer)
         worker.outbox.append((json.dumps(job, ensure_ascii=False).encode(), fd, peer))
         self._flush(worker)
@@ -110,7 +114,7 @@ class TftpWorkers:
         retransmit (dropped) from a new request (passed back to ``on_again``)."""
         for worker in self._workers:
             if worker is not None and not worker.dead and peer in worker.peers:
-                job = {"again": list(peer), "rrq": rrq.decode("latin-1")}
+                job = {"again": list(peer), "rrq": base64.b64encode(rrq).decode()}
                 worker.outbox.append((json.dumps(job).encode(), -1, peer))
                 self._flush(worker)
                 return
@@ -126,10 +130,15 @@ class TftpWorkers:
                     loop.add_writer(worker.sock.fileno(), self._flush, worker)
                     worker.writing = True
                 return
-            except OSError as exc:  # its end is gone: the supervisor replaces it
+            except OSError as exc:  # gone (then replaced) or refused: dropped, not stuck
                 log.warning("TFTP: cannot hand %s to worker %d: %s", peer[0],
                             worker.proc.pid, exc)
-                return
+                worker.outbox.popleft()
+                if fd >= 0:
+                    os.close(fd)
+                    worker.peers.discard(peer)
+                    self._on_done(peer)
+                continue
             worker.outbox.popleft()
             if fd >= 0:
                 os.close(fd)
@@ -140,7 +149,7 @@ class TftpWorkers:
     def _readable(self, worker: _Worker) -> None:
         for _ in range(256):
             try:
-                data = worker.sock.recv(1 << 16)
+                data = worker.sock.recv(MAX_MESSAGE)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:
@@ -163,7 +172,7 @@ class TftpWorkers:
             logging.getLogger(name).log(int(level), "%s", text,
                                         extra={"tftp_worker": worker.proc.pid})
         elif "again" in message:
-            self._on_again(str(message["rrq"]).encode("latin-1"),
+            self._on_again(base64.b64decode(str(message["rrq"])),
                            (str(message["again"][0]), int(message["again"][1])))
         elif "ready" in message:
             worker.ready.set()

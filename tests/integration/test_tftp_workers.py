@@ -1,7 +1,8 @@
 """TFTP worker processes: several serve concurrent tftp-hpa and atftp clients (each copy
 byte for byte, the transfers spread over the workers, their log records reaching the
-daemon's logging); a SIGKILLed worker is replaced and the slots of the transfers it held
-are freed; no worker survives a SIGKILLed daemon. The real server on loopback."""
+daemon's logging); a retransmitted request is told from a new one; a SIGKILLed worker is
+replaced and the slots of the transfers it held are freed; no worker survives a SIGKILLed
+daemon. The real server on loopback."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import logging
 import os
 import signal
+import struct
 import sys
 import textwrap
 from collections.abc import AsyncIterator
@@ -23,6 +25,7 @@ from provisioner.config import TftpSettings
 from tests.integration.test_tftp import RawClient, _atftp, _run, _tftp_hpa
 
 MIB = 1024 * 1024
+SMALL = os.urandom(1300)  # three blocks
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -31,6 +34,7 @@ def root(tmp_path: Path) -> Path:
     base = tmp_path / "root"
     base.mkdir()
     (base / "file1m").write_bytes(os.urandom(MIB))
+    (base / "small").write_bytes(SMALL)
     return base
 
 
@@ -79,6 +83,32 @@ async def test_several_workers_serve_concurrent_clients(
     assert len(sent) == 30  # each transfer logged once, through the daemon's logging
     served_by = {getattr(r, "tftp_worker", None) for r in sent}
     assert served_by <= set(pids) and len(served_by) >= 2, served_by
+
+
+async def test_a_request_again_from_the_same_port(server: TftpServer) -> None:
+    """While its transfer lives, a peer's repeated request is a retransmit (no second
+    transfer); once it ended, the same port's next request is served at once, though the
+    end was seen by a worker and the request by the daemon."""
+    raw = RawClient()
+    try:
+        rrq = b"\x00\x01small\0octet\0"
+        await raw.send(rrq, server.address)
+        first, tid = await raw.recv()
+        await raw.send(rrq, server.address)
+        with pytest.raises(TimeoutError):  # a second transfer would send its block 1 now
+            await raw.recv(timeout_s=0.5)  # (ours resends after timeout_s, 1 s)
+        got = [first[4:]]
+        for block in (1, 2):
+            await raw.send(struct.pack("!HH", 4, block), tid)
+            data, peer = await raw.recv()
+            assert peer == tid and struct.unpack("!HH", data[:4]) == (3, block + 1), data[:4]
+            got.append(data[4:])
+        await raw.send(struct.pack("!HH", 4, 3), tid)
+        assert b"".join(got) == SMALL
+        for _ in range(5):
+            assert await raw.fetch(server.address, "small") == SMALL
+    finally:
+        raw.close()
 
 
 async def test_a_killed_worker_is_replaced_and_frees_its_transfers(
