@@ -7,9 +7,9 @@ root (``abspath``), has no windowsize, and sees a shutdown only between ``select
 timeouts. Here: requests arrive on one listening socket in the daemon's loop, which checks
 the limits (total, per source address) and the jail, opens the file, and hands the
 transfer (one callback-driven state machine with its own UDP socket, the transfer ID) to
-a worker process (``tftp_workers.py``, ``tftp.workers``, default one per CPU) or, with one
-worker, runs it in its own loop. Packets: ``tftp_packets.py``; jail and file cache:
-``tftp_files.py``; a transfer: ``tftp_transfer.py``.
+a worker process (``tftp_workers.py``; ``tftp.workers``, default one per CPU, at most 8)
+or, with one worker, runs it in its own loop. Packets: ``tftp_packets.py``; jail and file
+cache: ``tftp_files.py``; a transfer: ``tftp_transfer.py``.
 
 Refused with an ERROR packet: writes, absolute paths, ``..`` components (``\\`` counts as
 ``/``), anything that resolves outside the root (symlinks included), and what is not a
@@ -49,12 +49,14 @@ from provisioner.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MAX_PER_SOURCE = 64  # concurrent transfers to one address (a PXE client needs one)
+DEFAULT_MAX_WORKERS = 8
 _CACHE_BYTES = 256 * 1024 * 1024
 
 
 def worker_count(settings: TftpSettings) -> int:
-    """``tftp.workers``, else one per CPU this process may run on."""
-    return settings.workers or len(os.sched_getaffinity(0)) or 1
+    """``tftp.workers``, else one per CPU this process may run on, at most
+    ``DEFAULT_MAX_WORKERS`` (each is a Python process: ~20 MB; first stages are small)."""
+    return settings.workers or min(len(os.sched_getaffinity(0)), DEFAULT_MAX_WORKERS) or 1
 
 
 class TftpServer:
