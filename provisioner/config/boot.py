@@ -45,6 +45,9 @@ class TftpSettings(Section):
     timeout_s: float = Field(2.0, gt=0, description="Retransmit timeout per block")
     retries: int = Field(5, ge=1, description="Retransmits before a transfer is dropped")
     max_transfers: int = Field(1000, ge=1, description="Concurrent transfers")
+    workers: int | None = Field(None, ge=1, description="Processes that serve transfers; "
+                                "default: one per CPU, at most 8; 1: in the daemon's "
+                                "process")
 
     @field_validator("listen")
     @classmethod

@@ -1,7 +1,8 @@
 """The TFTP server against real clients (tftp-hpa, atftp) and a raw client on loopback:
 contents byte for byte, options (blksize, tsize, timeout, windowsize), netascii, block-number
 rollover, the jail (traversal, absolute paths, symlinks out, devices), read-only, unknown
-TIDs, many concurrent transfers and a prompt stop."""
+TIDs, many concurrent transfers and a prompt stop; with worker processes and in the
+daemon's own loop."""
 
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ def root(tmp_path: Path) -> Path:
     return base
 
 
-@pytest.fixture
-async def server(root: Path) -> AsyncIterator[TftpServer]:
-    srv = TftpServer(TftpSettings(listen="127.0.0.1:0", timeout_s=1.0, retries=3), root)
+@pytest.fixture(params=[2, 1], ids=["workers", "in-process"])
+async def server(root: Path, request: pytest.FixtureRequest) -> AsyncIterator[TftpServer]:
+    srv = TftpServer(TftpSettings(listen="127.0.0.1:0", timeout_s=1.0, retries=3,
+                                  workers=request.param), root)
     await srv.start()
     yield srv
     await srv.stop()
