@@ -13,14 +13,12 @@ plain values of ``kube.model``: no ``kubernetes`` type leaves this module.
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 import urllib3
@@ -34,7 +32,6 @@ from provisioner.errors import ConfigError, RetryableError
 from provisioner.kube.model import (
     ClientStats,
     ClusterInfo,
-    Condition,
     ConfigMapInfo,
     EvictionBlocked,
     KubeConflict,
@@ -44,9 +41,9 @@ from provisioner.kube.model import (
     KubeUnavailable,
     NodeInfo,
     PodInfo,
-    Taint,
 )
 from provisioner.kube.ratelimit import TokenBucket
+from provisioner.kube.wire import cluster_info, config_map, node, pod
 from provisioner.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -118,7 +115,7 @@ class KubeClient:
     # Nodes ------------------------------------------------------------------------------
 
     async def get_node(self, name: str) -> NodeInfo:
-        return _node(await self._json(lambda **kw: self._core.read_node(name, **kw),
+        return node(await self._json(lambda **kw: self._core.read_node(name, **kw),
                                       what=f"node {name}"))
 
     async def find_node(self, name: str) -> NodeInfo | None:
@@ -130,12 +127,12 @@ class KubeClient:
     async def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
         items = await self._list(
             lambda **kw: self._core.list_node(label_selector=label_selector, **kw), "nodes")
-        return [_node(item) for item in items]
+        return [node(item) for item in items]
 
     async def patch_node(self, name: str, body: Any, *, kind: PatchKind = "strategic",
                          status: bool = False) -> NodeInfo:
         method = self._core.patch_node_status if status else self._core.patch_node
-        return _node(await self._json(
+        return node(await self._json(
             lambda **kw: method(name, body, _content_type=_CONTENT_TYPES[kind], **kw),
             what=f"node {name}"))
 
@@ -173,7 +170,7 @@ class KubeClient:
         selector = f"spec.nodeName={node_name}"
         items = await self._list(lambda **kw: self._core.list_pod_for_all_namespaces(
             field_selector=selector, **kw), f"pods on {node_name}")
-        return [_pod(item) for item in items]
+        return [pod(item) for item in items]
 
     async def evict_pod(self, namespace: str, name: str) -> bool:
         """Ask the Eviction API to evict a pod; False if it was already gone.
@@ -228,7 +225,7 @@ class KubeClient:
                 name, namespace, **kw), what=f"configmap {namespace}/{name}")
         except KubeNotFound:
             return None
-        return _config_map(data)
+        return config_map(data)
 
     async def put_config_map(self, namespace: str, name: str, data: Mapping[str, str], *,
                              annotations: Mapping[str, str] | None = None,
@@ -247,13 +244,13 @@ class KubeClient:
         else:
             made = await self._json(lambda **kw: self._core.replace_namespaced_config_map(
                 name, namespace, body, **kw), what=what)
-        return _config_map(made)
+        return config_map(made)
 
     async def cluster_info(self) -> ClusterInfo:
         """The API endpoint and CA from ``kube-public/cluster-info`` (kubeadm publishes it)."""
         data = await self._json(lambda **kw: self._core.read_namespaced_config_map(
             "cluster-info", "kube-public", **kw), what="configmap kube-public/cluster-info")
-        return _cluster_info(data)
+        return cluster_info(data)
 
     # Plumbing -----------------------------------------------------------------------------
 
@@ -398,62 +395,3 @@ def _api_client_blocking(settings: KubeSettings) -> Any:
     configuration.connection_pool_maxsize = settings.max_concurrency
     configuration.retries = False  # our loop retries, with back-off and the rate limit
     return k8s.ApiClient(configuration)
-
-
-# Parsing raw JSON into plain values ---------------------------------------------------------
-
-def _time(text: str | None) -> datetime | None:
-    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
-
-
-def _node(obj: Mapping[str, Any]) -> NodeInfo:
-    meta, spec, status = obj.get("metadata", {}), obj.get("spec", {}), obj.get("status", {})
-    return NodeInfo(
-        name=meta["name"],
-        resource_version=meta.get("resourceVersion", ""),
-        labels=dict(meta.get("labels") or {}),
-        annotations=dict(meta.get("annotations") or {}),
-        taints=tuple(Taint(key=t["key"], effect=t["effect"], value=t.get("value") or "")
-                     for t in spec.get("taints") or []),
-        unschedulable=bool(spec.get("unschedulable")),
-        provider_id=spec.get("providerID") or "",
-        conditions=tuple(Condition(type=c["type"], status=c["status"],
-                                   reason=c.get("reason") or "", message=c.get("message") or "",
-                                   last_transition=_time(c.get("lastTransitionTime")))
-                         for c in status.get("conditions") or []),
-        allocatable={k: str(v) for k, v in (status.get("allocatable") or {}).items()},
-    )
-
-
-def _pod(obj: Mapping[str, Any]) -> PodInfo:
-    meta, spec = obj.get("metadata", {}), obj.get("spec", {})
-    annotations = meta.get("annotations") or {}
-    return PodInfo(
-        namespace=meta.get("namespace", ""),
-        name=meta["name"],
-        node_name=spec.get("nodeName") or "",
-        owner_kinds=tuple(ref.get("kind", "") for ref in meta.get("ownerReferences") or []),
-        mirror="kubernetes.io/config.mirror" in annotations,
-        deleting=meta.get("deletionTimestamp") is not None,
-        phase=(obj.get("status") or {}).get("phase") or "",
-    )
-
-
-def _config_map(obj: Mapping[str, Any]) -> ConfigMapInfo:
-    meta = obj.get("metadata", {})
-    return ConfigMapInfo(namespace=meta.get("namespace", ""), name=meta["name"],
-                         resource_version=meta.get("resourceVersion", ""),
-                         data={k: str(v) for k, v in (obj.get("data") or {}).items()},
-                         annotations=dict(meta.get("annotations") or {}))
-
-
-def _cluster_info(configmap: Mapping[str, Any]) -> ClusterInfo:
-    text = (configmap.get("data") or {}).get("kubeconfig")
-    if not text:
-        raise KubeRejected("kube-public/cluster-info has no kubeconfig")
-    try:
-        cluster = yaml.safe_load(text)["clusters"][0]["cluster"]
-        return ClusterInfo(server=str(cluster["server"]),
-                           ca_pem=base64.b64decode(cluster["certificate-authority-data"]))
-    except (yaml.YAMLError, KeyError, IndexError, TypeError, ValueError) as exc:
-        raise KubeRejected(f"kube-public/cluster-info: malformed kubeconfig ({exc})") from None
