@@ -107,7 +107,7 @@ class DhcpPacket:
         """``aa:bb:cc:dd:ee:ff`` for Ethernet (htype 1, hlen 6), else None."""
         if self.htype != 1 or self.hlen != 6:
             return None
-        return ":".join(f"{b:02x}" for b in self.chaddr[:6])
+        return self.chaddr[:6].hex(":")
 
     @property
     def broadcast(self) -> bool:
