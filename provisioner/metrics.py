@@ -5,7 +5,7 @@ prometheus_client is untyped; its objects stay inside this module (``Any`` does 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -44,6 +44,25 @@ class _NodeCollector:
                                 labels=["state"])
 
 
+class _HungCollector:
+    """``provisioner_hung_threads{pool}``: threads of a bounded pool held by blocking library
+    calls past their watchdog deadline (``provisioner.watchdog``), read at each scrape."""
+
+    _NAME, _HELP = "provisioner_hung_threads", "Pool threads held by calls past their deadline"
+
+    def __init__(self) -> None:
+        self.pools: dict[str, Callable[[], int]] = {}
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(self._NAME, self._HELP, labels=["pool"])
+        for pool, hung in sorted(self.pools.items()):
+            family.add_metric([pool], float(hung()))
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(self._NAME, self._HELP, labels=["pool"])
+
+
 class Metrics:
     def __init__(self) -> None:
         self._registry: Any = CollectorRegistry(auto_describe=True)
@@ -57,6 +76,13 @@ class Metrics:
         )
         self._nodes = _NodeCollector()
         self._registry.register(self._nodes)
+        self._hung = _HungCollector()
+        self._registry.register(self._hung)
+
+    def watch_pool(self, pool: str, hung: Callable[[], int]) -> None:
+        """Export ``hung()`` (a watchdog's abandoned threads) as ``provisioner_hung_threads``:
+        a pool that stays exhausted needs an operator."""
+        self._hung.pools[pool] = hung
 
     def observe_transition(self, node: Node, event: str, before: NodeState) -> None:
         """The conductor's ``Observer``: count one committed transition."""

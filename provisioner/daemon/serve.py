@@ -98,6 +98,10 @@ class Daemon:
                                        ttl_s=self._settings.boot.agent_token_ttl_s)
             # ConfigError (exit 2) without ansible-playbook
             ansible = ansible_installer(self._settings, stack, agent_tokens)
+            metrics.watch_pool("install", lambda: ansible.runner.hung_runs)
+            if kube_client is not None:
+                client = kube_client
+                metrics.watch_pool("kube", lambda: client.hung_calls)
             joiner = None
             if kube_client is not None:
                 joiner = KubeNodeJoiner(kube_client, self._settings.kube,

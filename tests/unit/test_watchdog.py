@@ -105,3 +105,22 @@ async def test_a_failing_call_raises_its_own_error() -> None:
         with pytest.raises(ValueError, match="boom"):
             await watchdog.call(boom, what="x", deadline_s=1)
         assert watchdog.hung == 0
+
+
+async def test_hung_threads_are_exported_per_pool(release: threading.Event) -> None:
+    from provisioner.metrics import Metrics
+
+    metrics = Metrics()
+    with ThreadPoolExecutor(2, thread_name_prefix="kube") as pool:
+        watchdog = Watchdog(pool, name="kube", slots=2)
+        metrics.watch_pool("kube", lambda: watchdog.hung)
+        metrics.watch_pool("install", lambda: 0)
+        assert 'provisioner_hung_threads{pool="kube"} 0.0' in metrics.render().decode()
+        with pytest.raises(CallDeadlineExceeded):
+            await watchdog.call(lambda: blocked(release), what="list nodes", deadline_s=0.1)
+        text = metrics.render().decode()
+        assert 'provisioner_hung_threads{pool="kube"} 1.0' in text
+        assert 'provisioner_hung_threads{pool="install"} 0.0' in text
+        release.set()
+        await until(lambda: watchdog.hung == 0)
+        assert 'provisioner_hung_threads{pool="kube"} 0.0' in metrics.render().decode()
