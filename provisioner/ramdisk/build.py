@@ -14,6 +14,7 @@ import gzip
 import hashlib
 import logging
 import re
+import os
 import shutil
 import subprocess
 import sys
@@ -93,7 +94,8 @@ def build(arch: Arch, target: Target, cache_dir: Path) -> Target:
         _assemble(sysroot, sources, root)
         initrd = Path(tmp) / "initrd.gz"
         _pack(root, initrd)
-        kernel = target.kernel.with_name(f".{target.kernel.name}.tmp")
+        # beside the target, under a name no other daemon sharing the state dir uses
+        kernel = target.kernel.with_name(f".{target.kernel.name}.{os.getpid()}.tmp")
         shutil.copyfile(sysroot.kernel, kernel)
         kernel.replace(target.kernel)
         initrd.replace(target.initrd)

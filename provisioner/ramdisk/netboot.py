@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import shutil
 import subprocess
 import tempfile
@@ -99,7 +100,8 @@ def stage_ipxe(assets_dir: Path, netboot_dir: Path) -> list[str]:
         stat = source.stat()
         if not target.is_file() or target.stat().st_size != stat.st_size or \
                 target.stat().st_mtime < stat.st_mtime:
-            tmp = target.with_name(f".{target.name}.tmp")
+            # a name of its own: daemons sharing a state dir may stage at the same moment
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
             shutil.copyfile(source, tmp)
             tmp.replace(target)
         staged.append(source.name)
