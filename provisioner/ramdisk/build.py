@@ -13,8 +13,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import logging
-import re
 import os
+import re
 import shutil
 import subprocess
 import sys
