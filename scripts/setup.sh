@@ -86,7 +86,11 @@ quietly() {
   return "$rc"
 }
 
-is_installed() { dpkg -s "$1" 2>/dev/null | grep -qx 'Status: install ok installed'; }
+# dpkg-query prints the one field: `dpkg -s | grep -q` died of SIGPIPE under pipefail (exit
+# 141) for packages whose record outlasts grep's first match, so they looked missing.
+is_installed() {
+  [[ $(dpkg-query -W -f='${Status}' "$1" 2>/dev/null) == 'install ok installed' ]]
+}
 
 # Foreign architectures whose packages the tests download (the arm64 inspection ramdisk and
 # GRUB image are made from arm64 .debs: `apt-get download pkg:arm64`, never installed).
