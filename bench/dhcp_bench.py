@@ -255,7 +255,7 @@ def report(scores: list[Score]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=lambda t: [int(x) for x in t.split(",")],
-                        default=[250, 500, 1000, 1500, 2000, 3000, 4000, 6000])
+                        default=[250, 500, 1000, 1500, 2000, 2500, 3000, 3500, 4000, 5000, 6000, 8000, 10000])
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=20000)
     parser.add_argument("--burst", type=int, default=1000)
