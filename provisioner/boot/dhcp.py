@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 OFFER_HOLD_S = 60.0  # an offered address is kept for the client's REQUEST this long
 MAX_IN_FLIGHT = 1024  # requests being answered at once; more are dropped (clients retry)
 PER_MAC_RATE_PER_S, PER_MAC_BURST, PER_MAC_IN_FLIGHT = 5.0, 20, 4  # one MAC's share
-LOOKUP_TTL_S = 10.0  # a node's inventory entry is reused this long (DISCOVER, then REQUEST)
-_LOOKUP_CACHE_MAX = 65536
 _SUMMARY_INTERVAL_S = 60.0
 
 
@@ -72,7 +70,6 @@ class DhcpServer:
                                     max_in_flight=PER_MAC_IN_FLIGHT, clock=clock)
         self._background = TaskSet()
         self._reporting: set[str] = set()
-        self._known: dict[str, tuple[float, KnownNode | None]] = {}
         self._drops: dict[str, int] = {}
         self._last_summary = 0.0
         self._arp_failed = False
@@ -183,20 +180,10 @@ class DhcpServer:
 
     # -- policy -----------------------------------------------------------------------------
 
-    async def _find(self, mac: str) -> KnownNode | None:
-        """The inventory's answer, cached for LOOKUP_TTL_S (one store query per exchange)."""
-        now = self._clock()
-        cached = self._known.get(mac)
-        if cached is not None and cached[0] > now:
-            return cached[1]
-        known = await self._inventory.lookup(mac)
-        if len(self._known) >= _LOOKUP_CACHE_MAX:
-            self._known.clear()
-        self._known[mac] = (now + LOOKUP_TTL_S, known)
-        return known
-
     async def _lookup(self, request: BootRequest) -> tuple[KnownNode | None, BootReply | None]:
-        known = await self._find(request.mac)
+        # the inventory caches (the daemon's Discovery: known nodes until their next
+        # transition, unknown MACs for a TTL, a burst's misses in one read)
+        known = await self._inventory.lookup(request.mac)
         boot = boot_reply(
             request, known is not None,
             ipxe_script_url=ipxe_script_url(self._http_base_url, request.mac),

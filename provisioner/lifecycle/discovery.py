@@ -64,13 +64,17 @@ class Discovery:
         conductor.add_observer(self._invalidate)
 
     async def lookup(self, mac: str) -> KnownNode | None:
-        if self._macs is None or (node := self._cache.get(mac)) is not None:
-            node = await self._find(mac)
-            return None if node is None else KnownNode(node.id, node.hostname, str(node.state))
+        """The boot servers' question, from the caches first; a miss is asked through
+        ``macs`` (one read for a burst) when the daemon gave one."""
+        if (node := self._cache.get(mac)) is not None:
+            return KnownNode(node.id, node.hostname, str(node.state))
         if (known := self._owners.get(mac)) is not None:
             return known
         if self._unknown.get(mac, 0.0) > self._clock():
             return None
+        if self._macs is None:
+            node = await self._find(mac)
+            return None if node is None else KnownNode(node.id, node.hostname, str(node.state))
         owner = await self._macs.owner(normalize_mac(mac))
         if owner is None:
             self._remember_unknown(mac)
