@@ -25,6 +25,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from provisioner.boot.sockets import udp_socket as listening_socket
 from provisioner.boot.tftp_files import FileCache, open_jailed
 from provisioner.boot.tftp_packets import (
     E_ACCESS,
@@ -97,7 +98,8 @@ class TftpServer:
         max_fds = self._settings.max_transfers + 256
         raise_fd_limit(max_fds)
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tftp")
-        sock = udp_socket(self._host, self._port)
+        # the boot servers' socket (4 MiB receive buffer): a rack's requests arrive at once
+        sock = listening_socket(self._host, self._port, reuse=False)
         loop = asyncio.get_running_loop()
         self._listener, _ = await loop.create_datagram_endpoint(
             lambda: _Listener(self), sock=sock)
