@@ -14,6 +14,12 @@ Every method runs in the bounded store pool, in one transaction with the others 
 that moment (group commit, ``store/batch.py``). Two daemons on PostgreSQL racing to bind one
 address meet the unique constraint; the loser's client is NAKed and starts over, so an
 address is never bound to two MACs.
+
+A MAC bound at one address may move to another only where this repository made that
+binding itself: a row another daemon bound a moment ago (two servers answering one segment,
+each having offered the client its own address) may be an address the other server just
+acknowledged, and moving the row would free it for someone else. Such a REQUEST is NAKed;
+the client's next DISCOVER is offered the address it has.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ _LEASE: Table = LeaseRow.__table__  # type: ignore[attr-defined]
 _C = _LEASE.c
 _DECLINED_PREFIX = "declined:"
 _LAPSED_BATCH = 32  # lapsed rows looked at per offer, oldest first
+_MAX_OWN_BINDS = 65_536  # MACs whose binding this repository remembers making (oldest
+# forgotten first: a forgotten MAC's move is NAKed, which is safe)
 
 
 class LeaseState(StrEnum):
@@ -118,6 +126,8 @@ class LeaseRepo:
         self._clock = clock
         self._cache_threshold = cache_threshold
         self._offers = OfferBook()
+        # MAC -> (address, write time) of the binding this repository last wrote
+        self._own_binds: dict[str, tuple[IPv4Address, datetime]] = {}
         self._cursor: dict[IPv4Address, int] = {}  # per pool: where the next scan starts
         self._sql = _Sql(engine.dialect.name)
         self._batch = TxnBatcher(engine, pool, clock)
@@ -164,22 +174,43 @@ class LeaseRepo:
                 node_id = holder.node_id or own.node_id
                 if self._unchanged(own, holder, node_id, now, lease_time_s):
                     return _lease(own)  # a renewal that changes nothing writes nothing
-                return self._sql.write(conn, now, holder, ip, LeaseState.BOUND, lease_time_s,
-                                       node_id=node_id, new=False)
+                return self._remember(self._sql.write(
+                    conn, now, holder, ip, LeaseState.BOUND, lease_time_s, node_id=node_id,
+                    new=False), now)
             if ip not in addresses or (own is not None and own.node_id is not None):
                 return None  # not ours to give, or this node's reservation is elsewhere
             if self._offers.held_by_other(ip, holder.mac, now):
                 return None  # offered to another client a moment ago
+            if own is not None and self._bound_elsewhere(own, now):
+                self._offers.drop(holder.mac)
+                return None  # bound at another address by another server: not ours to free
             lease = self._bind_free(conn, now, holder, own, addresses, ip, lease_time_s)
             if lease is None:  # NAK: the client starts over, with another offer
                 self._offers.drop(holder.mac)
-            return lease
+            return self._remember(lease, now)
 
         try:
             return await self._run(work)
         except IntegrityError:  # another daemon bound the address (or the MAC) first
             await self.forget_offer(holder.mac)
             return None
+
+    def _bound_elsewhere(self, own: _Row, now: datetime) -> bool:
+        """Is the MAC's row a live binding other than the one this repository last wrote
+        (another daemon's, a renewal through another daemon, or one from before this daemon
+        started)?"""
+        return (own.state == LeaseState.BOUND and _aware(own.expires_at) > now
+                and self._own_binds.get(str(own.mac))
+                != (IPv4Address(own.ip), _aware(own.updated_at)))
+
+    def _remember(self, lease: Lease | None, now: datetime) -> Lease | None:
+        """Note a binding this repository wrote (the MAC may later move from it)."""
+        if lease is not None:
+            self._own_binds.pop(lease.mac, None)
+            if len(self._own_binds) >= _MAX_OWN_BINDS:
+                del self._own_binds[next(iter(self._own_binds))]
+            self._own_binds[lease.mac] = (lease.ip, now)
+        return lease
 
     async def renew(self, holder: Holder, ip: IPv4Address, addresses: AddressRange, *,
                     lease_time_s: float) -> Lease | None:

@@ -120,12 +120,6 @@ def _received(out: str) -> int:
     return sum(int(n) for n in re.findall(r"received packets: (\d+)", out))
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "1 of 3 CI runs on 2026-11-25 (17 addresses): with offers held in each server's memory, "
-    "server B offers a MAC a new address before A's binding of that MAC is visible; B's bind "
-    "then moves the MAC's row to B's address and frees the one A acknowledged, which a later "
-    "client gets. A bind must not move a MAC whose lease another server bound a moment ago "
-    "(issue 13/14, open)"))
 async def test_two_servers_on_one_segment_never_give_one_address_to_two_macs(
         segment: Segment, servers: dict[str, DhcpServer], stores: dict[str, Store],
         caplog: pytest.LogCaptureFixture) -> None:

@@ -94,6 +94,27 @@ async def test_requested_address_and_naks(repo: LeaseRepo) -> None:
     assert await repo.bind(Holder(mac(3)), wanted, POOL, lease_time_s=60) is None  # still held
 
 
+async def test_a_mac_bound_by_another_server_is_not_moved(lease_store: Store, repo: LeaseRepo,
+                                                           clock: Clock) -> None:
+    """Two servers on one segment each offered the client its own address: the one that
+    did not make the binding NAKs the move, which would free an acknowledged address."""
+    other = LeaseRepo(lease_store.engine, lease_store.pool, clock=clock)  # a second daemon
+    first, second = IPv4Address("10.77.0.101"), IPv4Address("10.77.0.102")
+    assert await repo.bind(Holder(mac(4)), first, POOL, lease_time_s=60) is not None
+    assert await other.bind(Holder(mac(4)), second, POOL, lease_time_s=60) is None
+    assert str((await repo.get(mac(4))).ip) == str(first)  # type: ignore[union-attr]
+    offered = await other.offer(Holder(mac(4)), POOL, hold_s=60)  # its next DISCOVER
+    assert offered is not None and offered.ip == first and offered.state == LeaseState.BOUND
+    clock.advance(1)
+    assert await other.bind(Holder(mac(4)), first, POOL, lease_time_s=60) is not None
+    # once the other server renewed it, that server may move it; the first may not
+    assert await repo.bind(Holder(mac(4)), second, POOL, lease_time_s=60) is None
+    moved = await other.bind(Holder(mac(4)), second, POOL, lease_time_s=60)
+    assert moved is not None and moved.ip == second
+    clock.advance(61)  # a lapsed binding is nobody's: any server may move it
+    assert await repo.bind(Holder(mac(4)), first, POOL, lease_time_s=60) is not None
+
+
 async def test_reservations_are_never_reclaimed(repo: LeaseRepo, lease_store: Store,
                                                 clock: Clock) -> None:
     node = await lease_store.nodes.create(NewNode(state=NodeState.ACTIVE, hostname="gpu-1",
