@@ -80,11 +80,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 SERVER, CLIENT = "10.77.0.1", "10.77.0.2"
 POOL_NET = "10.77.16.0/20"  # the leases: "local" in the client namespace (AnyIP)
@@ -606,32 +608,37 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(5)
 
 
+def _toml(settings: dict[str, Any]) -> str:
+    """Scalars first, then one table per section (json quoting is valid TOML for these)."""
+    lines = [f"{k} = {json.dumps(v)}" for k, v in settings.items() if not isinstance(v, dict)]
+    for section, values in settings.items():
+        if isinstance(values, dict):
+            lines.append(f"[{section}]")
+            lines += [f"{k} = {json.dumps(v)}" for k, v in values.items()]
+    return "\n".join(lines) + "\n"
+
+
 def start_ours(ns: str, d: Path, files: Path, clients: int,
                extra: str = "") -> list[subprocess.Popen[bytes]]:
+    settings: dict[str, Any] = {
+        "state_dir": str(d / "state"),
+        "api": {"listen": "127.0.0.1:18700"},
+        "dhcp": {"mode": "authoritative", "interface": "vs0", "server_address": SERVER,
+                 "pool": f"{POOL_FIRST}-{POOL_LAST}", "netmask": "255.255.0.0",
+                 "discovery_rate_per_s": 1000.0, "discovery_burst": max(50, 2 * clients)},
+        "tftp": {"listen": f"{SERVER}:69"},
+        "http": {"listen": f"{SERVER}:{HTTP_PORT}"},
+        "boot": {"assets_dir": str(files / "tftp"), "artefacts_dir": str(files / "artefacts"),
+                 "ramdisk_build": "off"},
+        "log": {"level": "WARNING"},
+    }
+    for section, values in tomllib.loads(extra).items():  # --ours-toml, merged per section
+        if isinstance(values, dict):
+            settings.setdefault(section, {}).update(values)
+        else:
+            settings[section] = values
     config = d / "provisioner.toml"
-    config.write_text(f"""state_dir = "{d / 'state'}"
-[api]
-listen = "127.0.0.1:18700"
-[dhcp]
-mode = "authoritative"
-interface = "vs0"
-server_address = "{SERVER}"
-pool = "{POOL_FIRST}-{POOL_LAST}"
-netmask = "255.255.0.0"
-discovery_rate_per_s = 1000.0
-discovery_burst = {max(50, 2 * clients)}
-[tftp]
-listen = "{SERVER}:69"
-[http]
-listen = "{SERVER}:{HTTP_PORT}"
-[boot]
-assets_dir = "{files / 'tftp'}"
-artefacts_dir = "{files / 'artefacts'}"
-ramdisk_build = "off"
-[log]
-level = "WARNING"
-{extra}
-""")
+    config.write_text(_toml(settings))
     exe = Path(sys.executable).parent / "provisioner"
     log = (d / "provisioner.log").open("wb")
     return [subprocess.Popen(["ip", "netns", "exec", ns, str(exe), "--config", str(config),

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from provisioner.agent.facts import MAX_NVIDIA_SMI_XML_BYTES
 from provisioner.boot.flood import PerKeyLimit
+from provisioner.boot.http_sendfile import SendfileThreads
 from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
 from provisioner.domain import NodeState, Role
@@ -59,6 +60,7 @@ class BootHttpConfig:
     kernel_arm64: str = "inspect/arm64/vmlinuz"
     initrd_arm64: str = "inspect/arm64/initrd.gz"
     kernel_args_arm64: str = "console=ttyAMA0"
+    sendfile_threads: int = 4  # 0: aiohttp's sendfile in the loop's thread
 
 
 class BootHttp:
@@ -74,6 +76,8 @@ class BootHttp:
         self._agents = agents
         self._tokens = tokens
         self._renderer = renderer
+        self._sendfile = SendfileThreads(config.sendfile_threads) \
+            if config.sendfile_threads else None
         # unknown MACs one address may have discovered: a flood of made-up MACs from one
         # machine cannot use up the discovery rate every new machine shares
         self._discoveries = PerKeyLimit(rate_per_s=DISCOVERIES_PER_SOURCE_PER_S,
@@ -82,6 +86,7 @@ class BootHttp:
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_AGENT_BODY)
+        app.on_cleanup.append(self._close)
         app.router.add_get("/boot.ipxe", self.chain_script)
         app.router.add_get("/boot/{mac}.ipxe", self.node_script)
         app.router.add_get("/boot/{mac}.grub", self.node_grub)
@@ -162,10 +167,19 @@ class BootHttp:
     # -- files --------------------------------------------------------------------------------
 
     async def artefact(self, request: web.Request) -> web.FileResponse:
-        return _jailed_file(self._config.artefacts_dir, request.match_info["path"])
+        return self._file(_jailed(self._config.artefacts_dir, request.match_info["path"]))
 
     async def asset(self, request: web.Request) -> web.FileResponse:
-        return _jailed_file(self._config.assets_dir, request.match_info["path"])
+        return self._file(_jailed(self._config.assets_dir, request.match_info["path"]))
+
+    def _file(self, path: Path) -> web.FileResponse:
+        if self._sendfile is None:
+            return web.FileResponse(path, chunk_size=256 * 1024)
+        return self._sendfile.file(path)
+
+    async def _close(self, _app: web.Application) -> None:
+        if self._sendfile is not None:
+            self._sendfile.close()
 
     # -- agent API ----------------------------------------------------------------------------
 
@@ -297,7 +311,7 @@ async def _json_body(request: web.Request, raw: bytes | None = None) -> dict[str
     return body
 
 
-def _jailed_file(root: Path, relative: str) -> web.FileResponse:
+def _jailed(root: Path, relative: str) -> Path:
     """A file under ``root``; traversal, absolute paths and links out of it are 404."""
     base = root.resolve()
     try:
@@ -307,4 +321,4 @@ def _jailed_file(root: Path, relative: str) -> web.FileResponse:
         found = False
     if not found:
         raise web.HTTPNotFound(text=f"no such file: {relative[:200]}")
-    return web.FileResponse(target, chunk_size=256 * 1024)
+    return target

@@ -86,13 +86,13 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
                           TokenBucket(dhcp.discovery_rate_per_s, dhcp.discovery_burst),
-                          macs=MacLookup(store.engine, store.pool))
+                          macs=MacLookup(store.engine, store.boot_pool))
     if caches is not None:
         caches.append(discovery)
     assets = netboot_dir(settings)
     stage_ipxe(settings.boot.assets_dir or DEBIAN_IPXE, assets)
     # authoritative DHCP: the lease store, which also binds agent tokens (agent_binding.py)
-    leases = (LeaseRepo(store.engine, store.pool, cache_threshold=dhcp.cache_threshold)
+    leases = (LeaseRepo(store.engine, store.boot_pool, cache_threshold=dhcp.cache_threshold)
               if dhcp.mode == "authoritative" else None)
     if settings.http.listen is not None:
         agents = AgentService(conductor, store.nodes, store.tokens, mailbox,
@@ -107,7 +107,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
             initrd=settings.boot.inspection_initrd, kernel_args=settings.boot.kernel_args,
             kernel_arm64=settings.boot.inspection_kernel_arm64,
             initrd_arm64=settings.boot.inspection_initrd_arm64,
-            kernel_args_arm64=settings.boot.kernel_args_arm64)
+            kernel_args_arm64=settings.boot.kernel_args_arm64,
+            sendfile_threads=settings.http.sendfile_threads)
         builder = ramdisk_builder(settings, config.base_url, assets)
         if builder is not None:
             servers.append(builder)

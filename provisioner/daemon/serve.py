@@ -166,7 +166,7 @@ class Daemon:
                                            reason_prefix=self._settings.slurm.reason_prefix)
                     works.append(("slurm-sync", slurm_sync.run))
                 works.append(("topology", topology.run))
-                sweeps = ExpirySweeps(LeaseRepo(store.engine, store.pool), store.tokens,
+                sweeps = ExpirySweeps(LeaseRepo(store.engine, store.boot_pool), store.tokens,
                                       interval_s=store.ownership.lease_s,
                                       instance=store.instance)
                 works.append(("expiry-sweeps", sweeps.run))

@@ -109,10 +109,10 @@ class AgentTokens:
         cached = self._issued.get(node_id)
         if cached is not None and cached[1] - now > self._ttl / 2:
             return cached[0]
-        await self._tokens.revoke_for_node(node_id)
         expires = now + self._ttl
-        _, token = await self._tokens.create(f"agent:{node_id}:{secrets.token_hex(4)}",
-                                             Role.AGENT, node_id=node_id, expires_at=expires)
+        _, token = await self._tokens.replace_for_node(
+            f"agent:{node_id}:{secrets.token_hex(4)}", Role.AGENT, node_id=node_id,
+            expires_at=expires)
         self._issued[node_id] = (token, expires)
         return token
 

@@ -41,7 +41,7 @@ class TokenBucket:
 
 class Discovery:
     """Also a MAC -> node cache for the boot servers' hot path. The conductor, the only
-    writer of node state, drops a node's entries after each of its transitions."""
+    writer of node state, puts the node as written after each of its transitions."""
 
     def __init__(self, repo: NodeRepo, conductor: Conductor, bucket: TokenBucket,
                  *, macs: MacLookup | None = None, cache_size: int = 100_000,
@@ -61,7 +61,7 @@ class Discovery:
         self._unknown: dict[str, float] = {}
         self._unknown_ttl_s = unknown_ttl_s
         self._clock = clock
-        conductor.add_observer(self._invalidate)
+        conductor.add_observer(self._refresh)
 
     async def lookup(self, mac: str) -> KnownNode | None:
         """The boot servers' question, from the caches first; a miss is asked through
@@ -129,8 +129,19 @@ class Discovery:
             self._unknown.clear()
         self._unknown[mac] = self._clock() + self._unknown_ttl_s
 
-    def _invalidate(self, node: Node, _event: str, _before: NodeState) -> None:
-        self.forget(node.macs)
+    def _refresh(self, node: Node, _event: str, _before: NodeState) -> None:
+        """The conductor wrote ``node``: its MACs now answer with it, with no read (in a
+        boot storm the iPXE script of every new node came right after its enrolment and
+        auto-inspection, each of which used to drop it from the cache)."""
+        for mac in node.macs:
+            self._owners.pop(mac, None)
+            self._unknown.pop(mac, None)
+        if len(self._cache) >= self._cache_size:
+            self._cache.clear()
+        for mac in node.macs:
+            cached = self._cache.get(mac)
+            if cached is None or cached.version <= node.version:
+                self._cache[mac] = node
 
     def forget(self, macs: Iterable[str]) -> None:
         """Drop these MACs from both caches (a node changed, here or on another daemon)."""

@@ -87,8 +87,9 @@ class NodeRepo(NodeReads):
             apply_bmc(row, new.bmc, new.bmc_password, self._box)
             s.add(row)
             commit_unique(s, "node", flush_only=True)  # the node row first: the FKs need it
-            for mac in new.macs:
-                s.add(NodeMacRow(mac=normalize_mac(mac), node_id=row.id))
+            macs = sorted(normalize_mac(mac) for mac in new.macs)
+            for mac in macs:
+                s.add(NodeMacRow(mac=mac, node_id=row.id))
             s.add(NodeLeaseRow(node_id=row.id))
             s.add(TransitionRow(node_id=row.id, seq=1, event="enroll", from_state="",
                                 to_state=str(new.state), actor=actor, reason=reason,
@@ -96,9 +97,9 @@ class NodeRepo(NodeReads):
             commit_unique(s, "node")
             # after the commit (a unique conflict must surface above as Conflict): other
             # daemons drop these MACs from their negative caches
-            notify.send(s, self.instance, row.id, [normalize_mac(m) for m in new.macs])
+            notify.send(s, self.instance, row.id, macs)
             s.commit()
-            return to_node(s, row)
+            return to_node(s, row, macs)  # the MACs as written: no read back
 
         return await self._run(work)
 

@@ -26,6 +26,11 @@ from provisioner.store.topology import TopologyRepo
 class Store:
     engine: Engine
     pool: ThreadPoolExecutor
+    boot_pool: ThreadPoolExecutor
+    """The boot servers' own store thread(s): DHCP leases and MAC look-ups. On SQLite a
+    second connection: in a boot storm their short transactions wait for at most one write
+    of the main pool (SQLite's lock, ``busy_timeout``), not for its whole queue of
+    enrolments and transitions (which held every DHCP answer back by seconds)."""
     nodes: NodeRepo
     tokens: TokenRepo
     topology: TopologyRepo
@@ -38,6 +43,7 @@ class Store:
 
     def close(self) -> None:
         self.ownership.close()
+        self.boot_pool.shutdown(wait=True)
         self.pool.shutdown(wait=True)
         self.engine.dispose()
 
@@ -78,6 +84,9 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                                                         thread_name_prefix="leases")
     ownership = OwnershipRepo(engine, lease_pool, instance=me, lease_s=settings.ha.lease_s,
                               exclusive=sqlite)
-    return Store(engine=engine, pool=pool, nodes=NodeRepo(engine, pool, box, instance=me),
+    boot_pool = ThreadPoolExecutor(max_workers=1 if sqlite else 2,
+                                   thread_name_prefix="store-boot")
+    return Store(engine=engine, pool=pool, boot_pool=boot_pool,
+                 nodes=NodeRepo(engine, pool, box, instance=me),
                  tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool),
                  bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership)
