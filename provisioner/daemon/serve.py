@@ -5,6 +5,7 @@ that stops them in reverse; the event loop's TaskGroup, signals and systemd noti
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from contextlib import AsyncExitStack
@@ -65,6 +66,21 @@ def run(settings: Settings) -> int:
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
+
+
+GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython: 700)
+
+
+def _tune_gc() -> None:
+    """Once started: what start-up built (modules, SQLAlchemy's mappers, the config) is
+    moved out of the collector's sight (``gc.freeze``), and young collections run every
+    20,000 allocations instead of 700. In a 1,000-client boot storm the collector held the
+    GIL for a fifth of the event loop's time (py-spy); with this the storm's last client
+    finished 15-25 % sooner (docs/performance.md, "Boot storm"). Cycles are still
+    collected, only less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
@@ -146,6 +162,7 @@ class Daemon:
             await self._seed_simulation(store, conductor)
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)
+            _tune_gc()
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
                 children = [group.create_task(self._watchdog(), name="watchdog")]
