@@ -27,10 +27,11 @@ class Store:
     engine: Engine
     pool: ThreadPoolExecutor
     boot_pool: ThreadPoolExecutor
-    """The boot servers' own store thread(s): DHCP leases and MAC look-ups. On SQLite a
-    second connection: in a boot storm their short transactions wait for at most one write
-    of the main pool (SQLite's lock, ``busy_timeout``), not for its whole queue of
-    enrolments and transitions (which held every DHCP answer back by seconds)."""
+    """The boot servers' own store threads (two): DHCP leases, MAC look-ups and agent
+    tokens. On SQLite more connections: in a boot storm their short transactions wait for
+    at most one write of the main pool (SQLite's lock, ``busy_timeout``), not for its whole
+    queue of enrolments and transitions (which held every DHCP answer back by seconds, and
+    every iPXE script by its token write)."""
     nodes: NodeRepo
     tokens: TokenRepo
     topology: TopologyRepo
@@ -84,7 +85,7 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                                                         thread_name_prefix="leases")
     ownership = OwnershipRepo(engine, lease_pool, instance=me, lease_s=settings.ha.lease_s,
                               exclusive=sqlite)
-    boot_pool = ThreadPoolExecutor(max_workers=1 if sqlite else 2,
+    boot_pool = ThreadPoolExecutor(max_workers=2,
                                    thread_name_prefix="store-boot")
     return Store(engine=engine, pool=pool, boot_pool=boot_pool,
                  nodes=NodeRepo(engine, pool, box, instance=me),
