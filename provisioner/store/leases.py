@@ -306,9 +306,7 @@ class LeaseRepo:
         return None
 
     def _free(self, conn: Connection, ip: IPv4Address, now: datetime) -> bool:
-        """No row holds ``ip``, or only a lapsed lease that is no reservation."""
-        row = self._sql.by_ip(conn, ip)
-        return row is None or (row.node_id is None and _aware(row.expires_at) <= now)
+        return _reusable(self._sql.by_ip(conn, ip), now)
 
     def _promise(self, holder: Holder, ip: IPv4Address, until: datetime, now: datetime, *,
                  node_id: str | None) -> Lease | None:
@@ -338,7 +336,7 @@ class LeaseRepo:
         """Addresses to try, lazily, with whether a (lapsed) row holds them now."""
         if requested is not None and requested in addresses:
             row = self._sql.by_ip(conn, requested)
-            if row is None or (row.node_id is None and _aware(row.expires_at) <= now):
+            if _reusable(row, now):
                 yield requested, row is not None
         if only_requested:
             return
@@ -418,6 +416,12 @@ class _Sql:
             return None
         return Lease(mac=holder.mac, ip=ip, state=state, expires_at=expires_at,
                      node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
+
+
+def _reusable(row: _Row | None, now: datetime) -> bool:
+    """An address is free when no row holds it, or only a lapsed lease that is no
+    reservation (a known node's address is never handed to another MAC)."""
+    return row is None or (row.node_id is None and _aware(row.expires_at) <= now)
 
 
 def _lease(row: Row[tuple[object, ...]] | None) -> Lease | None:

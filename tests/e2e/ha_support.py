@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,3 +73,10 @@ def get_json(port: int, path: str, token: str) -> object:
                                      headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(request, timeout=10) as response:
         return json.load(response)
+
+
+def viewer_token(config: Path) -> str:
+    done = subprocess.run([sys.executable, "-m", "provisioner", "--config", str(config),
+                           "token", "create", "--role", "viewer", "--name", "ha-test"],
+                          capture_output=True, text=True, check=True, timeout=60)
+    return done.stdout.splitlines()[-1]

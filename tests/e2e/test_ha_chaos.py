@@ -28,6 +28,7 @@ from tests.e2e.ha_support import (
     get_json,
     histories,
     node_states,
+    viewer_token,
 )
 from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
 
@@ -44,13 +45,6 @@ def pg() -> Iterator[PostgresServer]:
         pytest.skip(reason)
     with running_postgres() as server:
         yield server
-
-
-def viewer_token(config: Path) -> str:
-    done = subprocess.run([sys.executable, "-m", "provisioner", "--config", str(config),
-                           "token", "create", "--role", "viewer", "--name", "ha-test"],
-                          capture_output=True, text=True, check=True, timeout=60)
-    return done.stdout.splitlines()[-1]
 
 
 def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Path) -> None:

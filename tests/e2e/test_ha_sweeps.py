@@ -14,8 +14,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.e2e.ha_support import Fleet, get_json
-from tests.e2e.test_ha_chaos import viewer_token
+from tests.e2e.ha_support import Fleet, get_json, viewer_token
 from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
