@@ -31,33 +31,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from _netns import stop, veth_pair, wait_listening
+
 ROOT = Path(__file__).resolve().parents[1]
 SERVER, CLIENT = "10.77.0.1", "10.77.0.2"
 POOL_FIRST, POOL_LAST = "10.77.1.0", "10.77.255.254"
 MAX_DROPS_PCT = 2.5
 
 
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, check=check)
-
-
 @contextmanager
 def namespaces() -> Iterator[tuple[str, str]]:
-    srv, cli = f"pvbs{os.getpid()}", f"pvbc{os.getpid()}"
-    try:
-        for ns in (srv, cli):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", "vs0", "netns", srv, "type", "veth", "peer", "name", "vc0",
-           "netns", cli)
-        sh("ip", "-n", srv, "addr", "add", f"{SERVER}/16", "dev", "vs0")
-        sh("ip", "-n", cli, "addr", "add", f"{CLIENT}/16", "dev", "vc0")
-        sh("ip", "-n", srv, "link", "set", "vs0", "up")
-        sh("ip", "-n", cli, "link", "set", "vc0", "up")
-        yield srv, cli
-    finally:
-        sh("ip", "netns", "del", cli, check=False)
-        sh("ip", "netns", "del", srv, check=False)
+    with veth_pair("b", SERVER, CLIENT) as pair:
+        yield pair
 
 
 @dataclass
@@ -97,20 +82,7 @@ def perfdhcp(cli: str, rate: int, seconds: float, clients: int, count: int | Non
 
 
 def wait_port(ns: str, port: int = 67, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not sh("ip", "netns", "exec", ns, "ss", "-Hlun", f"sport = :{port}").stdout.strip():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"nothing listens on UDP {port} in {ns}")
-        time.sleep(0.1)
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    wait_listening(ns, "u", port, timeout_s)
 
 
 def start_ours(ns: str, d: Path) -> subprocess.Popen[bytes]:

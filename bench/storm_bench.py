@@ -88,6 +88,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _netns
+from _netns import listening, sh, veth_pair
+
 SERVER, CLIENT = "10.77.0.1", "10.77.0.2"
 POOL_NET = "10.77.16.0/20"  # the leases: "local" in the client namespace (AnyIP)
 POOL_FIRST, POOL_LAST = "10.77.16.1", "10.77.31.254"
@@ -111,10 +114,6 @@ RRQ, DATA, ACK_TFTP, ERROR, OACK = 1, 3, 4, 5, 6
 BLKSIZE = 1456
 TFTP_RETRIES = 6
 SO_RCVBUFFORCE = 33  # Linux; root may exceed net.core.rmem_max
-
-
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
 # -- the clients (run inside the client namespace: --client-run) ------------------------------
@@ -565,29 +564,11 @@ async def run_clients(plan: ClientPlan) -> dict[str, object]:
 
 @contextmanager
 def namespaces() -> Iterator[tuple[str, str]]:
-    srv, cli = f"pvss{os.getpid()}", f"pvsc{os.getpid()}"
-    try:
-        for ns in (srv, cli):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", "vs0", "netns", srv, "type", "veth", "peer", "name", "vc0",
-           "netns", cli)
-        sh("ip", "-n", srv, "addr", "add", f"{SERVER}/16", "dev", "vs0")
-        sh("ip", "-n", cli, "addr", "add", f"{CLIENT}/16", "dev", "vc0")
-        sh("ip", "-n", srv, "link", "set", "vs0", "up")
-        sh("ip", "-n", cli, "link", "set", "vc0", "up")
-        # every leased address is the client namespace's own (AnyIP), reached through it
-        sh("ip", "-n", cli, "route", "add", "local", POOL_NET, "dev", "lo")
-        sh("ip", "-n", srv, "route", "add", POOL_NET, "via", CLIENT, "dev", "vs0")
-        yield srv, cli
-    finally:
-        sh("ip", "netns", "del", cli, check=False)
-        sh("ip", "netns", "del", srv, check=False)
-
-
-def listening(ns: str, proto: str, port: int) -> bool:
-    return bool(sh("ip", "netns", "exec", ns, "ss", f"-Hl{proto}n",
-                   f"sport = :{port}").stdout.strip())
+    # every leased address is the client namespace's own (AnyIP), reached through it
+    with veth_pair("s", SERVER, CLIENT, routes=(
+            ("-n", "{cli}", "route", "add", "local", POOL_NET, "dev", "lo"),
+            ("-n", "{srv}", "route", "add", POOL_NET, "via", CLIENT, "dev", "vs0"))) as pair:
+        yield pair
 
 
 def wait_ready(ns: str, procs: list[subprocess.Popen[bytes]], timeout_s: float = 60.0) -> None:
@@ -600,12 +581,7 @@ def wait_ready(ns: str, procs: list[subprocess.Popen[bytes]], timeout_s: float =
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    _netns.stop(proc, grace_s=20.0)
 
 
 def _toml(settings: dict[str, Any]) -> str:

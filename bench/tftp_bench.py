@@ -28,6 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _netns import stop
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
@@ -69,15 +71,6 @@ def start(name: str, root: Path, port: int) -> subprocess.Popen[bytes]:
             raise TimeoutError(f"{name} does not listen on {port}")
         time.sleep(0.05)
     return proc
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 def client_cmd(kind: str, port: int, out: Path) -> list[str]:
