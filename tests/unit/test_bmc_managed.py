@@ -8,7 +8,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from provisioner.bmc.base import BmcCircuitOpen, BmcTimeout, PowerState
 from provisioner.bmc.managed import BmcManager
@@ -127,3 +127,6 @@ async def test_each_driver_gets_its_own_call_deadline() -> None:
         await bmcs("n", replace(EP, driver="ipmi"), CREDS).power_state()
     assert await bmcs("m", replace(EP, driver="redfish"), CREDS).power_state() is PowerState.ON
     assert (settings.timeout_for("ipmi"), settings.timeout_for("redfish")) == (0.1, 0.5)
+    for wrong in ({"ipmi": 0}, {"redfsh": 30}):  # a typo is an error, not the default
+        with pytest.raises(ValidationError):
+            BmcSettings(driver_timeout_s=wrong)
