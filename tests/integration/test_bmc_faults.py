@@ -71,9 +71,10 @@ HEALTHY = 80
 NOISE_S = 2.5
 """Slack on top of 1.2x: the healthy part is 1-3 s of CPU-bound work (about 1,000 pyghmi
 calls on 2 shared cores, at nice 19 beside other jobs at nice 0, which take a core from us
-whenever they run), so two fault-free runs in a row differ by up to 2.5 s: ~50 of them took
-2.1-5.6 s at load 1-5 (the worst pair: 2.56 s, then 5.56 s; 5.56 - 1.2 x 2.56 = 2.5). The
-figures printed with ``-s`` include how long the event loop thread waited for a CPU."""
+whenever they run), so two fault-free runs in a row differ by up to 2.5 s: ~50 of them
+took 2.1-5.6 s at load 0.3-35 (the worst pair: 2.56 s, then 5.56 s; 5.56 - 1.2 x 2.56 =
+2.5). The figures printed with ``-s`` include how long the event loop thread waited for a
+CPU. docs/performance.md ("BMC", "Faults") has 10 runs' figures."""
 
 
 @contextlib.contextmanager
