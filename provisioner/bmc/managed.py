@@ -67,7 +67,8 @@ class BmcManager:
                  credentials: BmcCredentials) -> ManagedBmc:
         key = endpoint_key(endpoint)
         driver = self._registry(node_id, endpoint, self.credentials_for(credentials))
-        return ManagedBmc(driver, key, self, self.breaker(key))
+        return ManagedBmc(driver, key, self, self.breaker(key),
+                          timeout_s=self._settings.timeout_for(endpoint.driver))
 
     def credentials_for(self, given: BmcCredentials) -> BmcCredentials:
         """Zero-touch: a node enrolled without BMC credentials gets the site defaults."""
@@ -100,8 +101,10 @@ class ManagedBmc:
     retried and confirmed by read-back."""
 
     def __init__(self, driver: Bmc, key: str, manager: BmcManager,
-                 breaker: CircuitBreaker) -> None:
+                 breaker: CircuitBreaker, *, timeout_s: float) -> None:
         self._driver = driver
+        self._timeout_s = timeout_s
+        """This driver's per-call deadline (``BmcSettings.timeout_for``)."""
         self._key = key
         self._manager = manager
         self._breaker = breaker
@@ -178,7 +181,7 @@ class ManagedBmc:
             breaker.before_call()
             verdict = False
             try:
-                timeout_s = self._manager.settings.timeout_s + _BACKSTOP_S
+                timeout_s = self._timeout_s + _BACKSTOP_S
                 try:
                     async with asyncio.timeout(timeout_s):
                         result = await fn()

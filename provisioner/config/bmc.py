@@ -4,7 +4,7 @@ and credential rotation (``[bmc.profiles.<profile>]``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr
 
@@ -26,6 +26,10 @@ class BmcProfile(Section):
 
 class BmcSettings(Section):
     timeout_s: float = Field(20.0, gt=0, description="Per-call BMC timeout")
+    driver_timeout_s: dict[Literal["ipmi", "redfish"], Annotated[float, Field(gt=0)]] = Field(
+        default_factory=dict, description="Per driver, a per-call timeout other than "
+        "timeout_s (`[bmc.driver_timeout_s]` `ipmi = 2`, `redfish = 30`): IPMI answers in "
+        "milliseconds or not at all, some Redfish BMCs take seconds per request")
     max_concurrency: int = Field(64, ge=1, description="BMC calls in flight, all BMCs")
     per_bmc_concurrency: int = Field(1, ge=1, description="Calls in flight per BMC")
     retries: int = Field(3, ge=0, description="Retries of a retryable BMC error")
@@ -71,6 +75,13 @@ class BmcSettings(Section):
     ipmi_hang_grace_s: float = Field(
         15.0, gt=0, description="An IPMI worker that leaves a call unanswered this long past "
         "its deadline (timeout_s) is killed and replaced")
+
+    def timeout_for(self, driver: str) -> float:
+        """The per-call timeout of ``driver``'s BMCs: ``driver_timeout_s`` or ``timeout_s``."""
+        for name, timeout_s in self.driver_timeout_s.items():
+            if name == driver:
+                return timeout_s
+        return self.timeout_s
 
     def profile(self, name: str | None) -> BmcProfile:
         return self.profiles.get(name or "", BmcProfile())

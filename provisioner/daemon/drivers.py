@@ -56,8 +56,8 @@ def build_bmc(settings: Settings, world: SimWorld) -> BmcManager:
     worker processes (pyghmi blocks and keeps process-wide state); ``aclose()`` at
     shutdown logs every session out and stops them."""
     bmc = settings.bmc
-    ipmi = IpmiDriver(ipmi_workers(bmc), timeout_s=bmc.timeout_s)
-    redfish = RedfishDriver(timeout_s=bmc.timeout_s, verify_tls=bmc.redfish_verify_tls,
+    ipmi = IpmiDriver(ipmi_workers(bmc), timeout_s=bmc.timeout_for("ipmi"))
+    redfish = RedfishDriver(timeout_s=bmc.timeout_for("redfish"), verify_tls=bmc.redfish_verify_tls,
                             ca_file=bmc.redfish_ca_file)
     fake = fake_bmc_factory(world, delay_s=settings.simulation.step_delay_s)
     registry = BmcRegistry({"fake": fake, "ipmi": ipmi, "redfish": redfish},

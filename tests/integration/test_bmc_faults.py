@@ -1,9 +1,18 @@
-"""100 simulated IPMI BMCs (pyghmi's Bmc class, 10 per process) behind the real ipmi
-driver, driven through the real conductor's inspect step: 10 are dead (5 silent UDP
-sockets, 5 ports that refuse), 5 flap (their first 2 commands answer "node
-busy"). The 85 healthy nodes finish about as fast as 85 nodes with no faults (measured in a
-process of its own); the dead ones end ``inspect_failed`` with the reason; the flapping
-ones succeed after retries.
+"""100 simulated BMCs driven through the real conductor's inspect step and one BmcManager
+with the real ipmi and redfish drivers (issue 15): 80 healthy and 5 flapping IPMI BMCs
+(pyghmi's Bmc class, 10 per process; flapping: the first 2 commands answer "node busy"),
+10 dead IPMI BMCs (5 silent UDP sockets, 5 ports that refuse) and 5 slow Redfish BMCs
+(tests/sim/redfish.py in a process of its own, every HTTP request answered 5 s late). The
+80 healthy nodes finish within 1.2x (plus ``NOISE_S``) of 80 healthy nodes with no faults
+(measured first, in the test's own process); the dead ones end ``inspect_failed`` with the
+reason; the flapping ones succeed after retries; the slow ones succeed, slowly.
+
+Why the slow ones are Redfish: an IPMI BMC that answers 5 s late looks dead to pyghmi (it
+retransmits and logs in again after ~1-4 s), and real IPMI BMCs answer in milliseconds or
+not at all; slow BMCs are Redfish ones (seconds per request on loaded BMCs). So the IPMI
+calls keep a 2 s deadline (``bmc.timeout_s``: dead ones fail fast) and Redfish calls get
+30 s (``bmc.driver_timeout_s``), what an operator with such BMCs sets: a first Redfish call
+logs in and finds the System, 5 requests, 25 s here. The slow ones must end ``inspected``.
 
 Before the driver pinged BMCs on its own socket ahead of each login, this test wedged
 pyghmi's client for every BMC (dead logins timing out in its threads). The client now runs
@@ -23,16 +32,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import faulthandler
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -40,6 +46,7 @@ import pytest
 from provisioner.bmc.ipmi import IpmiDriver
 from provisioner.bmc.ipmi_pool import IpmiWorkers
 from provisioner.bmc.managed import BmcManager
+from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.config import BmcSettings, LifecycleSettings, Settings
 from provisioner.domain import BmcEndpoint, NewNode, Node
@@ -50,13 +57,24 @@ from provisioner.simulation.drivers import FakeInspector, FakeInstaller, FakeKub
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store, open_store
 from tests.sim.ipmi_bmc import SimBmcs
+from tests.sim.redfish import SimRedfish
 
 ROOT = Path(__file__).resolve().parents[2]
-SETTINGS = BmcSettings(timeout_s=2.0, max_concurrency=32, retries=2, retry_backoff_s=0.1,
-                       confirm_timeout_s=5, confirm_poll_s=0.05, breaker_threshold=3,
-                       breaker_reset_s=30)
+SLOW_S = 5.0
+"""Each HTTP request to a slow Redfish BMC is answered this late."""
+SETTINGS = BmcSettings(timeout_s=2.0, driver_timeout_s={"redfish": 30.0}, max_concurrency=32,
+                       retries=2, retry_backoff_s=0.1, confirm_timeout_s=5,
+                       confirm_poll_s=0.05, breaker_threshold=3, breaker_reset_s=30)
 LIFECYCLE = LifecycleSettings(auto_inspect=False, auto_deploy=False, max_inspecting=100)
 DONE = (NodeState.INSPECTED, NodeState.INSPECT_FAILED)
+HEALTHY = 80
+NOISE_S = 2.5
+"""Slack on top of 1.2x: the healthy part is 1-3 s of CPU-bound work (about 1,000 pyghmi
+calls on 2 shared cores, at nice 19 beside other jobs at nice 0, which take a core from us
+whenever they run), so two fault-free runs in a row differ by up to 2.5 s: ~50 of them
+took 2.1-5.6 s at load 0.3-35 (the worst pair: 2.56 s, then 5.56 s; 5.56 - 1.2 x 2.56 =
+2.5). The figures printed with ``-s`` include how long the event loop thread waited for a
+CPU. docs/performance.md ("BMC", "Faults") has 10 runs' figures."""
 
 
 @contextlib.contextmanager
@@ -79,115 +97,160 @@ def refusing_ports(count: int) -> Iterator[list[int]]:
         yield ports
 
 
-def baseline_in_a_fresh_process() -> float:
-    """85 healthy BMCs and nothing else, in a process of its own: pyghmi's client keeps
-    process-wide state (login cache, shared sockets), so a run before the faulty one in the
-    same process was seen to disturb it.
+async def fault_free_baseline() -> float:
+    """80 healthy IPMI BMCs and nothing else (the healthy part of the fault run), in this
+    process, on a store and simulators of their own; seconds until the last is inspected.
+
+    It ran in a subprocess while pyghmi ran in this process (its process-wide state, and
+    threads that hung the exit); pyghmi now runs only in the IPMI workers and the simulators,
+    and the subprocess was the less comparable reference: 15-20 % slower than the same run
+    in the test's process (4 pairs: 2.54/2.08, 3.98/3.62, 5.16/4.26, 4.40/3.66 s).
 
     This is the reference, not the system under test, so a failed reference run is made once
-    more; both failures are shown. Seen twice in 7 CI runs, never in 20 runs by hand: a
-    healthy simulated BMC left a request unanswered ("no answer to boot device status"), and
-    the process then hung at exit on a pyghmi thread (hence the thread dump and ``os._exit``
-    in ``_baseline``)."""
+    more; both failures are shown (seen twice in 7 CI runs with the subprocess: a healthy
+    simulated BMC left a request unanswered)."""
     failures = []
     for _attempt in range(2):
-        done = subprocess.run([sys.executable, "-m", "tests.integration.test_bmc_faults"],
-                              capture_output=True, text=True, timeout=150, cwd=ROOT)
-        if done.returncode == 0:
-            return float(json.loads(done.stdout.splitlines()[-1])["baseline_s"])
-        failures.append(f"exit {done.returncode}:\n{done.stderr[-4000:]}")
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                store = open_store(Settings(state_dir=Path(tmp) / "state"))
+                world = SimWorld(Path(tmp) / "world.sqlite")
+                try:
+                    with SimBmcs(count=HEALTHY) as clean:
+                        nodes, took = await inspect_all(
+                            store, world, "base", ipmi_endpoints(clean.ports), clean.user,
+                            clean.password)
+                finally:
+                    world.close()
+                    store.close()
+            states = {node.state for node in nodes.values()}
+            assert states == {NodeState.INSPECTED}, [
+                node.last_error for node in nodes.values() if node.state in DONE[1:]][:3]
+            base = sorted(took.values())
+            print(json.dumps({"baseline_p50_s": round(base[len(base) // 2], 2),
+                              "baseline_p90_s": round(base[len(base) * 9 // 10], 2),
+                              "baseline_cpu_wait_s": round(max(WAITED.values()), 2)}))
+            return base[-1]
+        except (AssertionError, TimeoutError, RuntimeError) as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
     pytest.fail("the fault-free reference run failed twice:\n" + "\n---\n".join(failures))
 
 
-async def _baseline() -> None:
-    # a wedged pyghmi thread must not hang the reference run: dump every thread, exit 1
-    faulthandler.dump_traceback_later(100, exit=True)
-    try:
-        await _measure_baseline()
-    except BaseException:
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)  # do not wait for pyghmi's threads
+def ipmi_endpoints(ports: list[int]) -> dict[str, BmcEndpoint]:
+    return {f"ipmi:{port}": BmcEndpoint(driver="ipmi", address="127.0.0.1", port=port)
+            for port in ports}
 
 
-async def _measure_baseline() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        store = open_store(Settings(state_dir=Path(tmp) / "state"))
-        world = SimWorld(Path(tmp) / "world.sqlite")
-        with SimBmcs(count=85) as clean:
-            nodes, took = await inspect_all(store, world, "base", clean.ports, clean)
-        assert {node.state for node in nodes.values()} == {NodeState.INSPECTED}
-        print(json.dumps({"baseline_s": max(took.values())}), flush=True)
-        os._exit(0)  # do not wait for pyghmi's threads
+def redfish_endpoints(urls: list[str]) -> dict[str, BmcEndpoint]:
+    return {f"redfish:{url}": BmcEndpoint(driver="redfish", address=url) for url in urls}
 
 
-async def inspect_all(store: Store, world: SimWorld, tag: str, ports: list[int],
-                      sim: SimBmcs) -> tuple[dict[int, Node], dict[int, float]]:
-    """Enroll one node per port, fire inspect on all, wait; (port -> node, port -> seconds).
-    IPMI in worker processes, as in the daemon (4 workers of 8 threads: 32 calls at once)."""
+WAITED: dict[str, float] = {}
+"""Per node key: how long this process's event loop thread had waited for a CPU (runnable,
+not running) when the node finished: the other jobs' share of the noise."""
+
+
+def run_queue_wait_s() -> float:
+    """The main thread's time runnable but not running (``/proc/self/schedstat``)."""
+    with open("/proc/self/schedstat") as stat:
+        return int(stat.read().split()[1]) / 1e9
+
+
+async def inspect_all(store: Store, world: SimWorld, tag: str,
+                      endpoints: dict[str, BmcEndpoint], user: str, password: str,
+                      ) -> tuple[dict[str, Node], dict[str, float]]:
+    """Enroll one node per BMC, fire inspect on all, wait; (key -> node, key -> seconds).
+    IPMI in worker processes, as in the daemon (4 workers of 8 threads: 32 calls at once);
+    Redfish on the real driver's HTTP client; both through one BmcManager, as the daemon's
+    ``build_bmc`` does."""
     workers = IpmiWorkers(count=4, threads=SETTINGS.max_concurrency // 4)
-    ipmi = IpmiDriver(workers, timeout_s=SETTINGS.timeout_s)
-    bmcs = BmcManager(BmcRegistry({"ipmi": ipmi}, closers=[ipmi.aclose]), SETTINGS)
+    ipmi = IpmiDriver(workers, timeout_s=SETTINGS.timeout_for("ipmi"))
+    redfish = RedfishDriver(timeout_s=SETTINGS.timeout_for("redfish"))
+    bmcs = BmcManager(BmcRegistry({"ipmi": ipmi, "redfish": redfish},
+                                  closers=[ipmi.aclose, redfish.aclose]), SETTINGS)
     kw = {"delay_s": 0.0, "fail_rate": 0.0}
     ports_ = Ports(bmc=bmcs, inspector=FakeInspector(world, **kw),
                    installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
                    slurm=FakeSlurm(world, **kw))
     conductor = Conductor(store.nodes, ports_, LIFECYCLE)
     nodes = {}
-    for i, port in enumerate(ports):
-        nodes[port] = await store.nodes.create(NewNode(
+    for i, (key, endpoint) in enumerate(endpoints.items()):
+        nodes[key] = await store.nodes.create(NewNode(
             state=NodeState.ENROLLED, hostname=f"{tag}-{i:03d}", serial=f"{tag}{i:05d}",
-            bmc=BmcEndpoint(driver="ipmi", address="127.0.0.1", port=port,
-                            username=sim.user),
-            bmc_password=sim.password), actor="test")
-    started = time.monotonic()
+            bmc=replace(endpoint, username=user), bmc_password=password), actor="test")
+    await workers.start()  # process starts (pyghmi's import: ~1 s, more under load) are
+    started = time.monotonic()  # not BMC work: out of the timing, a large part of its noise
+    queued = run_queue_wait_s()
     for node in nodes.values():
         await conductor.fire(node.id, Event.INSPECT, actor="test")
-    finished: dict[int, float] = {}
-    async with asyncio.timeout(45):
+    finished: dict[str, float] = {}
+    async with asyncio.timeout(180):
         while len(finished) < len(nodes):
-            for port, node in nodes.items():
-                if port not in finished:
+            for key, node in nodes.items():
+                if key not in finished:
                     current = await store.nodes.get(node.id)
                     if current.state in DONE:
-                        nodes[port], finished[port] = current, time.monotonic() - started
+                        nodes[key], finished[key] = current, time.monotonic() - started
+                        WAITED[key] = run_queue_wait_s() - queued
             await asyncio.sleep(0.05)
     await conductor.stop()
     await bmcs.aclose()
     return nodes, finished
 
 
-async def test_dead_and_flapping_bmcs_do_not_slow_the_healthy_ones(
+async def test_dead_flapping_and_slow_bmcs_do_not_slow_the_healthy_ones(
         store: Store, world: SimWorld) -> None:
-    baseline_s = await asyncio.to_thread(baseline_in_a_fresh_process)
-    with SimBmcs(count=90, flap=5, flap_calls=2, silent=5) as sim, refusing_ports(5) as closed:
+    baseline_s = await fault_free_baseline()
+    with (SimBmcs(count=HEALTHY + 5, flap=5, flap_calls=2, silent=5) as sim,
+          refusing_ports(5) as closed, SimRedfish(count=5, latency_s=SLOW_S) as slow_sim):
         flapping, healthy = sim.ports[:5], sim.ports[5:]
         silent = sim.silent
         dead = silent + closed
-        nodes, took = await inspect_all(store, world, "flt", sim.ports + dead, sim)
+        assert (sim.user, sim.password) == (slow_sim.user, slow_sim.password)
+        endpoints = (ipmi_endpoints(sim.ports + dead)
+                     | redfish_endpoints(slow_sim.urls))
+        nodes, took = await inspect_all(store, world, "flt", endpoints, sim.user, sim.password)
         stats = sim.stats()
+        slow_stats = slow_sim.stats()["bmcs"]
 
-    failed = {p: nodes[p].last_error for p in healthy + flapping
-              if nodes[p].state is not NodeState.INSPECTED}
-    order = {p: i for i, p in enumerate(sim.ports)}
-    assert not failed, (len(failed), sorted(order[p] for p in failed), failed)
+    def key(port: int) -> str:
+        return f"ipmi:{port}"
+
+    slow = [f"redfish:{url}" for url in slow_sim.urls]
+    failed = {k: nodes[k].last_error for k in map(key, healthy + flapping)
+              if nodes[k].state is not NodeState.INSPECTED}
+    order = {key(p): i for i, p in enumerate(sim.ports)}
+    assert not failed, (len(failed), sorted(order[k] for k in failed), failed)
     for port in dead:
-        node = nodes[port]
+        node = nodes[key(port)]
         assert node.state is NodeState.INSPECT_FAILED
         why = "no answer" if port in silent else "Connection refused"
         assert f"BMC 127.0.0.1:{port}: " in node.last_error, node.last_error
         assert why in node.last_error, node.last_error
     assert all(stats[p]["power"] == "off" and stats[p]["opened"] == 1 for p in healthy)
-    healthy_s = max(took[p] for p in healthy)
-    assert healthy_s <= 1.5 * baseline_s + 2.0, (healthy_s, baseline_s)
+    # the slow ones succeed, slowly: every request took SLOW_S, and bmc.driver_timeout_s
+    # gives a Redfish call (a first one logs in and finds the System: 5 requests) 30 s
+    for k, port in zip(slow, slow_sim.ports, strict=True):
+        assert nodes[k].state is NodeState.INSPECTED, (k, nodes[k].last_error)
+        assert slow_stats[str(port)]["power"] == "Off", slow_stats[str(port)]
+        requests = slow_stats[str(port)]["requests"] - 1  # the logout came after
+        assert took[k] >= requests * SLOW_S * 0.9, (took[k], slow_stats)
+    healthy_all = sorted(took[key(p)] for p in healthy)
+    healthy_s = healthy_all[-1]
+    slowest = sorted(healthy, key=lambda p: took[key(p)])[-5:]
+    print(json.dumps({"healthy_p50_s": round(healthy_all[len(healthy_all) // 2], 2),
+                      "healthy_p90_s": round(healthy_all[len(healthy_all) * 9 // 10], 2),
+                      "slowest": [(order[key(p)], round(took[key(p)], 2)) for p in slowest],
+                      "healthy_cpu_wait_s": round(WAITED[key(slowest[-1])], 2)}))
+    slow_s = max(took[k] for k in slow)
+    dead_s = max(took[key(p)] for p in dead)
+    print(json.dumps({"baseline_s": round(baseline_s, 2), "healthy_s": round(healthy_s, 2),
+                      "ratio": round(healthy_s / baseline_s, 3), "dead_s": round(dead_s, 2),
+                      "slow_s": round(slow_s, 2), "load": os.getloadavg()}), flush=True)
+    assert healthy_s <= 1.2 * baseline_s + NOISE_S, (healthy_s, baseline_s)
     # the dead ones fail on our deadlines (3 attempts of 2 s, plus queueing for the pool
     # while 100 nodes start at once), not after pyghmi's own ~5 s per login and retries.
     # The queueing grows with the machine's load as the reference run does (seen: 14.9 s
     # against a fixed 14 s bound at load 50 on 2 cores, every healthy BMC answered)
-    dead_s = max(took[p] for p in dead)
-    bound_s = (SETTINGS.retries + 1) * SETTINGS.timeout_s + max(8.0, 2 * baseline_s)
+    bound_s = (SETTINGS.retries + 1) * SETTINGS.timeout_for("ipmi") + max(8.0, 2 * baseline_s)
     assert dead_s < bound_s, (dead_s, bound_s, baseline_s)
-
-
-if __name__ == "__main__":
-    asyncio.run(_baseline())

@@ -5,7 +5,8 @@ scale of 1,000 BMCs, and vendor quirks (no ``Once``, no ``UefiHttp``, no ``HttpB
 In-process: ``app = make_app(RedfishSim(...))``. As a process for the bench:
 ``python -m tests.sim.redfish --count 1000 --latency-s 2`` prints ``{"ports": [...],
 "control": PORT}`` once every BMC listens; ``GET http://127.0.0.1:CONTROL/stats`` sums
-the counters.
+the counters (and gives each BMC's power and request count under ``bmcs``). From a test:
+``with SimRedfish(count=5, latency_s=5) as sim: sim.urls, sim.stats()``.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import base64
 import itertools
 import json
 import resource
+import subprocess
 import sys
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -264,7 +268,9 @@ async def _serve(count: int, latency_s: float) -> None:
             "logins": sum(s.logins for s in sims), "logouts": sum(s.logouts for s in sims),
             "live_sessions": sum(len(s.tokens) for s in sims),
             "requests": sum(s.requests for s in sims),
-            "max_in_flight_per_bmc": max(s.max_in_flight for s in sims)})
+            "max_in_flight_per_bmc": max(s.max_in_flight for s in sims),
+            "bmcs": {port: {"power": s.power, "requests": s.requests, "logins": s.logins}
+                     for port, s in zip(ports, sims, strict=True)}})
 
     control = web.Application()
     control.router.add_get("/stats", stats)
@@ -273,6 +279,52 @@ async def _serve(count: int, latency_s: float) -> None:
     await web.TCPSite(runner, "127.0.0.1", 0).start()
     print(json.dumps({"ports": ports, "control": runner.addresses[0][1]}), flush=True)
     await asyncio.Event().wait()
+
+
+class SimRedfish:
+    """``python -m tests.sim.redfish`` as a child process (its own event loop, as a real BMC
+    is its own machine): ``urls`` once every BMC listens; stopped by PID."""
+
+    def __init__(self, *, count: int, latency_s: float = 0.0) -> None:
+        self._argv = [sys.executable, "-m", "tests.sim.redfish", "--count", str(count),
+                      "--latency-s", str(latency_s)]
+        self.proc: subprocess.Popen[str] | None = None
+        self.ports: list[int] = []
+        self._control = 0
+        self.user, self.password = "admin", "password"
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.ports]
+
+    def __enter__(self) -> SimRedfish:
+        self.proc = subprocess.Popen(self._argv, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, text=True,
+                                     cwd=Path(__file__).resolve().parents[2])
+        ready = self.proc.stdout.readline() if self.proc.stdout else ""
+        if not ready:
+            self.stop()
+            raise RuntimeError(f"redfish simulator exited with {self.proc.wait()}")
+        info = json.loads(ready)
+        self.ports, self._control = info["ports"], info["control"]
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self._control}/stats",
+                                    timeout=10) as response:
+            return dict(json.loads(response.read()))
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,11 +3,12 @@ per-rack power-on stagger, on injected time and a hand-written driver."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from provisioner.bmc.base import BmcCircuitOpen, BmcTimeout, PowerState
 from provisioner.bmc.managed import BmcManager
@@ -106,3 +107,26 @@ async def test_stagger_spaces_power_ons_per_rack() -> None:
         await stagger.wait(node("r1", driver="fake"))  # simulated machines: no PDU
     assert t.sleeps == [0.5, 0.5, 0.5]
     await PowerOnStagger.unlimited().wait(node("r1"))
+
+
+async def test_each_driver_gets_its_own_call_deadline() -> None:
+    """``bmc.driver_timeout_s``: a Redfish call may take seconds where an IPMI one with the
+    same answer time has long been given up (real time: the deadline is asyncio's)."""
+
+    async def slow_power_state() -> PowerState:
+        await asyncio.sleep(1.2)  # the 1 s backstop past the deadline included
+        return PowerState.ON
+
+    driver = ScriptedBmc(FakeTime())
+    driver.power_state = slow_power_state  # type: ignore[method-assign]
+    settings = SETTINGS.model_copy(update={"timeout_s": 0.1, "retries": 0,
+                                           "driver_timeout_s": {"redfish": 0.5}})
+    bmcs = BmcManager(BmcRegistry({"ipmi": lambda *_: driver, "redfish": lambda *_: driver}),
+                      settings)
+    with pytest.raises(BmcTimeout, match="within 1.1 s"):
+        await bmcs("n", replace(EP, driver="ipmi"), CREDS).power_state()
+    assert await bmcs("m", replace(EP, driver="redfish"), CREDS).power_state() is PowerState.ON
+    assert (settings.timeout_for("ipmi"), settings.timeout_for("redfish")) == (0.1, 0.5)
+    for wrong in ({"ipmi": 0}, {"redfsh": 30}):  # a typo is an error, not the default
+        with pytest.raises(ValidationError):
+            BmcSettings(driver_timeout_s=wrong)
