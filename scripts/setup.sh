@@ -66,6 +66,7 @@ APT_PACKAGES=(
   chromium         # headless browser of the console tests (tests/integration/test_console_browser.py)
   chromium-driver  # chromedriver: Selenium drives the system chromium (nothing downloaded)
   nginx            # benches only: the HTTP peer of bench/http_bench.py and bench/storm_bench.py
+  wrk              # benches only: bench/http_bench.py load generator (iPXE scripts)
 )
 MIN_PYTHON=(3 11)
 
