@@ -133,12 +133,11 @@ class Discovery:
         """The conductor wrote ``node``: its MACs now answer with it, with no read (in a
         boot storm the iPXE script of every new node came right after its enrolment and
         auto-inspection, each of which used to drop it from the cache)."""
-        for mac in node.macs:
-            self._owners.pop(mac, None)
-            self._unknown.pop(mac, None)
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
         for mac in node.macs:
+            self._owners.pop(mac, None)
+            self._unknown.pop(mac, None)
             cached = self._cache.get(mac)
             if cached is None or cached.version <= node.version:
                 self._cache[mac] = node

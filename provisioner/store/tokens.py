@@ -26,21 +26,32 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _new_row(name: str, role: Role, node_id: str | None,
+             expires_at: datetime | None) -> tuple[ApiTokenRow, str]:
+    """A token's row (its hash only) and the plaintext, shown once."""
+    token = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    return ApiTokenRow(id=secrets.token_hex(6), name=name, role=str(role),
+                       token_hash=hash_token(token), node_id=node_id,
+                       expires_at=expires_at), token
+
+
+def _commit_new(s: Session, row: ApiTokenRow) -> None:
+    s.add(row)
+    try:
+        s.commit()
+    except IntegrityError:
+        raise Conflict(f"a token named {row.name!r} already exists") from None
+
+
 class TokenRepo(SessionRepo):
     def create_blocking(
         self, name: str, role: Role, *, node_id: str | None = None,
         expires_at: datetime | None = None,
     ) -> tuple[TokenInfo, str]:
         """Create a token; return its info and the plaintext, which is never stored."""
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        row = ApiTokenRow(id=secrets.token_hex(6), name=name, role=str(role),
-                          token_hash=hash_token(token), node_id=node_id, expires_at=expires_at)
+        row, token = _new_row(name, role, node_id, expires_at)
         with Session(self._engine, expire_on_commit=False) as session:
-            session.add(row)
-            try:
-                session.commit()
-            except IntegrityError:
-                raise Conflict(f"a token named {name!r} already exists") from None
+            _commit_new(session, row)
         return _to_info(row), token
 
     async def create(
@@ -77,17 +88,11 @@ class TokenRepo(SessionRepo):
                                expires_at: datetime) -> tuple[TokenInfo, str]:
         """The node's tokens revoked and a new one created, in one transaction (a node's
         iPXE script costs one write, not two)."""
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        row = ApiTokenRow(id=secrets.token_hex(6), name=name, role=str(role),
-                          token_hash=hash_token(token), node_id=node_id, expires_at=expires_at)
+        row, token = _new_row(name, role, node_id, expires_at)
 
         def work(s: Session) -> TokenInfo:
             s.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == node_id))
-            s.add(row)
-            try:
-                s.commit()
-            except IntegrityError:
-                raise Conflict(f"a token named {name!r} already exists") from None
+            _commit_new(s, row)
             return _to_info(row)
 
         return await self._run(work), token
