@@ -350,6 +350,9 @@ def parse_suboptions(raw: bytes, code: int = 0) -> Mapping[int, bytes]:
 # -- encoding ----------------------------------------------------------------------------------
 
 
+_END_BYTE = bytes((_END,))
+
+
 def encode(packet: DhcpPacket, *, min_size: int = 0) -> bytes:
     """Encode ``packet``; options in mapping order, values over 255 bytes split (RFC 3396).
     Pads with zeros to ``min_size`` (use BOOTP_MIN_SIZE for replies)."""
@@ -363,8 +366,12 @@ def encode(packet: DhcpPacket, *, min_size: int = 0) -> bytes:
         MAGIC_COOKIE,
     ]
     for code, value in packet.options.items():
-        parts.append(encode_option(code, value))
-    parts.append(bytes((_END,)))
+        if 0 < code < 255 and 0 < len(value) <= 255:  # the usual option: one chunk
+            parts.append(bytes((code, len(value))))
+            parts.append(value)
+        else:
+            parts.append(encode_option(code, value))
+    parts.append(_END_BYTE)
     data = b"".join(parts)
     return data.ljust(min_size, b"\0")
 
