@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Address
-from typing import cast
+from typing import Any, Protocol
 
 from provisioner.boot import dhcp_reply as replies
 from provisioner.boot.dhcp_codec import (
@@ -44,6 +45,16 @@ OFFER_HOLD_S = 60.0  # an offered address is kept for the client's REQUEST this 
 MAX_IN_FLIGHT = 1024  # requests being answered at once; more are dropped (clients retry)
 PER_MAC_RATE_PER_S, PER_MAC_BURST, PER_MAC_IN_FLIGHT = 5.0, 20, 4  # one MAC's share
 _SUMMARY_INTERVAL_S = 60.0
+_READ_BATCH = 64  # datagrams read per wake-up of the loop
+_MAX_DATAGRAM = 65_535
+
+
+class DatagramPort(Protocol):
+    """Where a request came in and its reply goes out (``_Port``; tests pass their own)."""
+
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any: ...
 
 
 class DhcpServer:
@@ -63,7 +74,7 @@ class DhcpServer:
                                     relay=settings.port)
         if settings.mode != "off":
             self._configure(settings)
-        self._transports: list[asyncio.DatagramTransport] = []
+        self._sockets: list[_Port] = []
         self._handlers = TaskSet()
         # one MAC's share: DORA, the proxy exchange and iPXE's own DORA fit in the burst
         self._per_mac = PerKeyLimit(rate_per_s=PER_MAC_RATE_PER_S, burst=PER_MAC_BURST,
@@ -102,33 +113,30 @@ class DhcpServer:
         ports = [self._settings.port]
         if mode == "proxy":
             ports.append(self._settings.proxy_port)
-        loop = asyncio.get_running_loop()
         for port in ports:
             sock = udp_socket("0.0.0.0", port, interface=self._settings.interface,
                               broadcast=True)
-            transport, _ = await loop.create_datagram_endpoint(
-                _endpoint_factory(self, port), sock=sock)
-            self._transports.append(transport)
+            self._sockets.append(_Port(self, port, sock))
         log.info("DHCP %s on %s port %s (server id %s)", mode,
                  self._settings.interface or "all interfaces",
                  "/".join(map(str, ports)), self._server_id)
 
     async def stop(self) -> None:
-        for transport in self._transports:
-            transport.close()
-        self._transports.clear()
+        for bound in self._sockets:
+            bound.close()
+        self._sockets.clear()
         await self._handlers.cancel_all()
         await self._background.cancel_all()
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
         """The bound (host, port) pairs, for tests and the startup log."""
-        return [t.get_extra_info("sockname") for t in self._transports]
+        return [bound.get_extra_info("sockname") for bound in self._sockets]
 
     # -- receiving --------------------------------------------------------------------------
 
     def received(self, data: bytes, addr: tuple[str, int], port: int,
-                 transport: asyncio.DatagramTransport) -> None:
+                 transport: DatagramPort) -> None:
         """The datagram handler: decode here, answer in a task. Never raises."""
         try:
             packet = parse(data)
@@ -151,7 +159,7 @@ class DhcpServer:
                              name="dhcp-request")
 
     async def _answer(self, packet: DhcpPacket, request: BootRequest, addr: tuple[str, int],
-                      port: int, transport: asyncio.DatagramTransport) -> None:
+                      port: int, transport: DatagramPort) -> None:
         try:
             if self._settings.mode == "proxy":
                 reply = await self._proxy(packet, request, port == self._settings.proxy_port)
@@ -307,7 +315,7 @@ class DhcpServer:
 
     # -- sending ------------------------------------------------------------------------------
 
-    def _send(self, transport: asyncio.DatagramTransport, request: DhcpPacket,
+    def _send(self, transport: DatagramPort, request: DhcpPacket,
               reply: DhcpPacket, addr: tuple[str, int], port: int) -> None:
         if port == self._settings.proxy_port and self._settings.mode == "proxy":
             target = (addr[0], addr[1])  # PXE port 4011: answer where it came from
@@ -319,7 +327,7 @@ class DhcpServer:
         log.debug("DHCP: %s -> %s:%s", reply.message_type, *target)
         transport.sendto(encode(reply, min_size=BOOTP_MIN_SIZE), target)
 
-    def _arp(self, transport: asyncio.DatagramTransport, dest: replies.Destination) -> bool:
+    def _arp(self, transport: DatagramPort, dest: replies.Destination) -> bool:
         """Teach the kernel yiaddr -> chaddr so a unicast reaches a client with no address."""
         if self._arp_failed or self._settings.interface is None or dest.via_mac is None:
             return False
@@ -333,25 +341,45 @@ class DhcpServer:
         return True
 
 
-def _endpoint_factory(server: DhcpServer, port: int) -> Callable[[], _Endpoint]:
-    return lambda: _Endpoint(server, port)
+class _Port:
+    """One bound DHCP socket, read from the loop's selector directly: every datagram waiting
+    is read in one wake-up (asyncio's datagram transport reads one per loop iteration, so
+    each packet of a storm paid a whole iteration), and a reply is sent at once (a full
+    socket buffer drops it: the client retries)."""
 
+    def __init__(self, server: DhcpServer, port: int, sock: socket.socket) -> None:
+        self._server, self._port, self._sock = server, port, sock
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._readable)
 
-class _Endpoint(asyncio.DatagramProtocol):
-    def __init__(self, server: DhcpServer, port: int) -> None:
-        self._server = server
-        self._port = port
-        self._transport: asyncio.DatagramTransport | None = None
+    def _readable(self) -> None:
+        for _ in range(_READ_BATCH):
+            try:
+                data, addr = self._sock.recvfrom(_MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. an ICMP error queued for the socket
+                log.debug("DHCP socket error: %s", exc)
+                continue
+            self._server.received(data, addr, self._port, self)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.DatagramTransport, transport)
+    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            self._sock.sendto(data, addr)
+        except OSError as exc:
+            log.debug("DHCP: sending to %s failed: %s", addr[0], exc)
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
-        if self._transport is not None:
-            self._server.received(data, addr, self._port, self._transport)
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        if name == "socket":
+            return self._sock
+        if name == "sockname":
+            return self._sock.getsockname()
+        return default
 
-    def error_received(self, exc: Exception) -> None:
-        log.debug("DHCP socket error: %s", exc)
+    def close(self) -> None:
+        if self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
 
 
 def _safe_requested(packet: DhcpPacket) -> IPv4Address | None:

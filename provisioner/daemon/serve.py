@@ -50,7 +50,6 @@ from provisioner.slurm.sync import SlurmSync
 from provisioner.store.exclusive import lock_sqlite
 from provisioner.store.leases import LeaseRepo
 from provisioner.store.store import Store, open_store
-from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.build import build_live_topology
 
 log = logging.getLogger("provisioner.daemon")  # operators and the journald test read it
@@ -113,7 +112,7 @@ class Daemon:
             kube_client = await connect_kube(self._settings, stack)
             # issued on the boot servers' store thread: a node's iPXE script waits for its
             # token write, not for a storm's queue of enrolments on the main store thread
-            agent_tokens = AgentTokens(TokenRepo(store.engine, store.boot_pool),
+            agent_tokens = AgentTokens(store.boot_tokens,
                                        ttl_s=self._settings.boot.agent_token_ttl_s)
             # ConfigError (exit 2) without ansible-playbook
             ansible = ansible_installer(self._settings, stack, agent_tokens)

@@ -34,6 +34,9 @@ class Store:
     every iPXE script by its token write)."""
     nodes: NodeRepo
     tokens: TokenRepo
+    boot_tokens: TokenRepo
+    """The same tokens through ``boot_pool``: the boot servers' issue and check them
+    (an iPXE script waits for its token's write, never for the main pool's queue)."""
     topology: TopologyRepo
     bmc_secrets: BmcSecretRepo
     ownership: OwnershipRepo
@@ -89,5 +92,6 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                                    thread_name_prefix="store-boot")
     return Store(engine=engine, pool=pool, boot_pool=boot_pool,
                  nodes=NodeRepo(engine, pool, box, instance=me),
-                 tokens=TokenRepo(engine, pool), topology=TopologyRepo(engine, pool),
+                 tokens=TokenRepo(engine, pool), boot_tokens=TokenRepo(engine, boot_pool),
+                 topology=TopologyRepo(engine, pool),
                  bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership)
