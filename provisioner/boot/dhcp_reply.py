@@ -77,32 +77,32 @@ def boot_request(packet: DhcpPacket) -> BootRequest:
         giaddr=str(packet.giaddr) if packet.relayed else None)
 
 
-def _base(request: DhcpPacket, kind: MessageType, *, yiaddr: IPv4Address = ZERO_IP,
-          ciaddr: IPv4Address = ZERO_IP) -> DhcpPacket:
-    return DhcpPacket(op=Op.BOOTREPLY, xid=request.xid, chaddr=request.chaddr,
-                      htype=request.htype, hlen=request.hlen, flags=request.flags,
-                      ciaddr=ciaddr, yiaddr=yiaddr, giaddr=request.giaddr,
-                      options={Opt.MESSAGE_TYPE: u8(kind)})
-
-
-def _finish(reply: DhcpPacket, request: DhcpPacket, options: dict[int, bytes],
-            boot: BootReply | None) -> DhcpPacket:
-    """Add the boot options, then echo option 82 last (RFC 3046 §2.2)."""
-    siaddr, file = reply.siaddr, reply.file
+def _reply(request: DhcpPacket, kind: MessageType, options: dict[int, bytes],
+           boot: BootReply | None, *, yiaddr: IPv4Address = ZERO_IP,
+           ciaddr: IPv4Address = ZERO_IP, flags: int | None = None) -> DhcpPacket:
+    """The reply to ``request``: the message type, ``options``, the boot options, then
+    option 82 echoed last (RFC 3046 §2.2). Built once: a packet per reply, no copies."""
+    merged: dict[int, bytes] = {Opt.MESSAGE_TYPE: u8(kind)}
+    merged.update(options)
+    siaddr, file = ZERO_IP, b""
     if boot is not None:
         if boot.vendor_class is not None:
-            options[Opt.VENDOR_CLASS] = text(boot.vendor_class)
+            merged[Opt.VENDOR_CLASS] = text(boot.vendor_class)
         if boot.next_server is not None:
             siaddr = IPv4Address(boot.next_server)
-            options[Opt.TFTP_SERVER_NAME] = text(boot.next_server)
+            merged[Opt.TFTP_SERVER_NAME] = text(boot.next_server)
         name = text(boot.bootfile_name)
-        options[Opt.BOOTFILE_NAME] = name
+        merged[Opt.BOOTFILE_NAME] = name
         file = name if len(name) < 128 else b""
-        options.update(boot.extra_options)
+        merged.update(boot.extra_options)
     relay_info = request.options.get(Opt.RELAY_AGENT_INFO)
     if relay_info is not None:
-        options[Opt.RELAY_AGENT_INFO] = relay_info
-    return replace(reply, siaddr=siaddr, file=file, options={**reply.options, **options})
+        merged[Opt.RELAY_AGENT_INFO] = relay_info
+    return DhcpPacket(op=Op.BOOTREPLY, xid=request.xid, chaddr=request.chaddr,
+                      htype=request.htype, hlen=request.hlen,
+                      flags=request.flags if flags is None else flags, ciaddr=ciaddr,
+                      yiaddr=yiaddr, siaddr=siaddr, giaddr=request.giaddr, file=file,
+                      options=merged)
 
 
 def lease_reply(request: DhcpPacket, kind: MessageType, yiaddr: IPv4Address, net: Network,
@@ -110,8 +110,6 @@ def lease_reply(request: DhcpPacket, kind: MessageType, yiaddr: IPv4Address, net
                 boot: BootReply | None = None) -> DhcpPacket:
     """OFFER or ACK granting ``yiaddr`` (or an INFORM's ACK with ``yiaddr`` 0, no lease)."""
     inform = request.message_type is MessageType.INFORM
-    reply = _base(request, kind, yiaddr=ZERO_IP if inform else yiaddr,
-                  ciaddr=request.ciaddr)
     options: dict[int, bytes] = {Opt.SERVER_ID: net.server_id.packed}
     if not inform:
         seconds = net.lease_time_s if lease_time_s is None else lease_time_s
@@ -127,21 +125,19 @@ def lease_reply(request: DhcpPacket, kind: MessageType, yiaddr: IPv4Address, net
         options[Opt.DOMAIN_NAME] = text(net.domain_name)
     if hostname:
         options[Opt.HOSTNAME] = text(hostname)
-    return _finish(reply, request, options, boot)
+    return _reply(request, kind, options, boot, yiaddr=ZERO_IP if inform else yiaddr,
+                  ciaddr=request.ciaddr)
 
 
 def nak(request: DhcpPacket, server_id: IPv4Address, message: str) -> DhcpPacket:
-    reply = _base(request, MessageType.NAK)
-    if request.relayed:
-        reply = replace(reply, flags=reply.flags | BROADCAST_FLAG)
+    flags = request.flags | BROADCAST_FLAG if request.relayed else request.flags
     options: dict[int, bytes] = {Opt.SERVER_ID: server_id.packed, Opt.MESSAGE: text(message)}
-    return _finish(reply, request, options, None)
+    return _reply(request, MessageType.NAK, options, None, flags=flags)
 
 
 def proxy_reply(request: DhcpPacket, kind: MessageType, server_id: IPv4Address,
                 boot: BootReply) -> DhcpPacket:
     """ProxyDHCP OFFER (port 67) or ACK (port 4011): boot options only, no address."""
-    reply = _base(request, kind, ciaddr=request.ciaddr)
     options: dict[int, bytes] = {Opt.SERVER_ID: server_id.packed}
     http = boot.client_class in (ClientClass.UEFI_HTTP_X64, ClientClass.UEFI_HTTP_ARM64)
     options[Opt.VENDOR_CLASS] = b"HTTPClient" if http else b"PXEClient"
@@ -150,7 +146,8 @@ def proxy_reply(request: DhcpPacket, kind: MessageType, server_id: IPv4Address,
     uuid = request.options.get(Opt.CLIENT_UUID)
     if uuid is not None:
         options[Opt.CLIENT_UUID] = uuid
-    return _finish(reply, request, options, replace(boot, vendor_class=None))
+    return _reply(request, kind, options, replace(boot, vendor_class=None),
+                  ciaddr=request.ciaddr)
 
 
 def destination(request: DhcpPacket, reply: DhcpPacket, ports: Ports = Ports()) -> Destination:

@@ -410,27 +410,18 @@ class _Sql:
         return moment
 
     def _cursor(self, conn: Connection, sql: str, params: tuple[object, ...]) -> Any:
-        cursor = conn.connection.cursor()
+        """``execute`` of the driver's connection (sqlite3 and psycopg both have it): a
+        new cursor, closed when dropped."""
         try:
-            cursor.execute(sql, params)
+            return conn.connection.dbapi_connection.execute(sql, params)  # type: ignore[union-attr]
         except self._integrity_error as exc:  # another daemon bound it first
-            cursor.close()
             raise IntegrityError(sql, params, exc) from exc
-        return cursor
 
     def _one(self, conn: Connection, sql: str, params: tuple[object, ...]) -> Any:
-        cursor = self._cursor(conn, sql, params)
-        try:
-            return cursor.fetchone()
-        finally:
-            cursor.close()
+        return self._cursor(conn, sql, params).fetchone()
 
     def _changed(self, conn: Connection, sql: str, params: tuple[object, ...]) -> int:
-        cursor = self._cursor(conn, sql, params)
-        try:
-            return int(cursor.rowcount)
-        finally:
-            cursor.close()
+        return int(self._cursor(conn, sql, params).rowcount)
 
     def by_mac(self, conn: Connection, mac: str) -> _LeaseRow | None:
         row = self._one(conn, self._by_mac, (mac,))
@@ -445,11 +436,7 @@ class _Sql:
         return None if row is None else _IpRow(*row)
 
     def all(self, conn: Connection) -> list[_LeaseRow]:
-        cursor = self._cursor(conn, self._all, ())
-        try:
-            return [_LeaseRow(*row) for row in cursor.fetchall()]
-        finally:
-            cursor.close()
+        return [_LeaseRow(*row) for row in self._cursor(conn, self._all, ()).fetchall()]
 
     def reclaim(self, conn: Connection, ip: IPv4Address, mac: str, now: datetime) -> None:
         self._changed(conn, self._reclaim, (str(ip), mac, self._ts(now)))
