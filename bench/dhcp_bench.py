@@ -118,12 +118,14 @@ class _NoNodes:
 
 
 def serve_dhcp_only(d: Path) -> None:
-    """The DHCP server alone (real LeaseRepo on SQLite in ``d``), until SIGTERM."""
+    """The DHCP server alone (real LeaseRepo on SQLite in ``d``, on the store's boot threads
+    and with the daemon's collector settings, as in ``provisioner serve``), until SIGTERM."""
     import asyncio
     import signal
 
     from provisioner.boot.dhcp import DhcpServer
     from provisioner.config import BootSettings, DhcpSettings, Settings
+    from provisioner.daemon.serve import tune_gc
     from provisioner.store.leases import LeaseRepo
     from provisioner.store.store import open_store
 
@@ -132,8 +134,9 @@ def serve_dhcp_only(d: Path) -> None:
         settings = DhcpSettings(mode="authoritative", interface="vs0", server_address=SERVER,
                                 pool=f"{POOL_FIRST}-{POOL_LAST}", netmask="255.255.0.0")
         server = DhcpServer(settings, BootSettings(), http_base_url=f"http://{SERVER}:8080",
-                            inventory=_NoNodes(), leases=LeaseRepo(store.engine, store.pool))
+                            inventory=_NoNodes(), leases=LeaseRepo(store.engine, store.boot_pool))
         await server.start()
+        tune_gc()  # as the daemon does once started
         stopping = asyncio.Event()
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopping.set)
         await stopping.wait()

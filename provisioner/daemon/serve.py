@@ -71,7 +71,7 @@ def run(settings: Settings) -> int:
 GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython: 700)
 
 
-def _tune_gc() -> None:
+def tune_gc() -> None:
     """Once started: what start-up built (modules, SQLAlchemy's mappers, the config) is
     moved out of the collector's sight (``gc.freeze``), and young collections run every
     20,000 allocations instead of 700. In a 1,000-client boot storm the collector held the
@@ -164,7 +164,7 @@ class Daemon:
             await self._seed_simulation(store, conductor)
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)
-            _tune_gc()
+            tune_gc()
             self._notifier.ready(f"serving; {resumed} nodes resumed")
             async with asyncio.TaskGroup() as group:
                 children = [group.create_task(self._watchdog(), name="watchdog")]
