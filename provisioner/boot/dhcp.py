@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Address
@@ -33,7 +32,7 @@ from provisioner.boot.dhcp_codec import (
 from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.inventory import BootInventory, KnownNode
 from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_script_url
-from provisioner.boot.sockets import add_arp_entry, udp_socket
+from provisioner.boot.sockets import DatagramSocket, add_arp_entry, udp_socket
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.errors import ConfigError
 from provisioner.store.leases import AddressRange, Holder, LeaseRepo
@@ -45,12 +44,11 @@ OFFER_HOLD_S = 60.0  # an offered address is kept for the client's REQUEST this 
 MAX_IN_FLIGHT = 1024  # requests being answered at once; more are dropped (clients retry)
 PER_MAC_RATE_PER_S, PER_MAC_BURST, PER_MAC_IN_FLIGHT = 5.0, 20, 4  # one MAC's share
 _SUMMARY_INTERVAL_S = 60.0
-_READ_BATCH = 64  # datagrams read per wake-up of the loop
-_MAX_DATAGRAM = 65_535
 
 
 class DatagramPort(Protocol):
-    """Where a request came in and its reply goes out (``_Port``; tests pass their own)."""
+    """Where a request came in and its reply goes out (a ``DatagramSocket``; tests pass
+    their own)."""
 
     def sendto(self, data: bytes, addr: tuple[str, int]) -> None: ...
 
@@ -74,7 +72,7 @@ class DhcpServer:
                                     relay=settings.port)
         if settings.mode != "off":
             self._configure(settings)
-        self._sockets: list[_Port] = []
+        self._sockets: list[DatagramSocket] = []
         self._handlers = TaskSet()
         # one MAC's share: DORA, the proxy exchange and iPXE's own DORA fit in the burst
         self._per_mac = PerKeyLimit(rate_per_s=PER_MAC_RATE_PER_S, burst=PER_MAC_BURST,
@@ -116,7 +114,7 @@ class DhcpServer:
         for port in ports:
             sock = udp_socket("0.0.0.0", port, interface=self._settings.interface,
                               broadcast=True)
-            self._sockets.append(_Port(self, port, sock))
+            self._sockets.append(DatagramSocket(sock, self._receiver(port)))
         log.info("DHCP %s on %s port %s (server id %s)", mode,
                  self._settings.interface or "all interfaces",
                  "/".join(map(str, ports)), self._server_id)
@@ -127,6 +125,9 @@ class DhcpServer:
         self._sockets.clear()
         await self._handlers.cancel_all()
         await self._background.cancel_all()
+
+    def _receiver(self, port: int) -> Callable[[bytes, tuple[str, int], DatagramSocket], None]:
+        return lambda data, addr, bound: self.received(data, addr, port, bound)
 
     @property
     def addresses(self) -> list[tuple[str, int]]:
@@ -339,47 +340,6 @@ class DhcpServer:
             log.warning("DHCP: cannot add ARP entries (%s); replies are broadcast", exc)
             return False
         return True
-
-
-class _Port:
-    """One bound DHCP socket, read from the loop's selector directly: every datagram waiting
-    is read in one wake-up (asyncio's datagram transport reads one per loop iteration, so
-    each packet of a storm paid a whole iteration), and a reply is sent at once (a full
-    socket buffer drops it: the client retries)."""
-
-    def __init__(self, server: DhcpServer, port: int, sock: socket.socket) -> None:
-        self._server, self._port, self._sock = server, port, sock
-        self._loop = asyncio.get_running_loop()
-        self._loop.add_reader(sock.fileno(), self._readable)
-
-    def _readable(self) -> None:
-        for _ in range(_READ_BATCH):
-            try:
-                data, addr = self._sock.recvfrom(_MAX_DATAGRAM)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:  # e.g. an ICMP error queued for the socket
-                log.debug("DHCP socket error: %s", exc)
-                continue
-            self._server.received(data, addr, self._port, self)
-
-    def sendto(self, data: bytes, addr: tuple[str, int]) -> None:
-        try:
-            self._sock.sendto(data, addr)
-        except OSError as exc:
-            log.debug("DHCP: sending to %s failed: %s", addr[0], exc)
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        if name == "socket":
-            return self._sock
-        if name == "sockname":
-            return self._sock.getsockname()
-        return default
-
-    def close(self) -> None:
-        if self._sock.fileno() >= 0:
-            self._loop.remove_reader(self._sock.fileno())
-            self._sock.close()
 
 
 def _safe_requested(packet: DhcpPacket) -> IPv4Address | None:

@@ -1,12 +1,16 @@
-"""UDP sockets for the boot servers (broadcast, bound to a device) and ARP entries."""
+"""UDP sockets for the boot servers (broadcast, bound to a device), the loop's reader of
+them, and ARP entries."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import logging
 import socket
 import struct
+from collections.abc import Callable
 from ipaddress import IPv4Address
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -15,6 +19,10 @@ _ATF_COM = 0x02  # completed entry
 _ARPHRD_ETHER = 1
 _RCVBUF_BYTES = 4 * 1024 * 1024
 _SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)  # Linux
+READ_BATCH = 64  # datagrams read per wake-up of the loop
+_MAX_DATAGRAM = 65_535
+
+Address = tuple[str, int]
 
 
 def udp_socket(host: str, port: int, *, interface: str | None = None,
@@ -36,6 +44,50 @@ def udp_socket(host: str, port: int, *, interface: str | None = None,
         sock.close()
         raise
     return sock
+
+
+class DatagramSocket:
+    """A bound UDP socket read from the event loop's selector directly: every datagram
+    waiting is handed to ``on_datagram(data, source, self)`` in one wake-up (asyncio's
+    datagram transport reads one each time the selector reports the socket, so in a boot
+    storm each packet paid a whole loop iteration), and ``sendto`` sends at once (a full
+    socket buffer drops the datagram, as the network may: clients retransmit)."""
+
+    def __init__(self, sock: socket.socket,
+                 on_datagram: Callable[[bytes, Address, DatagramSocket], None]) -> None:
+        self._sock, self._on_datagram = sock, on_datagram
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(sock.fileno(), self._readable)
+
+    def _readable(self) -> None:
+        for _ in range(READ_BATCH):
+            try:
+                data, source = self._sock.recvfrom(_MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. an ICMP error queued for the socket
+                log.debug("UDP %s: %s", self._sock.getsockname(), exc)
+                continue
+            self._on_datagram(data, source, self)
+
+    def sendto(self, data: bytes, addr: Address) -> None:
+        try:
+            self._sock.sendto(data, addr)
+        except OSError as exc:
+            log.debug("UDP: sending to %s failed: %s", addr[0], exc)
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        """What an asyncio transport tells: ``socket`` and ``sockname``."""
+        if name == "socket":
+            return self._sock
+        if name == "sockname":
+            return self._sock.getsockname()
+        return default
+
+    def close(self) -> None:
+        if self._sock.fileno() >= 0:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
 
 
 def _grow_receive_buffer(sock: socket.socket) -> None:
