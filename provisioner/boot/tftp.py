@@ -25,7 +25,6 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from provisioner.boot.sockets import DatagramSocket
 from provisioner.boot.sockets import udp_socket as listening_socket
 from provisioner.boot.tftp_files import FileCache, open_jailed
 from provisioner.boot.tftp_packets import (
@@ -76,7 +75,7 @@ class TftpServer:
         self._pool: ThreadPoolExecutor | None = None
         self._workers: TftpWorkers | None = None
         self._hub: SocketHub | None = None  # transfers in this process (one worker)
-        self._listener: DatagramSocket | None = None
+        self._listener: asyncio.DatagramTransport | None = None
         self._active: dict[Peer, Transfer | None] = {}
         self._max_per_source = max_per_source
         self._per_source: Counter[str] = Counter()
@@ -101,7 +100,9 @@ class TftpServer:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tftp")
         # the boot servers' socket (4 MiB receive buffer): a rack's requests arrive at once
         sock = listening_socket(self._host, self._port, reuse=False)
-        self._listener = DatagramSocket(sock, lambda data, peer, _: self.request(data, peer))
+        loop = asyncio.get_running_loop()
+        self._listener, _ = await loop.create_datagram_endpoint(
+            lambda: _Listener(self), sock=sock)
         if self._workers_wanted > 1:
             self._workers = TftpWorkers(
                 self._workers_wanted, host=self._host, timeout_s=self._settings.timeout_s,
@@ -204,3 +205,11 @@ class TftpServer:
         self._per_source[peer[0]] -= 1
         if self._per_source[peer[0]] <= 0:
             del self._per_source[peer[0]]
+
+
+class _Listener(asyncio.DatagramProtocol):
+    def __init__(self, server: TftpServer) -> None:
+        self._server = server
+
+    def datagram_received(self, data: bytes, addr: Peer) -> None:
+        self._server.request(data, addr)
