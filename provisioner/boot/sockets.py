@@ -56,17 +56,20 @@ class DatagramSocket:
     def __init__(self, sock: socket.socket,
                  on_datagram: Callable[[bytes, Address, DatagramSocket], None]) -> None:
         self._sock, self._on_datagram = sock, on_datagram
+        self._name = sock.getsockname()
         self._loop = asyncio.get_running_loop()
         self._loop.add_reader(sock.fileno(), self._readable)
 
     def _readable(self) -> None:
         for _ in range(READ_BATCH):
+            if self._sock.fileno() < 0:  # closed by what the last datagram started
+                return
             try:
                 data, source = self._sock.recvfrom(_MAX_DATAGRAM)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. an ICMP error queued for the socket
-                log.debug("UDP %s: %s", self._sock.getsockname(), exc)
+                log.debug("UDP %s: %s", self._name, exc)
                 continue
             self._on_datagram(data, source, self)
 

@@ -377,10 +377,11 @@ class _IpRow(NamedTuple):
 
 
 class _Sql:
-    """The hot statements (every DISCOVER and REQUEST) as driver SQL on the driver's own
-    cursor, in the transaction the Connection began: SQLAlchemy's result objects cost more
-    than SQLite's work on this path (a quarter of compiled Core statements, and half again
-    of ``exec_driver_sql``). Timestamps as SQLAlchemy stores them."""
+    """The hot statements (every DISCOVER and REQUEST) as driver SQL, run by the driver
+    connection's own ``execute`` in the transaction the Connection began: compiled Core
+    statements cost four times as much here, and ``exec_driver_sql``'s result objects took
+    a quarter of the store threads' time in a storm (docs/performance.md, DHCP).
+    Timestamps as SQLAlchemy stores them."""
 
     _COLUMNS = "mac, ip, state, node_id, expires_at, updated_at, hostname, client_id"
 
@@ -405,7 +406,7 @@ class _Sql:
 
     def _ts(self, moment: datetime) -> object:
         if self._sqlite:  # SQLAlchemy's SQLite DateTime: naive UTC text
-            # (isoformat: a fifth of strftime's cost for "%Y-%m-%d %H:%M:%S.%f")
+            # (the text of strftime("%Y-%m-%d %H:%M:%S.%f"), at two thirds of its cost)
             return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
         return moment
 
