@@ -11,7 +11,8 @@ one. A row with a
 address is parked under the key ``declined:<hex ip>`` until ``expires_at``.
 
 Every method runs in the bounded store pool, in one transaction with the others waiting at
-that moment (group commit, ``store/batch.py``). Two daemons on PostgreSQL racing to bind one
+that moment (group commit, ``store/batch.py``); the hot statements are driver SQL
+(``store/lease_sql.py``). Two daemons on PostgreSQL racing to bind one
 address meet the unique constraint; the loser's client is NAKed and starts over, so an
 address is never bound to two MACs.
 
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network
-from typing import Any, NamedTuple, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import Connection, Engine, Table, delete, select, update
 from sqlalchemy.exc import IntegrityError
@@ -38,6 +39,7 @@ from sqlalchemy.exc import IntegrityError
 from provisioner.errors import ConfigError
 from provisioner.store.batch import TxnBatcher
 from provisioner.store.lease_offers import OfferBook
+from provisioner.store.lease_sql import LeaseRecord, LeaseSql, aware, reusable
 from provisioner.store.models import LeaseRow
 
 T = TypeVar("T")
@@ -128,7 +130,7 @@ class LeaseRepo:
         # MAC -> (address, write time) of the binding this repository last wrote
         self._own_binds: dict[str, tuple[IPv4Address, datetime]] = {}
         self._cursor: dict[IPv4Address, int] = {}  # per pool: where the next scan starts
-        self._sql = _Sql(engine)
+        self._sql = LeaseSql(engine)
         self._batch = TxnBatcher(engine, pool, clock)
 
     async def _run(self, fn: Callable[[Connection, datetime], T]) -> T:
@@ -172,9 +174,8 @@ class LeaseRepo:
                 node_id = holder.node_id or own.node_id
                 if self._unchanged(own, holder, node_id, now, lease_time_s):
                     return _lease(own)  # a renewal that changes nothing writes nothing
-                return self._remember(self._sql.write(
-                    conn, now, holder, ip, LeaseState.BOUND, lease_time_s, node_id=node_id,
-                    new=False), now)
+                return self._remember(self._write(
+                    conn, now, holder, ip, lease_time_s, node_id=node_id, new=False), now)
             if ip not in addresses or (own is not None and own.node_id is not None):
                 return None  # not ours to give, or this node's reservation is elsewhere
             if self._offers.held_by_other(ip, holder.mac, now):
@@ -193,13 +194,13 @@ class LeaseRepo:
             await self.forget_offer(holder.mac)
             return None
 
-    def _bound_elsewhere(self, own: _LeaseRow, now: datetime) -> bool:
+    def _bound_elsewhere(self, own: LeaseRecord, now: datetime) -> bool:
         """Is the MAC's row a live binding other than the one this repository last wrote
         (another daemon's, a renewal through another daemon, or one from before this daemon
         started)?"""
-        return (own.state == LeaseState.BOUND and _aware(own.expires_at) > now
+        return (own.state == LeaseState.BOUND and aware(own.expires_at) > now
                 and self._own_binds.get(str(own.mac))
-                != (IPv4Address(own.ip), _aware(own.updated_at)))
+                != (IPv4Address(own.ip), aware(own.updated_at)))
 
     def _remember(self, lease: Lease | None, now: datetime) -> Lease | None:
         """Note a binding this repository wrote (the MAC may later move from it)."""
@@ -226,14 +227,14 @@ class LeaseRepo:
 
         await self._run(work)
 
-    def _unchanged(self, own: _LeaseRow, holder: Holder, node_id: str | None,
+    def _unchanged(self, own: LeaseRecord, holder: Holder, node_id: str | None,
                    now: datetime, lease_time_s: float) -> bool:
         """A bound, unexpired row with the same holder, written less than
         ``cache_threshold`` of a lease time ago (and never past its own lease time)."""
         if (own.state != LeaseState.BOUND or own.node_id != node_id
                 or own.hostname != holder.hostname or own.client_id != holder.client_id):
             return False
-        written, expires = _aware(own.updated_at), _aware(own.expires_at)
+        written, expires = aware(own.updated_at), aware(own.expires_at)
         return (expires > now and expires - written <= timedelta(seconds=lease_time_s)
                 and now - written < timedelta(seconds=self._cache_threshold * lease_time_s))
 
@@ -286,7 +287,7 @@ class LeaseRepo:
         if own is not None:
             ip = IPv4Address(own.ip)
             if ip in addresses or own.node_id is not None:
-                if own.state == LeaseState.BOUND and _aware(own.expires_at) > now:
+                if own.state == LeaseState.BOUND and aware(own.expires_at) > now:
                     self._offers.drop(holder.mac)
                     return _lease(own)  # still bound: the same lease again
                 if not self._offers.held_by_other(ip, holder.mac, now):
@@ -303,7 +304,7 @@ class LeaseRepo:
         return None
 
     def _free(self, conn: Connection, ip: IPv4Address, now: datetime) -> bool:
-        return _reusable(self._sql.by_ip(conn, ip), now)
+        return reusable(self._sql.by_ip(conn, ip), now)
 
     def _promise(self, holder: Holder, ip: IPv4Address, until: datetime, now: datetime, *,
                  node_id: str | None) -> Lease | None:
@@ -312,7 +313,7 @@ class LeaseRepo:
         return Lease(mac=holder.mac, ip=ip, state=LeaseState.OFFERED, expires_at=until,
                      node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
 
-    def _bind_free(self, conn: Connection, now: datetime, holder: Holder, own: _LeaseRow | None,
+    def _bind_free(self, conn: Connection, now: datetime, holder: Holder, own: LeaseRecord | None,
                    addresses: AddressRange, ip: IPv4Address, lease_time_s: float) -> Lease | None:
         """Bind ``ip``, free or lapsed, to a MAC whose row (if any) holds another address.
         Another daemon binding it at the same moment makes the insert raise IntegrityError
@@ -320,12 +321,24 @@ class LeaseRepo:
         for candidate, occupied in self._candidates(conn, now, addresses, ip, True):
             if occupied:  # a lapsed lease of another MAC: reclaim it
                 self._sql.reclaim(conn, candidate, holder.mac, now)
-            lease = self._sql.write(conn, now, holder, candidate, LeaseState.BOUND,
-                                    lease_time_s, node_id=holder.node_id, new=own is None)
+            lease = self._write(conn, now, holder, candidate, lease_time_s,
+                                node_id=holder.node_id, new=own is None)
             if lease is not None:  # (None: another server reclaimed our own row meanwhile)
                 self._offers.drop(holder.mac)
             return lease
         return None
+
+    def _write(self, conn: Connection, now: datetime, holder: Holder, ip: IPv4Address,
+               lease_time_s: float, *, node_id: str | None, new: bool) -> Lease | None:
+        """Bind ``ip`` in the MAC's row (inserted when ``new``): None when the row is gone
+        (another server reclaimed its lapsed address since we read it)."""
+        expires_at = now + timedelta(seconds=lease_time_s)
+        if not self._sql.write(conn, now, LeaseRecord(
+                holder.mac, str(ip), LeaseState.BOUND, node_id, expires_at, now,
+                holder.hostname, holder.client_id), new=new):
+            return None
+        return Lease(mac=holder.mac, ip=ip, state=LeaseState.BOUND, expires_at=expires_at,
+                     node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
 
     def _candidates(self, conn: Connection, now: datetime, addresses: AddressRange,
                     requested: IPv4Address | None,
@@ -333,7 +346,7 @@ class LeaseRepo:
         """Addresses to try, lazily, with whether a (lapsed) row holds them now."""
         if requested is not None and requested in addresses:
             row = self._sql.by_ip(conn, requested)
-            if _reusable(row, now):
+            if reusable(row, now):
                 yield requested, row is not None
         if only_requested:
             return
@@ -357,126 +370,12 @@ class LeaseRepo:
         yield from (ip for ip in addresses if str(ip) not in used)
 
 
-class _LeaseRow(NamedTuple):
-    """A ``lease`` row as the driver returns it (SQLite: timestamps as text)."""
-
-    mac: str
-    ip: str
-    state: str
-    node_id: str | None
-    expires_at: object
-    updated_at: object
-    hostname: str | None
-    client_id: str | None
-
-
-class _IpRow(NamedTuple):
-    mac: str
-    node_id: str | None
-    expires_at: object
-
-
-class _Sql:
-    """The hot statements (every DISCOVER and REQUEST) as driver SQL, run by the driver
-    connection's own ``execute`` in the transaction the Connection began: compiled Core
-    statements cost four times as much here, and ``exec_driver_sql``'s result objects took
-    a quarter of the store threads' time in a storm (docs/performance.md, DHCP).
-    Timestamps as SQLAlchemy stores them."""
-
-    _COLUMNS = "mac, ip, state, node_id, expires_at, updated_at, hostname, client_id"
-
-    def __init__(self, engine: Engine) -> None:
-        self._sqlite = engine.dialect.name == "sqlite"
-        # the driver's own (PEP 249) error, raised as SQLAlchemy's, as Core would
-        self._integrity_error: type[Exception] = engine.dialect.loaded_dbapi.IntegrityError
-        m = "?" if self._sqlite else "%s"
-        self._by_mac = f"SELECT {self._COLUMNS} FROM lease WHERE mac = {m}"
-        # a writer reads the MAC's row locked: two servers answering one client at once
-        # (one binds, one offers) never overwrite each other's newer row (PostgreSQL;
-        # SQLite has one writer at a time)
-        self._by_mac_locked = self._by_mac + ("" if self._sqlite else " FOR UPDATE")
-        self._by_ip = f"SELECT mac, node_id, expires_at FROM lease WHERE ip = {m}"
-        self._all = f"SELECT {self._COLUMNS} FROM lease ORDER BY ip"
-        self._insert = f"INSERT INTO lease ({self._COLUMNS}) VALUES ({', '.join([m] * 8)})"
-        self._update = (f"UPDATE lease SET ip = {m}, state = {m}, node_id = {m}, "
-                        f"expires_at = {m}, updated_at = {m}, hostname = {m}, client_id = {m} "
-                        f"WHERE mac = {m}")
-        self._reclaim = (f"DELETE FROM lease WHERE ip = {m} AND mac <> {m} "
-                         f"AND node_id IS NULL AND expires_at <= {m}")
-
-    def _ts(self, moment: datetime) -> object:
-        if self._sqlite:  # SQLAlchemy's SQLite DateTime: naive UTC text
-            # (the text of strftime("%Y-%m-%d %H:%M:%S.%f"), at two thirds of its cost)
-            return moment.astimezone(UTC).replace(tzinfo=None).isoformat(" ", "microseconds")
-        return moment
-
-    def _cursor(self, conn: Connection, sql: str, params: tuple[object, ...]) -> Any:
-        """``execute`` of the driver's connection (sqlite3 and psycopg both have it): a
-        new cursor, closed when dropped."""
-        try:
-            return conn.connection.dbapi_connection.execute(sql, params)  # type: ignore[union-attr]
-        except self._integrity_error as exc:  # another daemon bound it first
-            raise IntegrityError(sql, params, exc) from exc
-
-    def _one(self, conn: Connection, sql: str, params: tuple[object, ...]) -> Any:
-        return self._cursor(conn, sql, params).fetchone()
-
-    def _changed(self, conn: Connection, sql: str, params: tuple[object, ...]) -> int:
-        return int(self._cursor(conn, sql, params).rowcount)
-
-    def by_mac(self, conn: Connection, mac: str) -> _LeaseRow | None:
-        row = self._one(conn, self._by_mac, (mac,))
-        return None if row is None else _LeaseRow(*row)
-
-    def by_mac_locked(self, conn: Connection, mac: str) -> _LeaseRow | None:
-        row = self._one(conn, self._by_mac_locked, (mac,))
-        return None if row is None else _LeaseRow(*row)
-
-    def by_ip(self, conn: Connection, ip: IPv4Address) -> _IpRow | None:
-        row = self._one(conn, self._by_ip, (str(ip),))
-        return None if row is None else _IpRow(*row)
-
-    def all(self, conn: Connection) -> list[_LeaseRow]:
-        return [_LeaseRow(*row) for row in self._cursor(conn, self._all, ()).fetchall()]
-
-    def reclaim(self, conn: Connection, ip: IPv4Address, mac: str, now: datetime) -> None:
-        self._changed(conn, self._reclaim, (str(ip), mac, self._ts(now)))
-
-    def write(self, conn: Connection, now: datetime, holder: Holder, ip: IPv4Address,
-              state: LeaseState, duration_s: float, *, node_id: str | None,
-              new: bool) -> Lease | None:
-        """Insert the MAC's row, or update it: None when it is gone (another server
-        reclaimed its lapsed address since we read it; the address is no longer ours)."""
-        expires_at = now + timedelta(seconds=duration_s)
-        values = (str(ip), str(state), node_id, self._ts(expires_at), self._ts(now),
-                  holder.hostname, holder.client_id)
-        if new:
-            self._changed(conn, self._insert, (holder.mac, *values))
-        elif self._changed(conn, self._update, (*values, holder.mac)) == 0:
-            return None
-        return Lease(mac=holder.mac, ip=ip, state=state, expires_at=expires_at,
-                     node_id=node_id, hostname=holder.hostname, client_id=holder.client_id)
-
-
-def _reusable(row: _IpRow | None, now: datetime) -> bool:
-    """An address is free when no row holds it, or only a lapsed lease that is no
-    reservation (a known node's address is never handed to another MAC)."""
-    return row is None or (row.node_id is None and _aware(row.expires_at) <= now)
-
-
-def _lease(row: _LeaseRow | None) -> Lease | None:
+def _lease(row: LeaseRecord | None) -> Lease | None:
     if row is None:
         return None
     return Lease(mac=row.mac, ip=IPv4Address(row.ip), state=LeaseState(row.state),
-                 expires_at=_aware(row.expires_at), node_id=row.node_id,
+                 expires_at=aware(row.expires_at), node_id=row.node_id,
                  hostname=row.hostname, client_id=row.client_id)
-
-
-def _aware(moment: object) -> datetime:
-    if isinstance(moment, str):  # SQLite through driver SQL
-        moment = datetime.fromisoformat(moment)
-    assert isinstance(moment, datetime)
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _declined_key(ip: IPv4Address) -> str:
