@@ -365,12 +365,7 @@ def encode(packet: DhcpPacket, *, min_size: int = 0) -> bytes:
                     packet.file),
         MAGIC_COOKIE,
     ]
-    for code, value in packet.options.items():
-        if 0 < code < 255 and 0 < len(value) <= 255:  # the usual option: one chunk
-            parts.append(bytes((code, len(value))))
-            parts.append(value)
-        else:
-            parts.append(encode_option(code, value))
+    parts.extend(encode_option(code, value) for code, value in packet.options.items())
     parts.append(_END_BYTE)
     data = b"".join(parts)
     return data.ljust(min_size, b"\0")
@@ -379,8 +374,8 @@ def encode(packet: DhcpPacket, *, min_size: int = 0) -> bytes:
 def encode_option(code: int, value: bytes) -> bytes:
     if not 0 < code < 255:
         raise ValueError(f"option code {code} out of range")
-    if not value:
-        return bytes((code, 0))
+    if len(value) <= 255:  # the usual option: one chunk (or none, empty)
+        return bytes((code, len(value))) + value
     return b"".join(bytes((code, len(value[i : i + 255]))) + value[i : i + 255]
                     for i in range(0, len(value), 255))
 

@@ -97,11 +97,11 @@ class LeaseSql:
     def reclaim(self, conn: Connection, ip: IPv4Address, mac: str, now: datetime) -> None:
         self._changed(conn, self._reclaim, (str(ip), mac, self._ts(now)))
 
-    def write(self, conn: Connection, now: datetime, row: LeaseRecord, *, new: bool) -> bool:
+    def write(self, conn: Connection, row: LeaseRecord, *, new: bool) -> bool:
         """Insert the MAC's row, or update it: False when it is gone (another server
         reclaimed its lapsed address since we read it; the address is no longer ours)."""
         values = (row.ip, str(row.state), row.node_id, self._ts(aware(row.expires_at)),
-                  self._ts(now), row.hostname, row.client_id)
+                  self._ts(aware(row.updated_at)), row.hostname, row.client_id)
         if new:
             self._changed(conn, self._insert, (row.mac, *values))
             return True

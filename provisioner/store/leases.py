@@ -333,7 +333,7 @@ class LeaseRepo:
         """Bind ``ip`` in the MAC's row (inserted when ``new``): None when the row is gone
         (another server reclaimed its lapsed address since we read it)."""
         expires_at = now + timedelta(seconds=lease_time_s)
-        if not self._sql.write(conn, now, LeaseRecord(
+        if not self._sql.write(conn, LeaseRecord(
                 holder.mac, str(ip), LeaseState.BOUND, node_id, expires_at, now,
                 holder.hostname, holder.client_id), new=new):
             return None

@@ -35,8 +35,8 @@ class Store:
     nodes: NodeRepo
     tokens: TokenRepo
     boot_tokens: TokenRepo
-    """The same tokens through ``boot_pool``: the boot servers' issue and check them
-    (an iPXE script waits for its token's write, never for the main pool's queue)."""
+    """The same tokens through ``boot_pool``, for the boot servers (an iPXE script waits
+    for its token's write, never for the main pool's queue)."""
     topology: TopologyRepo
     bmc_secrets: BmcSecretRepo
     ownership: OwnershipRepo
