@@ -17,6 +17,7 @@ from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import http_boot_uris
 from provisioner.config import BmcProfile, BmcSettings, Settings
+from provisioner.daemon.store_retry import while_store_away
 from provisioner.domain import Node
 from provisioner.lifecycle.ports import (
     BootWaiter,
@@ -111,7 +112,9 @@ def build_rotation(settings: BmcSettings, store: Store, bmc: BmcManager) -> BmcR
 
 
 async def settle_rotations(rotation: BmcRotation) -> None:
-    outcome = await rotation.settle_all(actor="startup")
+    """At start, the rotations a crash left open; waited for while the database is away."""
+    outcome = await while_store_away("start-up: BMC password rotations",
+                                     lambda: rotation.settle_all(actor="startup"))
     if outcome:
         log.info("BMC password rotations a stop had interrupted: %s", outcome)
 

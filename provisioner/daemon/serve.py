@@ -28,6 +28,7 @@ from provisioner.daemon.drivers import (
 )
 from provisioner.daemon.hooks import ansible_to_history, maintenance_from
 from provisioner.daemon.servers import start_api, start_boot
+from provisioner.daemon.store_retry import while_store_away
 from provisioner.errors import ConfigError, Conflict, SchemaError
 from provisioner.install.base import ComposedInstaller
 from provisioner.install.images import AgentJobs
@@ -160,8 +161,7 @@ class Daemon:
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks)
-            resumed = await conductor.recover()  # before any new work starts
-            await self._seed_simulation(store, conductor)
+            resumed = await self._resume(store, conductor)  # before any new work starts
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)
             tune_gc()
@@ -222,6 +222,16 @@ class Daemon:
     def _request_stop(self, sig: signal.Signals) -> None:
         log.info("received %s", sig.name)
         self._stop.set()
+
+    async def _resume(self, store: Store, conductor: Conductor) -> int:
+        """Resume the in-flight nodes, then seed the simulated rack; return how many
+        resumed (0 when a stop came while the database was away)."""
+        async def resume() -> int:
+            resumed = await conductor.recover()
+            await self._seed_simulation(store, conductor)
+            return resumed
+
+        return await while_store_away("start-up: resuming nodes", resume, self._stop) or 0
 
     async def _seed_simulation(self, store: Store, conductor: Conductor) -> None:
         """Enroll the simulated rack's nodes that are not in the store yet (idempotent, so a

@@ -38,7 +38,9 @@ class DaemonProcess:
             [sys.executable, "-m", "provisioner", "--config", str(self.config), "serve"],
             stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
 
-    def wait_ready(self, port: int, timeout_s: float = 30.0) -> None:
+    def wait_ready(self, port: int, timeout_s: float = 30.0, poll_s: float = 0.1) -> None:
+        """Until ``/healthz`` answers: the API is up; the daemon may still be resuming
+        its nodes (it logs ``ready`` once it has)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             assert self.proc is not None
@@ -49,7 +51,7 @@ class DaemonProcess:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
                     return
             except OSError:
-                time.sleep(0.1)
+                time.sleep(poll_s)
         raise AssertionError("daemon not ready in time")
 
     def kill(self) -> None:
@@ -67,6 +69,10 @@ class DaemonProcess:
                 self.proc.wait()
         self._close()
         return self.proc.returncode
+
+    def tail(self, chars: int = 4000) -> str:
+        """The end of the daemon's log, for an assertion's message."""
+        return f"--- {self.log_path.name}:\n{self.log_path.read_text()[-chars:]}"
 
     def _signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None

@@ -91,7 +91,7 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
     finally:
         codes = [daemon.stop() for daemon in fleet.daemons]
     context = f"seed={seed} kills={kills} wall={wall:.0f}s"
-    assert codes == [0, 0, 0], context
+    assert codes == [0, 0, 0], context + "".join(d.tail() for d in fleet.daemons)
     final = node_states(dsn)
     assert len(final) == NODES and set(final.values()) == {"active"}, (context, final)
 

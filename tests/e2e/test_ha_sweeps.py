@@ -114,6 +114,6 @@ def test_only_the_leader_sweeps_and_the_lead_moves(pg: PostgresServer, tmp_path:
         assert fleet.daemons[first].log_path.read_text() == before_kill  # dead: no more sweeps
     finally:
         codes = [daemon.stop() for daemon in fleet.daemons]
-    assert codes[other] == 0
+    assert codes[other] == 0, fleet.daemons[other].tail()
     print(f"\nexpiry sweeps: leader {leader} swept {ROUNDS} rounds alone; "
           f"{survivor} swept {took_over_s:.1f} s after the leader was killed (lease {LEASE_S:g} s)")
