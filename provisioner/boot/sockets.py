@@ -26,13 +26,17 @@ Address = tuple[str, int]
 
 
 def udp_socket(host: str, port: int, *, interface: str | None = None,
-               broadcast: bool = False, reuse: bool = True) -> socket.socket:
-    """A bound, non-blocking UDP socket; SO_BINDTODEVICE when ``interface`` is set.
-    A large receive buffer absorbs bursts (1,000 clients booting at once)."""
+               broadcast: bool = False, reuse: bool = True,
+               reuse_port: bool = False) -> socket.socket:
+    """A bound, non-blocking UDP socket; SO_BINDTODEVICE when ``interface`` is set,
+    SO_REUSEPORT with ``reuse_port`` (``reuseport.py``). A large receive buffer absorbs
+    bursts (1,000 clients booting at once)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
         if reuse:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if broadcast:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
         if interface is not None:

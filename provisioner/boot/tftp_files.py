@@ -1,8 +1,8 @@
 """What TFTP may read: the jail (a name to an open regular file under the root) and the
 in-memory copies of file contents that concurrent transfers share.
 
-The daemon's process resolves and opens (``open_jailed``); a worker process only reads the
-descriptor it is handed, so the jail is enforced in one place whatever the worker count.
+Whichever process serves a request (the daemon's, or a worker's: ``tftp_service.py``)
+resolves and opens the file here (``open_jailed``), and reads it through its own cache.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """One address cannot take every TFTP transfer: past ``max_per_source`` concurrent transfers
 it gets an ERROR packet, while another address is served; its share frees as its transfers
-end. The real server on loopback, clients on distinct loopback addresses."""
+end; the same with the transfers in the daemon's process and in three worker processes.
+The real server on loopback, clients on distinct loopback addresses."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from tests.integration.test_tftp import RawClient
 CONTENT = os.urandom(5000)
 
 
-@pytest.fixture
-async def server(tmp_path: Path) -> AsyncIterator[TftpServer]:
+@pytest.fixture(params=[1, 3], ids=["in-process", "3-workers"])
+async def server(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[TftpServer]:
+    """With workers, each address's requests reach one of them, which counts them all."""
     (tmp_path / "f.bin").write_bytes(CONTENT)
-    srv = TftpServer(TftpSettings(listen="127.0.0.1:0", timeout_s=5.0, retries=2), tmp_path,
-                     max_per_source=3)
+    settings = TftpSettings(listen="127.0.0.1:0", timeout_s=5.0, retries=2,
+                            workers=request.param)
+    srv = TftpServer(settings, tmp_path, max_per_source=3)
     await srv.start()
     yield srv
     await srv.stop()

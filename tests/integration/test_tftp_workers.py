@@ -1,8 +1,9 @@
 """TFTP worker processes: several serve concurrent tftp-hpa and atftp clients (each copy
-byte for byte, the transfers spread over the workers, their log records reaching the
-daemon's logging); a retransmitted request is told from a new one; a SIGKILLed worker is
-replaced and the slots of the transfers it held are freed; no worker survives a SIGKILLed
-daemon. The real server on loopback."""
+byte for byte, their log records reaching the daemon's logging); every request from one
+address reaches one worker, and many addresses spread over all of them; a retransmitted
+request is told from a new one; a SIGKILLed worker is replaced on its socket and the
+slots of the transfers it held are free again; no worker survives a SIGKILLed daemon.
+The real server on loopback."""
 
 from __future__ import annotations
 
@@ -81,14 +82,35 @@ async def test_several_workers_serve_concurrent_clients(
     await _fetch_all(server, root, tmp_path, 30)
     sent = [r for r in caplog.records if r.getMessage().startswith("TFTP: sent file1m")]
     assert len(sent) == 30  # each transfer logged once, through the daemon's logging
-    served_by = {getattr(r, "tftp_worker", None) for r in sent}
-    assert served_by <= set(pids) and len(served_by) >= 2, served_by
+    # every CLI client's address is 127.0.0.1: one worker served them all
+    assert len({getattr(r, "tftp_worker", None) for r in sent}) == 1
+    caplog.clear()
+    clients = [RawClient(f"127.0.0.{10 + i}") for i in range(12) for _ in range(2)]
+    try:
+        got = await asyncio.gather(*(c.fetch(server.address, "small") for c in clients))
+    finally:
+        for client in clients:
+            client.close()
+    assert got == [SMALL] * len(clients)
+
+    def sent_small() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.getMessage().startswith("TFTP: sent small ")]
+
+    async with asyncio.timeout(10):  # a worker logs a transfer once the client's last ACK
+        while len(sent_small()) < len(clients):  # noqa: ASYNC110  (another process's log)
+            await asyncio.sleep(0.02)
+    by_address: dict[str, set[int]] = {}
+    for record in sent_small():
+        address = record.getMessage().split(" to ")[1].split()[0]
+        by_address.setdefault(address, set()).add(record.tftp_worker)
+    assert len(by_address) == 12
+    assert all(len(workers) == 1 for workers in by_address.values()), by_address  # steered
+    assert set().union(*by_address.values()) == set(pids)  # and spread over all three
 
 
 async def test_a_request_again_from_the_same_port(server: TftpServer) -> None:
     """While its transfer lives, a peer's repeated request is a retransmit (no second
-    transfer); once it ended, the same port's next request is served at once, though the
-    end was seen by a worker and the request by the daemon."""
+    transfer); once it ended, the same port's next request is served at once."""
     raw = RawClient()
     try:
         rrq = b"\x00\x01small\0octet\0"

@@ -1,0 +1,75 @@
+"""One UDP port, several sockets (``boot/reuseport.py``): every datagram from one source
+address reaches the same socket, whatever its source port; many addresses spread over
+every socket; with a socket closed, the group still receives everything. Real sockets on
+loopback addresses."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from provisioner.boot.reuseport import reuseport_group
+from provisioner.boot.tftp_workers import shares
+
+ADDRESSES = [f"127.0.0.{n}" for n in range(10, 40)]
+
+
+def _send_from_each(port: int, per_address: int) -> None:
+    for address in ADDRESSES:
+        for _ in range(per_address):  # a new source port each time
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as client:
+                client.bind((address, 0))
+                client.sendto(b"rrq", ("127.0.0.1", port))
+
+
+def _received(socks: list[socket.socket]) -> dict[str, set[int]]:
+    """Source address -> the indexes of the sockets that received from it."""
+    seen: dict[str, set[int]] = {}
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        for index, sock in enumerate(socks):
+            while True:
+                try:
+                    _, (address, _port) = sock.recvfrom(100)
+                except BlockingIOError:
+                    break
+                seen.setdefault(address, set()).add(index)
+        if len(seen) == len(ADDRESSES):
+            break
+        time.sleep(0.01)
+    return seen
+
+
+@pytest.fixture
+def group() -> Iterator[list[socket.socket]]:
+    socks = reuseport_group("127.0.0.1", 0, 3)
+    yield socks
+    for sock in socks:
+        sock.close()
+
+
+def test_one_address_reaches_one_socket_and_addresses_spread(group: list[socket.socket]) -> None:
+    ports = {sock.getsockname()[1] for sock in group}
+    assert len(ports) == 1
+    _send_from_each(ports.pop(), per_address=4)
+    seen = _received(group)
+    assert set(seen) == set(ADDRESSES)
+    assert all(len(indexes) == 1 for indexes in seen.values()), seen
+    assert set().union(*seen.values()) == {0, 1, 2}
+
+
+def test_a_smaller_group_still_receives_everything(group: list[socket.socket]) -> None:
+    port = group[0].getsockname()[1]
+    group[1].close()
+    rest = [group[0], group[2]]
+    _send_from_each(port, per_address=2)
+    assert set(_received(rest)) == set(ADDRESSES)
+
+
+def test_transfers_are_shared_out_to_the_last_one() -> None:
+    assert shares(1000, 3) == [334, 333, 333]
+    assert shares(2, 2) == [1, 1]
+    assert shares(7, 3) == [3, 2, 2]
