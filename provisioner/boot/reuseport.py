@@ -41,7 +41,12 @@ def steer_by_source(sock: socket.socket, count: int) -> None:
     buffer = ctypes.create_string_buffer(program)
     # struct sock_fprog {unsigned short len; struct sock_filter *filter;}
     fprog = struct.pack("HL", len(program) // _INSN.size, ctypes.addressof(buffer))
-    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, fprog)
+    except OSError as exc:
+        raise OSError(exc.errno, f"cannot steer the port's requests by source address "
+                                 f"(SO_ATTACH_REUSEPORT_CBPF, Linux 4.5 or later): "
+                                 f"{exc.strerror}; tftp.workers = 1 needs no steering") from exc
 
 
 def reuseport_group(host: str, port: int, count: int) -> list[socket.socket]:

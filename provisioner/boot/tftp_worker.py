@@ -38,8 +38,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 class Channel:
-    """The worker's end of the control socket: blocking sends from any thread (a ``done``
-    must never be dropped), non-blocking reads from the event loop."""
+    """The worker's end of the control socket: blocking sends from any thread (a log
+    record is never dropped); the event loop reads it only to see it end."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
