@@ -5,6 +5,8 @@ processes start at once and each fetches the whole file; the score is the wall t
 the last one finished (every copy is checked byte for byte, a failed or short copy counts
 as a failure). Clients: tftp-hpa (512-byte blocks, like a plain PXE ROM) and atftp with
 blksize 1468 (like iPXE). Rounds alternate between the servers; the median is reported.
+Every client's source address is 127.0.0.1, so the TftpServer's workers, which are steered
+by source address, serve them all in one process (docs/performance.md, "TFTP").
 
 Run from the repository root:  python3 bench/tftp_bench.py [--clients 200]
 Needs: tftpd-hpa, tftp-hpa, atftp. Stops every process it starts.
