@@ -5,16 +5,18 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from sqlalchemy import delete
+from sqlalchemy import Connection, Engine, delete, insert
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from provisioner.domain import Role, TokenInfo
 from provisioner.errors import Conflict
 from provisioner.ids import NodeId
+from provisioner.store.batch import TxnBatcher
 from provisioner.store.models import ApiTokenRow
 from provisioner.store.session import SessionRepo
 
@@ -44,6 +46,10 @@ def _commit_new(s: Session, row: ApiTokenRow) -> None:
 
 
 class TokenRepo(SessionRepo):
+    def __init__(self, engine: Engine, pool: ThreadPoolExecutor) -> None:
+        super().__init__(engine, pool)
+        self._batch = TxnBatcher(engine, pool, lambda: datetime.now(UTC))
+
     def create_blocking(
         self, name: str, role: Role, *, node_id: str | None = None,
         expires_at: datetime | None = None,
@@ -87,15 +93,20 @@ class TokenRepo(SessionRepo):
     async def replace_for_node(self, name: str, role: Role, *, node_id: str,
                                expires_at: datetime) -> tuple[TokenInfo, str]:
         """The node's tokens revoked and a new one created, in one transaction (a node's
-        iPXE script costs one write, not two)."""
+        iPXE script costs one write, not two), committed with the other nodes' that wait
+        at the same moment (a boot storm's scripts: one commit for a burst of them)."""
         row, token = _new_row(name, role, node_id, expires_at)
+        values = row.model_dump()
 
-        def work(s: Session) -> TokenInfo:
-            s.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == node_id))
-            _commit_new(s, row)
-            return _to_info(row)
+        def work(conn: Connection, _now: datetime) -> None:
+            conn.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == node_id))
+            conn.execute(insert(ApiTokenRow).values(values))
 
-        return await self._run(work), token
+        try:
+            await self._retried(lambda: self._batch.run(work))
+        except IntegrityError:
+            raise Conflict(f"a token named {name!r} already exists") from None
+        return _to_info(row), token
 
     async def delete_expired(self) -> int:
         """Delete tokens past their expiry (``lookup`` refuses them already)."""

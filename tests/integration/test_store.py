@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -154,6 +155,30 @@ def test_migrations_match_the_models(backend_settings: Settings) -> None:
         drift = compare_metadata(MigrationContext.configure(conn), SQLModel.metadata)
     opened.close()
     assert drift == [], "models changed without a migration: " + repr(drift)
+
+
+async def test_node_tokens_replaced_in_group_commits(any_store: Store) -> None:
+    """A burst of nodes' tokens (a boot storm's iPXE scripts) share commits; each node
+    keeps exactly its newest token, and a name taken twice is still a Conflict."""
+    nodes = [await any_store.nodes.create(new(n), actor="t") for n in range(40)]
+    expires = datetime.now(UTC) + timedelta(hours=1)
+
+    async def replace(node_id: str, name: str) -> str:
+        _, token = await any_store.boot_tokens.replace_for_node(
+            name, Role.AGENT, node_id=node_id, expires_at=expires)
+        return token
+
+    first = await asyncio.gather(*(replace(n.id, f"agent:{n.id}:a") for n in nodes))
+    second = await asyncio.gather(*(replace(n.id, f"agent:{n.id}:b") for n in nodes))
+    for node, old, token in zip(nodes, first, second, strict=True):
+        assert await any_store.tokens.lookup(old) is None  # revoked by the replacement
+        info = await any_store.tokens.lookup(token)
+        assert info is not None and info.node_id == node.id and info.role == Role.AGENT
+        assert info.expires_at is not None and abs(info.expires_at - expires).total_seconds() < 1
+    with any_store.engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM api_token")).scalar_one() == 40
+    with pytest.raises(Conflict):
+        await replace(nodes[1].id, f"agent:{nodes[0].id}:b")  # another node's token name
 
 
 async def test_expiry_sweep_deletes_expired_tokens_and_expires_lapsed_leases(
