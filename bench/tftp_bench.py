@@ -8,8 +8,14 @@ blksize 1468 (like iPXE). Rounds alternate between the servers; the median is re
 Every client's source address is 127.0.0.1, so the TftpServer's workers, which are steered
 by source address, serve them all in one process (docs/performance.md, "TFTP").
 
-Run from the repository root:  python3 bench/tftp_bench.py [--clients 200]
-Needs: tftpd-hpa, tftp-hpa, atftp. Stops every process it starts.
+``--addresses N`` runs the same in network namespaces instead: the servers in one, the
+clients spread over N others, each joined to the servers' by a veth pair of its own, so
+the clients come from N source addresses (as a rack's machines do) and the TftpServer's
+requests spread over its workers.
+
+Run from the repository root:  python3 bench/tftp_bench.py [--clients 200] [--addresses N]
+Needs: tftpd-hpa, tftp-hpa, atftp (and root, for --addresses). Stops every process it
+starts, and deletes the namespaces it made.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from _netns import stop
+from _netns import sh, stop, wait_listening
+
+NET = "10.201"  # --addresses: the servers are NET.K.1, the clients of namespace K NET.K.2
 
 
 def free_port() -> int:
@@ -40,7 +48,65 @@ def free_port() -> int:
         return port
 
 
-def serve_ours(root: Path, port: int) -> None:
+class Net:
+    """Where the servers listen and where each client runs: loopback, or namespaces."""
+
+    def __init__(self, addresses: int) -> None:
+        self.addresses = addresses
+        self.server_ns = f"pvtftps{os.getpid()}" if addresses else ""
+        self.client_ns = [f"pvtftpc{k}x{os.getpid()}" for k in range(addresses)]
+
+    def __enter__(self) -> Net:
+        try:
+            if self.addresses:
+                sh("ip", "netns", "add", self.server_ns)
+                sh("ip", "-n", self.server_ns, "link", "set", "lo", "up")
+            for k, ns in enumerate(self.client_ns):
+                sh("ip", "netns", "add", ns)
+                sh("ip", "-n", ns, "link", "set", "lo", "up")
+                sh("ip", "link", "add", f"vs{k}", "netns", self.server_ns, "type", "veth",
+                   "peer", "name", "vc0", "netns", ns)
+                sh("ip", "-n", self.server_ns, "addr", "add", f"{NET}.{k}.1/24", "dev", f"vs{k}")
+                sh("ip", "-n", ns, "addr", "add", f"{NET}.{k}.2/24", "dev", "vc0")
+                sh("ip", "-n", self.server_ns, "link", "set", f"vs{k}", "up")
+                sh("ip", "-n", ns, "link", "set", "vc0", "up")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        for ns in (*self.client_ns, self.server_ns):
+            if ns:
+                sh("ip", "netns", "del", ns, check=False)
+
+    @property
+    def listen_host(self) -> str:
+        return "0.0.0.0" if self.addresses else "127.0.0.1"
+
+    def in_server(self, cmd: list[str]) -> list[str]:
+        return ["ip", "netns", "exec", self.server_ns, *cmd] if self.addresses else cmd
+
+    def client(self, i: int) -> tuple[list[str], str]:
+        """Client ``i``'s command prefix and the server address it asks."""
+        if not self.addresses:
+            return [], "127.0.0.1"
+        k = i % self.addresses
+        return ["ip", "netns", "exec", self.client_ns[k]], f"{NET}.{k}.1"
+
+    def wait_listening(self, name: str, port: int) -> None:
+        if self.addresses:
+            wait_listening(self.server_ns, "u", port, timeout_s=15)
+            return
+        deadline = time.monotonic() + 15
+        while not subprocess.run(["ss", "-Hlun", f"sport = :{port}"], capture_output=True,
+                                 text=True).stdout.strip():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} does not listen on {port}")
+            time.sleep(0.05)
+
+
+def serve_ours(root: Path, port: int, host: str) -> None:
     """The daemon's TFTP server alone, until SIGTERM."""
     import signal
 
@@ -48,8 +114,8 @@ def serve_ours(root: Path, port: int) -> None:
     from provisioner.config import TftpSettings
 
     async def run() -> None:
-        # every bench client shares 127.0.0.1: lift the per-address cap (a machine needs one)
-        server = TftpServer(TftpSettings(listen=f"127.0.0.1:{port}"), root,
+        # bench clients share addresses: lift the per-address cap (a machine needs one)
+        server = TftpServer(TftpSettings(listen=f"{host}:{port}"), root,
                             max_per_source=100_000)
         await server.start()
         stopping = asyncio.Event()
@@ -60,37 +126,37 @@ def serve_ours(root: Path, port: int) -> None:
     asyncio.run(run())
 
 
-def start(name: str, root: Path, port: int) -> subprocess.Popen[bytes]:
+def start(name: str, root: Path, port: int, net: Net) -> subprocess.Popen[bytes]:
     if name == "provisioner":
-        cmd = [sys.executable, __file__, "--serve", str(root), str(port)]
+        cmd = [sys.executable, __file__, "--serve", str(root), str(port), net.listen_host]
     else:
-        cmd = ["in.tftpd", "-L", "-a", f"127.0.0.1:{port}", "-s", "-u", "root", str(root)]
-    proc = subprocess.Popen(cmd)
-    deadline = time.monotonic() + 15
-    while not subprocess.run(["ss", "-Hlun", f"sport = :{port}"], capture_output=True,
-                             text=True).stdout.strip():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} does not listen on {port}")
-        time.sleep(0.05)
+        cmd = ["in.tftpd", "-L", "-a", f"{net.listen_host}:{port}", "-s", "-u", "root",
+               str(root)]
+    proc = subprocess.Popen(net.in_server(cmd))
+    net.wait_listening(name, port)
     return proc
 
 
-def client_cmd(kind: str, port: int, out: Path) -> list[str]:
+def client_cmd(kind: str, host: str, port: int, out: Path) -> list[str]:
     if kind == "tftp-hpa":
-        return ["tftp", "127.0.0.1", str(port), "-m", "binary", "-c", "get", "file1m", str(out)]
+        return ["tftp", host, str(port), "-m", "binary", "-c", "get", "file1m", str(out)]
     return ["atftp", "--option", "blksize 1468", "-g", "-r", "file1m", "-l", str(out),
-            "127.0.0.1", str(port)]
+            host, str(port)]
 
 
-async def round_trip(kind: str, port: int, clients: int, work: Path,
-                     digest: str) -> tuple[float, int]:
+async def round_trip(kind: str, port: int, clients: int, work: Path, digest: str,
+                     net: Net) -> tuple[float, int]:
     """Wall seconds for ``clients`` concurrent fetches, and how many failed."""
     outs = [work / f"out{i}" for i in range(clients)]
+    commands = []
+    for i, out in enumerate(outs):
+        prefix, host = net.client(i)
+        commands.append([*prefix, *client_cmd(kind, host, port, out)])
     started = time.perf_counter()
-    procs = [await asyncio.create_subprocess_exec(*client_cmd(kind, port, out),
+    procs = [await asyncio.create_subprocess_exec(*command,
                                                   stdout=asyncio.subprocess.DEVNULL,
                                                   stderr=asyncio.subprocess.DEVNULL)
-             for out in outs]
+             for command in commands]
     await asyncio.gather(*(proc.wait() for proc in procs))
     elapsed = time.perf_counter() - started
     failed = sum(1 for out in outs if not out.exists()
@@ -105,12 +171,15 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--kinds", default="tftp-hpa,atftp", help="clients to run")
-    parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--addresses", type=int, default=0,
+                        help="clients from this many source addresses, in namespaces "
+                        "(0: all on loopback, 127.0.0.1)")
+    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve_ours(Path(args.serve[0]), int(args.serve[1]))
+        serve_ours(Path(args.serve[0]), int(args.serve[1]), args.serve[2])
         return 0
-    with tempfile.TemporaryDirectory(prefix="tftpbench") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tftpbench") as tmp, Net(args.addresses) as net:
         root, work = Path(tmp) / "root", Path(tmp) / "work"
         root.mkdir()
         work.mkdir()
@@ -124,10 +193,10 @@ def main() -> int:
             for _ in range(args.rounds):
                 for name in times:
                     port = free_port()
-                    proc = start(name, root, port)
+                    proc = start(name, root, port, net)
                     try:
                         elapsed, failed = asyncio.run(
-                            round_trip(kind, port, args.clients, work, digest))
+                            round_trip(kind, port, args.clients, work, digest, net))
                     finally:
                         stop(proc)
                     times[name].append(elapsed)

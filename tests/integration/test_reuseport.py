@@ -1,7 +1,7 @@
 """One UDP port, several sockets (``boot/reuseport.py``): every datagram from one source
-address reaches the same socket, whatever its source port; many addresses spread over
-every socket; with a socket closed, the group still receives everything. Real sockets on
-loopback addresses."""
+address reaches the same socket, whatever its source port, the one ``steer_index`` names;
+many addresses spread over every socket, also addresses alike in their low bits; with a
+socket closed, the group still receives everything. Real sockets on loopback addresses."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from provisioner.boot.reuseport import reuseport_group
+from provisioner.boot.reuseport import reuseport_group, steer_index
 from provisioner.boot.tftp_workers import shares
 
 ADDRESSES = [f"127.0.0.{n}" for n in range(10, 40)]
@@ -57,8 +57,16 @@ def test_one_address_reaches_one_socket_and_addresses_spread(group: list[socket.
     _send_from_each(ports.pop(), per_address=4)
     seen = _received(group)
     assert set(seen) == set(ADDRESSES)
-    assert all(len(indexes) == 1 for indexes in seen.values()), seen
+    # the kernel runs the program: each address reaches the socket steer_index names
+    assert {a: {steer_index(a, 3)} for a in ADDRESSES} == seen
     assert set().union(*seen.values()) == {0, 1, 2}
+
+
+def test_addresses_alike_in_their_low_bits_still_spread() -> None:
+    """A rack's ``10.0.k.2`` (or every even address) must not all land on one worker."""
+    alike = [f"10.0.{k}.2" for k in range(16)]
+    assert {steer_index(a, 2) for a in alike} == {0, 1}
+    assert {steer_index(f"10.0.0.{2 * n}", 4) for n in range(1, 64)} == {0, 1, 2, 3}
 
 
 def test_a_smaller_group_still_receives_everything(group: list[socket.socket]) -> None:
