@@ -4,8 +4,8 @@ tsize 2349, windowsize 7440), jailed to its root.
 Not tftpy (the issue's first choice): its server is one blocking ``select()`` loop
 (FD_SETSIZE caps it below 1,000 transfers), accepts uploads, follows symlinks out of its
 root (``abspath``), has no windowsize, and sees a shutdown only between ``select()``
-timeouts. Here: ``tftp.workers`` processes (default one per CPU, at most 8;
-``tftp_workers.py``) each read requests on their own ``SO_REUSEPORT`` socket of the
+timeouts. Here: ``tftp.workers`` processes (default one per CPU less the daemon's own, at
+most 8; ``tftp_workers.py``) each read requests on their own ``SO_REUSEPORT`` socket of the
 listening port, the requests steered by source address (``reuseport.py``); each checks
 the limits and the jail, opens the file and runs the transfers (``tftp_service.py``:
 each transfer a callback-driven state machine on its own UDP socket, the transfer ID).
@@ -40,10 +40,15 @@ _CACHE_BYTES = 256 * 1024 * 1024
 
 
 def worker_count(settings: TftpSettings) -> int:
-    """``tftp.workers``, else one per CPU this process may run on, at most
-    ``DEFAULT_MAX_WORKERS`` (each is a Python process: ~20 MB; first stages are small);
-    never more than ``tftp.max_transfers`` (each worker takes a share)."""
-    wanted = settings.workers or min(len(os.sched_getaffinity(0)), DEFAULT_MAX_WORKERS) or 1
+    """How many worker processes serve transfers; 0: the daemon's own loop does.
+    ``tftp.workers``, where 1 means the daemon's loop; by default one per CPU this process
+    may run on less the one the daemon's loop needs (DHCP, HTTP, the API), at least one and
+    at most ``DEFAULT_MAX_WORKERS`` (each is a Python process: ~20 MB; first stages are
+    small); never more than ``tftp.max_transfers`` (each worker takes a share)."""
+    if settings.workers is not None:
+        wanted = 0 if settings.workers == 1 else settings.workers
+    else:
+        wanted = max(1, min(len(os.sched_getaffinity(0)) - 1, DEFAULT_MAX_WORKERS))
     return min(wanted, settings.max_transfers)
 
 
@@ -78,7 +83,7 @@ class TftpServer:
             raise ConfigError(f"TFTP root {self._root} is not a directory")
         settings, count = self._settings, self._workers_wanted
         max_fds = settings.max_transfers + 256
-        if count == 1:
+        if count == 0:
             raise_fd_limit(max_fds)
             # the boot servers' socket (4 MiB receive buffer): a rack's requests arrive at once
             sock = udp_socket(self._host, self._port, reuse=False)
@@ -102,7 +107,8 @@ class TftpServer:
                 await self.stop()
                 raise
         log.info("TFTP serving %s on %s:%s (read-only, %s)", self._root, *self.address,
-                 f"{count} worker processes" if self._workers else "in the daemon's process")
+                 f"{count} worker process{'es' if count > 1 else ''}" if self._workers
+                 else "in the daemon's process")
 
     async def stop(self) -> None:
         if self._workers is not None:

@@ -46,8 +46,8 @@ class TftpSettings(Section):
     retries: int = Field(5, ge=1, description="Retransmits before a transfer is dropped")
     max_transfers: int = Field(1000, ge=1, description="Concurrent transfers")
     workers: int | None = Field(None, ge=1, description="Processes that serve transfers; "
-                                "default: one per CPU, at most 8; 1: in the daemon's "
-                                "process")
+                                "default: one per CPU less one (the daemon's own loop), "
+                                "at least 1, at most 8; 1: in the daemon's process")
 
     @field_validator("listen")
     @classmethod
