@@ -14,6 +14,20 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, capture_output=True, text=True, check=check)
 
 
+def add_namespace(ns: str) -> None:
+    sh("ip", "netns", "add", ns)
+    sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+def join(a: str, a_if: str, a_addr: str, b: str, b_if: str, b_addr: str) -> None:
+    """A veth pair between namespaces ``a`` and ``b``, ``a_if`` with ``a_addr`` (CIDR) in
+    ``a``, ``b_if`` with ``b_addr`` in ``b``, both up."""
+    sh("ip", "link", "add", a_if, "netns", a, "type", "veth", "peer", "name", b_if, "netns", b)
+    for ns, link, addr in ((a, a_if, a_addr), (b, b_if, b_addr)):
+        sh("ip", "-n", ns, "addr", "add", addr, "dev", link)
+        sh("ip", "-n", ns, "link", "set", link, "up")
+
+
 @contextmanager
 def veth_pair(tag: str, server: str, client: str, *,
               routes: Sequence[Sequence[str]] = ()) -> Iterator[tuple[str, str]]:
@@ -23,14 +37,8 @@ def veth_pair(tag: str, server: str, client: str, *,
     srv, cli = f"pv{tag}s{os.getpid()}", f"pv{tag}c{os.getpid()}"
     try:
         for ns in (srv, cli):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", "vs0", "netns", srv, "type", "veth", "peer", "name", "vc0",
-           "netns", cli)
-        sh("ip", "-n", srv, "addr", "add", f"{server}/16", "dev", "vs0")
-        sh("ip", "-n", cli, "addr", "add", f"{client}/16", "dev", "vc0")
-        sh("ip", "-n", srv, "link", "set", "vs0", "up")
-        sh("ip", "-n", cli, "link", "set", "vc0", "up")
+            add_namespace(ns)
+        join(srv, "vs0", f"{server}/16", cli, "vc0", f"{client}/16")
         for route in routes:
             sh("ip", *(arg.format(srv=srv, cli=cli) for arg in route))
         yield srv, cli
@@ -40,9 +48,10 @@ def veth_pair(tag: str, server: str, client: str, *,
 
 
 def listening(ns: str, proto: str, port: int) -> bool:
-    """Does something in ``ns`` listen on ``port`` (``proto``: ``u`` UDP, ``t`` TCP)?"""
-    return bool(sh("ip", "netns", "exec", ns, "ss", f"-Hl{proto}n",
-                   f"sport = :{port}").stdout.strip())
+    """Does something in ``ns`` (``""``: this namespace) listen on ``port`` (``proto``:
+    ``u`` UDP, ``t`` TCP)?"""
+    inside = ("ip", "netns", "exec", ns) if ns else ()
+    return bool(sh(*inside, "ss", f"-Hl{proto}n", f"sport = :{port}").stdout.strip())
 
 
 def wait_listening(ns: str, proto: str, port: int, timeout_s: float = 20.0) -> None:

@@ -36,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _netns import sh, stop, wait_listening
+from _netns import add_namespace, join, sh, stop, wait_listening
 
 NET = "10.201"  # --addresses: the servers are NET.K.1, the clients of namespace K NET.K.2
 
@@ -59,17 +59,10 @@ class Net:
     def __enter__(self) -> Net:
         try:
             if self.addresses:
-                sh("ip", "netns", "add", self.server_ns)
-                sh("ip", "-n", self.server_ns, "link", "set", "lo", "up")
+                add_namespace(self.server_ns)
             for k, ns in enumerate(self.client_ns):
-                sh("ip", "netns", "add", ns)
-                sh("ip", "-n", ns, "link", "set", "lo", "up")
-                sh("ip", "link", "add", f"vs{k}", "netns", self.server_ns, "type", "veth",
-                   "peer", "name", "vc0", "netns", ns)
-                sh("ip", "-n", self.server_ns, "addr", "add", f"{NET}.{k}.1/24", "dev", f"vs{k}")
-                sh("ip", "-n", ns, "addr", "add", f"{NET}.{k}.2/24", "dev", "vc0")
-                sh("ip", "-n", self.server_ns, "link", "set", f"vs{k}", "up")
-                sh("ip", "-n", ns, "link", "set", "vc0", "up")
+                add_namespace(ns)
+                join(self.server_ns, f"vs{k}", f"{NET}.{k}.1/24", ns, "vc0", f"{NET}.{k}.2/24")
         except BaseException:
             self.__exit__()
             raise
@@ -94,16 +87,8 @@ class Net:
         k = i % self.addresses
         return ["ip", "netns", "exec", self.client_ns[k]], f"{NET}.{k}.1"
 
-    def wait_listening(self, name: str, port: int) -> None:
-        if self.addresses:
-            wait_listening(self.server_ns, "u", port, timeout_s=15)
-            return
-        deadline = time.monotonic() + 15
-        while not subprocess.run(["ss", "-Hlun", f"sport = :{port}"], capture_output=True,
-                                 text=True).stdout.strip():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{name} does not listen on {port}")
-            time.sleep(0.05)
+    def wait_listening(self, port: int) -> None:
+        wait_listening(self.server_ns, "u", port, timeout_s=15)
 
 
 def serve_ours(root: Path, port: int, host: str) -> None:
@@ -133,7 +118,7 @@ def start(name: str, root: Path, port: int, net: Net) -> subprocess.Popen[bytes]
         cmd = ["in.tftpd", "-L", "-a", f"{net.listen_host}:{port}", "-s", "-u", "root",
                str(root)]
     proc = subprocess.Popen(net.in_server(cmd))
-    net.wait_listening(name, port)
+    net.wait_listening(port)
     return proc
 
 

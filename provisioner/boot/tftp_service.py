@@ -48,11 +48,6 @@ class TftpService:
         self._hub: SocketHub | None = None
         self._listener: DatagramSocket | None = None
 
-    @property
-    def transfers(self) -> int:
-        """Transfers under way (and requests whose file is being read)."""
-        return len(self._live)
-
     def start(self, sock: socket.socket) -> None:
         """Serve the requests that reach ``sock`` (bound, non-blocking), in the running
         loop, until ``stop``."""
