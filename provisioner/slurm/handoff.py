@@ -149,7 +149,8 @@ class SlurmHandoff:
     async def write_gres(self, node: Node) -> None:
         """Put what the node has (``Gres=gpu:<type>:<count> Feature=<nodeset>,<type>``) in
         its NodeSet's ``extraConf`` (``slurm.nodeset_namespace`` set; the NodeSet is named
-        like the label value), so Slinky's slurmd registers it. The nodes of one NodeSet
+        like the label value), so Slinky's slurmd registers it; the type is the profile's in
+        ``slurm.gres_types``, else the short one. The nodes of one NodeSet
         share a profile, whose hardware the SKU gate checked."""
         namespace = self._settings.nodeset_namespace
         have = inventory(node.facts)
