@@ -11,6 +11,7 @@ from provisioner.config.kube import foreign_owner
 from provisioner.config.section import Section
 
 _LABEL_VALUE = r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$"
+_GRES_TYPE = r"^(?!\d+$)[A-Za-z0-9_.-]{1,64}$"
 _LABEL_KEY = (r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?"
               r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
@@ -57,6 +58,11 @@ class SlurmSettings(Section):
         True, description="At registering, hold a GPU node whose Slurm Gres, Kubernetes "
         "nvidia.com/gpu.count/gpu.product labels or allocatable nvidia.com/gpu disagree with "
         "its facts (e.g. Gres=(null) on an 8-GPU node)")
+    gres_types: dict[str, str] = Field(
+        default_factory=dict, description="GPU GRES type per profile name, the site's own "
+        "(e.g. \"tesla\"): the registration proof accepts it besides the daemon's short type "
+        "(h100) and Slurm's AutoDetect names (nvidia_h100_80gb_hbm3), and the hand-off writes "
+        "it as the Gres type")
     reason_prefix: str = Field(
         "provisioner: ", min_length=1, description="Prefix of the drain reasons the daemon "
         "sets; drains without it (or Slinky's slurm-operator:) are someone else's")
@@ -67,6 +73,15 @@ class SlurmSettings(Section):
         for profile, label in value.items():
             if not re.match(_LABEL_VALUE, label):
                 raise ValueError(f"{profile} = {label!r} is not a valid label value")
+        return value
+
+    @field_validator("gres_types")
+    @classmethod
+    def _check_gres_types(cls, value: dict[str, str]) -> dict[str, str]:
+        for profile, kind in value.items():
+            if not re.match(_GRES_TYPE, kind):
+                raise ValueError(f"{profile} = {kind!r} is not a GRES type (letters, digits, "
+                                 "'_', '-', '.'; not only digits)")
         return value
 
     @field_validator("nodeset_label")

@@ -11,13 +11,25 @@ HBM3``) and the node is held in ``register_failed``.
 What the daemon writes for Slurm to register (``slurmd_conf``): ``Gres=gpu:<type>:<count>``
 and ``Feature=<profile>,<type>``, the ``--conf`` of a dynamic ``slurmd -Z`` (the classic
 node, or a Slinky NodeSet's extra slurmd arguments), with ``gres_conf_line`` for gres.conf.
+
+The GPU types accepted (``gres_types``) are the ones Slurm itself registers for the node's GPUs:
+``AutoDetect=nvml`` (and ``nvidia``) names a GPU by its device name, lower-cased with spaces
+turned to ``_`` and nothing else changed (``gpu_common_underscorify_tolower``, SchedMD/slurm
+``src/plugins/gpu/common/gpu_common.c``, applied to ``nvmlDeviceGetName`` in
+``gpu/nvml/gpu_nvml.c`` and to ``/proc/driver/nvidia/gpus/*/information`` ``Model:`` in
+``gpu/nvidia/gpu_nvidia.c``): ``NVIDIA H100 80GB HBM3`` → ``nvidia_h100_80gb_hbm3``,
+``NVIDIA A100-SXM4-80GB`` → ``nvidia_a100-sxm4-80gb``. A gres.conf ``Type`` beside
+AutoDetect "should match or be a substring of the value that is detected" (gres.conf(5)), so a
+part of that name cut at ``_``/``-`` that holds the model number (``h100``, ``h100_80gb``,
+``a100-sxm4``) is Slurm's too; so are the short type the daemon writes and the types the site
+configures per profile (``slurm.gres_types``). Compared case-insensitively, like Slurm.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.agent.gpu_ids import device_id, model_name
@@ -26,8 +38,9 @@ LABEL_COUNT = "nvidia.com/gpu.count"
 LABEL_PRODUCT = "nvidia.com/gpu.product"
 LABEL_CLIQUE = "nvidia.com/gpu.clique"
 RESOURCE_GPU = "nvidia.com/gpu"
-_GRES = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\d+))?")
+_FLAGS = re.compile(r"\([^()]*\)$")  # (S:0-1), (IDX:0-3), (IDX:N/A)
 _SLUG = re.compile(r"[^a-z0-9]+")
+_CUT = re.compile(r"[_-]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +49,7 @@ class Inventory:
 
     gpus: int
     model: str = ""
+    names: tuple[str, ...] = field(default=(), compare=False)  # every distinct GPU name
 
     @property
     def gpu_type(self) -> str:
@@ -50,8 +64,49 @@ class Inventory:
                 break
         return _SLUG.sub("_", "_".join(picked).lower()).strip("_") or "gpu"
 
+    @property
+    def nvml_types(self) -> tuple[str, ...]:
+        """The types Slurm's AutoDetect registers for the node's GPUs."""
+        return tuple(dict.fromkeys(nvml_type(n) for n in self.names or (self.model,) if n))
+
     def __str__(self) -> str:
         return f"{self.gpus}× {self.model}" if self.model else f"{self.gpus} GPUs"
+
+
+def nvml_type(name: str) -> str:
+    """Slurm's AutoDetect type for a GPU named ``name``: lower case, spaces to ``_``."""
+    return name.lower().replace(" ", "_")
+
+
+def _slurm_substring(kind: str, detected: str) -> bool:
+    """``kind`` is ``detected`` or a part of it cut at ``_``/``-`` holding its model number
+    (the first cut piece with a digit): ``h100`` of ``nvidia_h100_80gb_hbm3``, not ``80gb``,
+    ``nvidia``, nor ``h20`` of ``nvidia_h200``."""
+    pieces = _CUT.split(detected)
+    model = next((p for p in pieces if any(ch.isdigit() for ch in p)), None)
+    start = detected.find(kind)
+    while model is not None and kind and start >= 0:
+        end = start + len(kind)
+        if (start == 0 or detected[start - 1] in "_-") \
+                and (end == len(detected) or detected[end] in "_-") \
+                and model in _CUT.split(kind):
+            return True
+        start = detected.find(kind, start + 1)
+    return False
+
+
+def gres_types(have: Inventory, configured: Collection[str] = ()) -> tuple[str, ...]:
+    """The types named in a message: the daemon's short type, Slurm's AutoDetect names of
+    the node's GPUs, the site's configured types (lower case, in that order)."""
+    listed = [have.gpu_type, *have.nvml_types, *(c.lower() for c in configured)]
+    return tuple(dict.fromkeys(t for t in listed if t))
+
+
+def type_accepted(kind: str, have: Inventory, configured: Collection[str] = ()) -> bool:
+    """Whether Slurm's GRES type ``kind`` names the node's GPUs (see the module's text)."""
+    kind = kind.lower()
+    return kind in gres_types(have, configured) \
+        or any(_slurm_substring(kind, detected) for detected in have.nvml_types)
 
 
 def validated_clique(facts: Mapping[str, Any]) -> str | None:
@@ -71,7 +126,7 @@ def inventory(facts: Mapping[str, Any]) -> Inventory:
     gpus = [g for g in listed if isinstance(g, Mapping)] if isinstance(listed, list) else []
     names = [_name(g) for g in gpus]
     model = max(set(names), key=names.count) if names else ""
-    return Inventory(len(gpus), model)
+    return Inventory(len(gpus), model, tuple(sorted(set(names) - {""})))
 
 
 def _name(gpu: Mapping[str, Any]) -> str:
@@ -83,26 +138,29 @@ def _name(gpu: Mapping[str, Any]) -> str:
 
 
 def gres_gpus(gres: str) -> dict[str, int]:
-    """``gpu:h100:8(S:0-1),nic:2`` → ``{"h100": 8}``; ``gpu:4`` → ``{"": 4}``; ``(null)`` or
-    empty → ``{}``."""
+    """GPUs per type in a GRES string as Slurm 22.05–25.11 print it: ``gpu:h100:8(S:0-1),nic:2``
+    → ``{"h100": 8}``; ``gpu:nvidia_h100_80gb_hbm3:4(S:0-1),shard:…`` → ``{"nvidia_h100_80gb_hbm3":
+    4}``; ``gpu:4`` → ``{"": 4}``; ``gpu:(null):3(IDX:0-7)`` → ``{"": 3}``; ``(null)`` or
+    empty → ``{}``. Other GRES (``shard``, ``mps``, ``nic``) are not GPUs."""
     found: dict[str, int] = {}
     for item in gres.split(","):
-        match = _GRES.match(item.strip())
-        if match is None or match["name"].strip() != "gpu":
+        name, *rest = _FLAGS.sub("", item.strip()).split(":")
+        if name.strip() != "gpu":
             continue
-        kind, count = match["type"] or "", match["count"]
-        if count is None and kind.isdigit():  # gpu:4
-            kind, count = "", kind
-        found[kind] = found.get(kind, 0) + int(count or 1)
+        count = rest.pop() if rest and rest[-1].isdigit() else "1"
+        kind = rest[0] if rest and rest[0] != "(null)" else ""
+        found[kind] = found.get(kind, 0) + int(count)
     return found
 
 
-def slurmd_conf(have: Inventory, features: Sequence[str] = ()) -> str:
-    """The dynamic node's ``--conf`` additions: ``Gres=gpu:h100:8 Feature=gpu-worker,h100``."""
+def slurmd_conf(have: Inventory, features: Sequence[str] = (), kind: str | None = None) -> str:
+    """The dynamic node's ``--conf`` additions: ``Gres=gpu:h100:8 Feature=gpu-worker,h100``
+    (``kind``: the site's type for the profile instead of the short type)."""
+    kind = kind or have.gpu_type
     words = []
     if have.gpus:
-        words.append(f"Gres=gpu:{have.gpu_type}:{have.gpus}")
-    listed = [*features, *([have.gpu_type] if have.gpus else [])]
+        words.append(f"Gres=gpu:{kind}:{have.gpus}")
+    listed = [*features, *([kind] if have.gpus else [])]
     if listed:
         words.append("Feature=" + ",".join(dict.fromkeys(listed)))
     return " ".join(words)
@@ -121,15 +179,19 @@ def merge_conf(existing: str, ours: str) -> str:
     return " ".join([*kept, *mine])
 
 
-def gres_conf_line(have: Inventory, node: str, files: str = "/dev/nvidia[0-{last}]") -> str:
+def gres_conf_line(have: Inventory, node: str, files: str = "/dev/nvidia[0-{last}]",
+                   kind: str | None = None) -> str:
     """gres.conf for the node: ``NodeName=gpu-01 Name=gpu Type=h100 File=/dev/nvidia[0-7]``."""
-    return (f"NodeName={node} Name=gpu Type={have.gpu_type} "
+    return (f"NodeName={node} Name=gpu Type={kind or have.gpu_type} "
             f"File={files.format(last=have.gpus - 1)}")
 
 
 def slurm_disagreement(have: Inventory, gres: str, features: frozenset[str] = frozenset(),
-                       want_features: Sequence[str] = ()) -> list[str]:
-    """What Slurm registered against what the node has (nothing to say without GPUs)."""
+                       want_features: Sequence[str] = (),
+                       types: Collection[str] = ()) -> list[str]:
+    """What Slurm registered against what the node has (nothing to say without GPUs); the
+    GRES types must name the node's GPUs (``type_accepted``; ``types``: the site's own for
+    the node's profile)."""
     if not have.gpus:
         return []
     registered = gres_gpus(gres)
@@ -138,9 +200,9 @@ def slurm_disagreement(have: Inventory, gres: str, features: frozenset[str] = fr
     problems = []
     if total != have.gpus:
         problems.append(f"Slurm registered Gres={shown}, node has {have}")
-    elif (types := set(registered) - {""}) and types != {have.gpu_type}:
-        problems.append(f"Slurm registered Gres={shown} (type {', '.join(sorted(types))}), "
-                        f"node has {have} (type {have.gpu_type})")
+    elif wrong := sorted(k for k in registered if k and not type_accepted(k, have, types)):
+        problems.append(f"Slurm registered Gres={shown} (type {', '.join(wrong)}), node has "
+                        f"{have} (type {' or '.join(gres_types(have, types))})")
     if missing := [f for f in want_features if f not in features]:
         problems.append(f"Slurm registered Features={','.join(sorted(features)) or '(null)'}, "
                         f"missing {','.join(missing)}")

@@ -109,7 +109,8 @@ class SlurmHandoff:
         """The registration proof (``agree.py``): Slurm's Gres and Kubernetes' GPU labels
         and allocatable against the node's GPUs; a disagreement holds the node."""
         have = inventory(node.facts)
-        problems = slurm_disagreement(have, found.gres)
+        problems = slurm_disagreement(have, found.gres,
+                                      types=[t for t in [self._site_type(node)] if t])
         if self._kube is not None and have.gpus:
             info = await self._kube.find_node(node_name(node))
             if info is not None:
@@ -117,6 +118,10 @@ class SlurmHandoff:
                                               validated_clique(node.facts))
         if problems:
             raise FatalError(f"Slurm node {name} registered, but " + "; ".join(problems))
+
+    def _site_type(self, node: Node) -> str | None:
+        """The GRES type the site configured for the node's profile (``slurm.gres_types``)."""
+        return self._settings.gres_types.get(node.profile or "")
 
     async def hand_off(self, node: Node) -> NodeInfo:
         """Release the operands, then the NodeSet label and topology annotation."""
@@ -144,7 +149,8 @@ class SlurmHandoff:
     async def write_gres(self, node: Node) -> None:
         """Put what the node has (``Gres=gpu:<type>:<count> Feature=<nodeset>,<type>``) in
         its NodeSet's ``extraConf`` (``slurm.nodeset_namespace`` set; the NodeSet is named
-        like the label value), so Slinky's slurmd registers it. The nodes of one NodeSet
+        like the label value), so Slinky's slurmd registers it; the type is the profile's in
+        ``slurm.gres_types``, else the short one. The nodes of one NodeSet
         share a profile, whose hardware the SKU gate checked."""
         namespace = self._settings.nodeset_namespace
         have = inventory(node.facts)
@@ -154,7 +160,7 @@ class SlurmHandoff:
         existing = await self._nodesets.nodeset_extra_conf(namespace, name)
         if existing is None:
             raise FatalError(f"no Slinky NodeSet {namespace}/{name} to write Gres into")
-        wanted = merge_conf(existing, slurmd_conf(have, [name]))
+        wanted = merge_conf(existing, slurmd_conf(have, [name], self._site_type(node)))
         if wanted != existing:
             await self._nodesets.set_nodeset_extra_conf(namespace, name, wanted)
             log.info("node %s: NodeSet %s/%s extraConf: %s", node.id, namespace, name, wanted)

@@ -6,6 +6,8 @@ SlurmProject/slurm-operator#106) is held with the reason; with the ``--conf`` an
 the daemon writes (``provisioner.slurm.agree``; the gres.conf ``File=`` are character devices
 with /dev/null's numbers, which slurmd accepts as GPUs) it registers ``Gres=gpu:h100:2`` and the
 node goes ``active``. A Kubernetes Node whose ``nvidia.com/gpu.count`` disagrees holds it too.
+A slurmd whose GPUs carry the type Slurm's ``AutoDetect=nvml`` gives them
+(``nvidia_h100_80gb_hbm3``) registers as the node's; with fewer GPUs it is held.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from provisioner.config import LifecycleSettings, SlurmSettings
 from provisioner.errors import FatalError
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import Event, NodeState
-from provisioner.slurm.agree import gres_conf_line, inventory, slurmd_conf
+from provisioner.slurm.agree import Inventory, gres_conf_line, inventory, nvml_type, slurmd_conf
 from provisioner.slurm.handoff import SlurmHandoff
 from provisioner.slurm.rest import RestSlurm
 from provisioner.slurm.scontrol import ScontrolSlurm
@@ -50,6 +52,7 @@ pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
 H100 = {"vendor": "0x10de", "device": "0x2330", "name": "NVIDIA H100 80GB HBM3"}
 FACTS = {"gpus": [dict(H100, pci_address=f"0000:{0x17 + i:02x}:00.0") for i in range(2)]}
 BASE_CONF = "CPUs=2 RealMemory=2000"
+NVML = nvml_type(H100["name"])  # nvidia_h100_80gb_hbm3
 
 
 @dataclasses.dataclass
@@ -83,6 +86,18 @@ def slurmd(cluster: Cluster, name: str, *, with_gres: bool) -> Iterator[None]:
         line = gres_conf_line(have, name, files=f"{cluster.workdir}/nvidia[0-{{last}}]")
         (cluster.workdir / "gres.conf").write_text(line + "\n")
     with running_slurmd(cluster.slurm, cluster.workdir, name, conf=conf):
+        yield
+
+
+@contextmanager
+def typed_slurmd(cluster: Cluster, name: str, gpus: int, kind: str = NVML) -> Iterator[None]:
+    """A dynamic slurmd with ``gpus`` GPUs of type ``kind``: by default the one
+    AutoDetect=nvml gives an ``NVIDIA H100 80GB HBM3``."""
+    have = Inventory(gpus, H100["name"])
+    line = gres_conf_line(have, name, files=f"{cluster.workdir}/nvidia[0-{{last}}]", kind=kind)
+    (cluster.workdir / "gres.conf").write_text(line + "\n")
+    with running_slurmd(cluster.slurm, cluster.workdir, name,
+                        conf=f"{BASE_CONF} {slurmd_conf(have, [], kind)}"):
         yield
 
 
@@ -203,3 +218,45 @@ async def test_handoff_writes_gres_into_the_nodeset_and_slurm_registers_it(
                             conf=f"{BASE_CONF} {extra}"):
             await asyncio.wait_for(register, 40)
             assert "Gres=gpu:h100:2" in cluster.slurm.scontrol("show", "node", name)
+
+
+async def test_nvml_named_gres_goes_active_and_fewer_gpus_are_held(
+        cluster: Cluster, store: Store, world: Any, make_node: Any) -> None:
+    """Through ``registering``: Slurm's AutoDetect type for 1 of the node's 2 GPUs holds it
+    (``register_failed``); for both, ``retry`` ends ``active``."""
+    name = "gres-nvml"
+    handoff = SlurmHandoff(ScontrolSlurm(slurm_conf=cluster.slurm.conf, timeout_s=20),
+                           settings())
+    ports = dataclasses.replace(fake_ports(world), slurm=handoff)
+    cond = Conductor(store.nodes, ports, LifecycleSettings(auto_inspect=False,
+                                                           auto_deploy=False))
+    node = await make_node(NodeState.REGISTERING, hostname=name, profile="gpu-worker")
+    await store.nodes.merge_facts(node.id, FACTS)
+    with typed_slurmd(cluster, name, gpus=1):
+        await cond.recover()
+        failed = await wait_for_state(store, node.id, NodeState.REGISTER_FAILED, timeout_s=40)
+        assert failed.last_error is not None and failed.last_error.startswith(
+            f"Slurm node {name} registered, but Slurm registered "
+            "Gres=gpu:nvidia_h100_80gb_hbm3:1")
+        assert failed.last_error.endswith(", node has 2× NVIDIA H100 80GB HBM3")
+    with typed_slurmd(cluster, name, gpus=2):
+        await cond.fire(node.id, Event.RETRY, actor="op")
+        await wait_for_state(store, node.id, NodeState.ACTIVE, timeout_s=40)
+        registered = cluster.slurm.scontrol("show", "node", name)
+        assert "Gres=gpu:nvidia_h100_80gb_hbm3:2" in registered
+    await cond.stop()
+
+
+async def test_the_sites_own_type_for_the_profile(cluster: Cluster) -> None:
+    """``slurm.gres_types``: a type the site chose (``hopper``) registers only where the
+    node's profile is configured with it."""
+    name = "gres-site"
+    client = ScontrolSlurm(slurm_conf=cluster.slurm.conf, timeout_s=20)
+    node = domain_node(name, facts=FACTS, profile="gpu-worker")
+    site = SlurmHandoff(client, SlurmSettings(gres_types={"gpu-worker": "hopper"},
+                                              register_timeout_s=30, poll_interval_s=0.2))
+    with typed_slurmd(cluster, name, gpus=2, kind="hopper"):
+        await site.register(node)
+        with pytest.raises(FatalError) as held:
+            await SlurmHandoff(client, settings()).register(node)
+        assert "(type hopper), node has 2× NVIDIA H100 80GB HBM3" in str(held.value)

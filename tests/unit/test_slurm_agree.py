@@ -67,7 +67,7 @@ def test_disagreements_are_spelled_out() -> None:
     assert slurm_disagreement(H100x8, "gpu:h100:8(S:0-1)") == []
     assert slurm_disagreement(H100x8, "gpu:a100:8") == [
         "Slurm registered Gres=gpu:a100:8 (type a100), node has 8× NVIDIA H100 80GB HBM3 "
-        "(type h100)"]
+        "(type h100 or nvidia_h100_80gb_hbm3)"]
     assert slurm_disagreement(Inventory(0), "") == []
     labels = {"nvidia.com/gpu.count": "8", "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert kube_disagreement(H100x8, labels, {"nvidia.com/gpu": "8"}) == []
