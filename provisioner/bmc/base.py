@@ -83,6 +83,12 @@ class BmcUnsupported(FatalError):
     """The BMC refuses the request as invalid or unsupported (retrying cannot help)."""
 
 
+class PowerCycleUnsupported(BmcUnsupported):
+    """The BMC has no restart or power cycle, but can power off and on: ``ensure_power_cycle``
+    then powers off, waits for the power to read off, and powers on (HPE Cray EX nodes
+    offer only ``On``/``ForceOff``/``Off``)."""
+
+
 # -- the protocol -----------------------------------------------------------------------------
 
 
@@ -214,13 +220,22 @@ async def ensure_power(bmc: Bmc, want: PowerState, *, policy: RetryPolicy,
 
 async def ensure_power_cycle(bmc: Bmc, *, policy: RetryPolicy, confirm_timeout_s: float,
                              poll_s: float = 1.0) -> None:
-    """Reset a running machine (power on one that is off), then confirm it reads on."""
+    """Reset a running machine (power on one that is off), then confirm it reads on. A BMC
+    without a cycle (``PowerCycleUnsupported``) is powered off hard, confirmed off, then on;
+    a retry starts over with a read, so it never powers off twice a machine already off."""
 
     async def attempt() -> None:
         if await bmc.power_state() is PowerState.OFF:
             await bmc.set_power(PowerState.ON)
         else:
-            await bmc.power_cycle()
+            try:
+                await bmc.power_cycle()
+            except PowerCycleUnsupported as exc:
+                log.info("power cycle by off, then on: %s", exc)
+                await bmc.set_power(PowerState.OFF)
+                await confirm_power(bmc, PowerState.OFF, timeout_s=confirm_timeout_s,
+                                    poll_s=poll_s, sleep=policy.sleep, clock=policy.clock)
+                await bmc.set_power(PowerState.ON)
         await confirm_power(bmc, PowerState.ON, timeout_s=confirm_timeout_s, poll_s=poll_s,
                             sleep=policy.sleep, clock=policy.clock)
 

@@ -38,10 +38,11 @@ from provisioner.bmc.base import (
     BmcUnsupported,
     BootDevice,
     BootSetting,
+    PowerCycleUnsupported,
     PowerState,
 )
 from provisioner.bmc.redfish_boot import boot_patch, hides_uefi_http, read_boot
-from provisioner.bmc.redfish_reset import PREFERENCE, Intent, candidates, offered
+from provisioner.bmc.redfish_reset import PREFERENCE, Intent, candidates, off_then_on, offered
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import DriverError
 
@@ -351,9 +352,11 @@ class RedfishBmc:
         (a 4xx) moves on to the next candidate."""
         system = await self._client.system()
         kinds = candidates(intent, system.reset_types)
+        cycle_by_off_on = intent is Intent.CYCLE and off_then_on(system.reset_types)
         if not kinds:
-            raise BmcUnsupported(f"BMC {self._client.url}: no ResetType for {intent} "
-                                 f"(offered: {', '.join(system.reset_types)})")
+            error = PowerCycleUnsupported if cycle_by_off_on else BmcUnsupported
+            raise error(f"BMC {self._client.url}: no ResetType for {intent} "
+                        f"(offered: {', '.join(system.reset_types)})")
         refused: list[str] = []
         for kind in kinds:
             try:
@@ -364,8 +367,9 @@ class RedfishBmc:
             if kind != PREFERENCE[intent][0]:
                 log.info("redfish %s: %s by ResetType %s", self._client.url, intent, kind)
             return
-        raise BmcUnsupported(f"BMC {self._client.url}: every ResetType for {intent} refused "
-                             f"({'; '.join(refused)})")
+        error = PowerCycleUnsupported if cycle_by_off_on else BmcUnsupported
+        raise error(f"BMC {self._client.url}: every ResetType for {intent} refused "
+                    f"({'; '.join(refused)})")
 
 
 def _dig(data: object, *keys: str) -> object:

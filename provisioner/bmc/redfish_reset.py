@@ -6,7 +6,9 @@ resource), and not always well: HPE iLO 5 offers no ``GracefulShutdown`` but
 (two values run together); some BMCs list nothing. ``offered`` reads such a list, splitting
 run-together values into the ResetTypes they are made of; ``candidates`` orders what to try
 for an intent: the preferred types the BMC offers, or, when it lists nothing usable, every
-type for the intent (the BMC's 400 then moves on to the next).
+type for the intent (the BMC's 400 then moves on to the next). ``off_then_on``: a BMC with
+no cycle type (HPE Cray EX: ``On``, ``ForceOff`` and the non-standard ``Off``) is cycled by
+powering off and on (``base.PowerCycleUnsupported``).
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ def candidates(intent: Intent, allowed: tuple[str, ...]) -> tuple[str, ...]:
     if allowed:
         return tuple(kind for kind in preferred if kind in allowed)
     return tuple(kind for kind in preferred if kind not in _ONLY_IF_OFFERED)
+
+
+def off_then_on(allowed: tuple[str, ...]) -> bool:
+    """Whether a cycle the BMC cannot do as one ResetType can be done as off, then on."""
+    return bool(candidates(Intent.OFF, allowed)) and bool(candidates(Intent.ON, allowed))
 
 
 def _split(value: str) -> list[str]:

@@ -1,10 +1,12 @@
 """Replays a recorded Redfish BMC (tests/fixtures/redfish/<vendor>/: ``serviceroot.json``,
-``systems.json``, ``system.json``, as the BMC answered them) on loopback, with the state
-a driver changes: sessions at the root's ``Links.Sessions``, ``PATCH`` of the System's
-``Boot`` checked against the recorded ``@Redfish.AllowableValues`` (an unknown property is
-a 400, as on real BMCs), and ``POST`` of the recorded Reset target checked against the
-recorded ``ResetType`` values. Paths match as the BMC spells them, with or without the
-trailing slash and in any case (iLO links ``/redfish/v1/systems/1/`` and ``/Systems/1/``).
+``systems.json``, ``system.json`` and, where recorded, the ``resetactioninfo.json`` its
+Reset action names in ``@Redfish.ActionInfo``, as the BMC answered them) on loopback, with
+the state a driver changes: sessions at the root's ``Links.Sessions``, ``PATCH`` of the
+System's ``Boot`` checked against the recorded ``@Redfish.AllowableValues`` (an unknown
+property is a 400, as on real BMCs), and ``POST`` of the recorded Reset target checked
+against the recorded ``ResetType`` values (inline or in the ActionInfo). Paths match as the
+BMC spells them, with or without the trailing slash and in any case (iLO links
+``/redfish/v1/systems/1/`` and ``/Systems/1/``).
 
 ``lenient_reset``: a run-together value (Supermicro's ``GracefulShutdownGracefulRestart``)
 accepts its parts, as that firmware does; strict accepts only what is listed verbatim.
@@ -60,6 +62,8 @@ class Replay:
     """False: the OS ignores the ACPI button (GracefulShutdown, PushPowerButton when on)."""
     system: dict[str, Any] = field(init=False)
     resets: list[str] = field(default_factory=list)
+    states_at_reset: list[str] = field(default_factory=list)
+    """The PowerState the System read when each accepted Reset arrived."""
     patches: list[dict[str, Any]] = field(default_factory=list)
     tokens: set[str] = field(default_factory=set)
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -70,6 +74,8 @@ class Replay:
         self.root = json.loads((folder / "serviceroot.json").read_text())
         self.systems = json.loads((folder / "systems.json").read_text())
         self.recorded = json.loads((folder / "system.json").read_text())
+        info = folder / "resetactioninfo.json"
+        self.action_info = json.loads(info.read_text()) if info.is_file() else None
         self.system = copy.deepcopy(self.recorded)
         self.system["PowerState"] = "Off"
 
@@ -83,6 +89,9 @@ class Replay:
 
     def allowed_resets(self) -> set[str] | None:
         values = self.reset.get("ResetType@Redfish.AllowableValues")
+        if not isinstance(values, list) and self.action_info is not None:
+            values = next((p.get("AllowableValues") for p in self.action_info["Parameters"]
+                           if p.get("Name") == "ResetType"), None)
         if not isinstance(values, list):
             return None  # not recorded: the firmware's list is unknown; accept known types
         allowed = set(values)
@@ -127,6 +136,9 @@ async def _handle(request: web.Request) -> web.StreamResponse:
             return web.json_response(replay.system)
         if method == "PATCH":
             return _patch(replay, await request.json())
+    info = replay.reset.get("@Redfish.ActionInfo")
+    if replay.action_info is not None and path == _key(str(info)) and method == "GET":
+        return web.json_response(replay.action_info)
     if path == _key(str(replay.reset.get("target", ""))) and method == "POST":
         return _reset(replay, request.app, (await request.json()).get("ResetType"))
     return _error(404 if method == "GET" else 405, f"{method} {request.path}: not recorded")
@@ -166,6 +178,7 @@ def _reset(replay: Replay, app: web.Application, kind: object) -> web.Response:
         return _error(400, f"ActionParameterNotSupported: ResetType {kind}")
     replay.resets.append(kind)
     now = replay.system["PowerState"]
+    replay.states_at_reset.append(now)
     if kind == "PushPowerButton":
         target = "Off" if now == "On" else "On"
         graceful = now == "On"
