@@ -37,8 +37,9 @@ from tests.topology_support.ib_sysfs import load_modules, pci_functions, sysfs_f
 ROOT = Path(__file__).resolve().parents[2]
 MODULE = ROOT / "playbooks" / "roles" / "facts" / "library" / "provisioner_node_facts.py"
 IB = ROOT / "tests" / "fixtures" / "topology" / "infiniband"
-PROCFS = ROOT / "tests" / "fixtures" / "infiniband-sysfs" / "procfs"
-LSPCI = (IB / "hpc-notes-lspci.h100.mellanox.txt").read_text()
+SYSFS = ROOT / "tests" / "fixtures" / "infiniband-sysfs"
+PROCFS = SYSFS / "procfs"
+LSPCI = (SYSFS / "hpc-notes-lspci.h100.mellanox.txt").read_text()
 CAPTURES = ["hpc-notes-ibstat.h100.cx7-ndr-bond.txt", "linux-rdma-ibstat.rdma-dev-19.bond.txt",
             "gpud-ibstat.47.0.h100.some.down.0.txt", "gpud-ibstat.47.0.h100.all.active.0.txt"]
 PROFILES = [Expectation(ib_port_count=8, ib_rate_gbps=400), Expectation(ib_port_count=9),

@@ -26,7 +26,8 @@ from tests.unit.test_gpu_ids import sysfs_tree
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 IB = FIXTURES / "topology" / "infiniband"
 H100_BOND = (IB / "hpc-notes-ibstat.h100.cx7-ndr-bond.txt").read_text()
-H100_LSPCI = (IB / "hpc-notes-lspci.h100.mellanox.txt").read_text()
+H100_LSPCI = (FIXTURES / "infiniband-sysfs" / "hpc-notes-lspci.h100.mellanox.txt"
+              ).read_text()
 RDMA_DEV = (IB / "linux-rdma-ibstat.rdma-dev-19.bond.txt").read_text()
 GPUD_DOWN = (IB / "gpud-ibstat.47.0.h100.some.down.0.txt").read_text()
 PROCFS = FIXTURES / "infiniband-sysfs" / "procfs"
