@@ -34,6 +34,7 @@ def collect(root: Path = Path("/")) -> dict[str, Any]:
         "nics": nics(root),
         "pci": pci(root),
         "infiniband": infiniband(root),
+        "infiniband_driver": infiniband_driver(root),
     }
     facts["gpus"] = gpus(facts["pci"])
     bmc = bmc_lan(root)
@@ -106,22 +107,65 @@ def pci(root: Path) -> list[dict[str, str]]:
     return found
 
 
+MELLANOX = "0x15b3"
+#: The InfiniBand stack as /sys/module shows it: the core, the verbs/MAD user interfaces that
+#: ibstat and sysfs readers need, and the HCA drivers (providers) that create the devices.
+IB_CORE_MODULES = ("ib_core", "ib_uverbs", "ib_umad", "ib_ipoib")
+IB_PROVIDERS = ("mlx5_ib", "mlx4_ib", "irdma", "bnxt_re", "hfi1", "ib_qib", "efa", "erdma",
+                "qedr", "iw_cxgb4", "ocrdma", "vmw_pvrdma", "mana_ib", "hns_roce_hw_v2",
+                "rdma_rxe", "siw")
+
+
 def infiniband(root: Path) -> list[dict[str, Any]]:
+    """Every device under /sys/class/infiniband with its ports (``link_layer`` included:
+    the Ethernet ports of the same cards, a BlueField bond, are not InfiniBand). A field
+    that cannot be read is left out, never written malformed: one bad file must not make
+    the daemon refuse the whole report."""
     found = []
-    for dev in sorted((root / "sys/class/infiniband").glob("*")):
-        guid = _read(dev / "node_guid").replace(":", "")
-        ports = []
-        for port in sorted((dev / "ports").glob("*"), key=lambda p: p.name):
-            if not port.name.isdigit():
-                continue
-            lid = _read(port / "lid", "0x0")
-            ports.append({"port": int(port.name),
-                          "state": _read(port / "state").partition(": ")[2] or "unknown",
-                          "phys_state": _read(port / "phys_state").partition(": ")[2],
-                          "rate": _read(port / "rate"),
-                          "lid": int(lid, 16) if lid.startswith("0x") else 0})
-        found.append({"device": dev.name, "node_guid": f"0x{guid}", "ports": ports})
+    for dev in sorted((root / "sys/class/infiniband").glob("*"))[:512]:
+        hca: dict[str, Any] = {"device": dev.name[:64]}
+        guid = _read(dev / "node_guid").replace(":", "").lower()
+        if re.fullmatch(r"[0-9a-f]{16}", guid):
+            hca["node_guid"] = f"0x{guid}"
+        ports = (p for p in (dev / "ports").glob("*") if p.name.isdigit()
+                 and 1 <= int(p.name) <= 255)
+        hca["ports"] = [_ib_port(port) for port in sorted(ports, key=lambda p: int(p.name))]
+        found.append(hca)
     return found
+
+
+def _ib_port(port: Path) -> dict[str, Any]:
+    entry: dict[str, Any] = {"port": int(port.name),
+                             "state": _words(_read(port / "state"))[:32] or "unknown"}
+    for key, limit in (("phys_state", 32), ("rate", 64), ("link_layer", 32)):
+        value = _read(port / key)
+        value = _words(value) if key == "phys_state" else value
+        if value:
+            entry[key] = value[:limit]
+    lid = _read(port / "lid")
+    if re.fullmatch(r"0x[0-9a-fA-F]{1,4}", lid):
+        entry["lid"] = int(lid, 16)
+    return entry
+
+
+def _words(value: str) -> str:
+    """``4: ACTIVE`` -> ``ACTIVE`` (sysfs prefixes the number); a bare word is kept."""
+    return value.partition(": ")[2].strip() or value
+
+
+def infiniband_driver(root: Path) -> dict[str, Any]:
+    """Whether an InfiniBand driver is loaded: an HCA driver (provider) with the core, or a
+    device already registered; the IB modules loaded; and how many Mellanox network
+    functions are on PCI (the ramdisk loads the stack only when it finds one)."""
+    loaded = sorted(name for name in (*IB_CORE_MODULES, *IB_PROVIDERS)
+                    if (root / "sys/module" / name).is_dir())
+    devices = any((root / "sys/class/infiniband").glob("*"))
+    functions = sum(1 for dev in (root / "sys/bus/pci/devices").glob("*")
+                    if _read(dev / "vendor") == MELLANOX
+                    and _read(dev / "class").startswith("0x02"))
+    return {"loaded": devices or ("ib_core" in loaded and any(
+                name in IB_PROVIDERS for name in loaded)),
+            "modules": loaded, "mellanox_functions": min(functions, 4096)}
 
 
 def bmc_lan(root: Path) -> dict[str, str]:

@@ -142,6 +142,13 @@ def _hca_port(value: object, where: str) -> None:
          ("port",))
 
 
+def _ib_driver(value: object, where: str) -> None:
+    """Whether an InfiniBand driver was loaded where the facts were read (the ramdisk loads
+    it only for the Mellanox HCAs it finds): without one, no port list says anything."""
+    _obj(value, where, {"loaded": _bool, "modules": lambda v, w: _list(v, w, _text(32)),
+                        "mellanox_functions": _num(0, 4096)}, ("loaded",))
+
+
 def _bmc(value: object, where: str) -> None:
     _obj(value, where, {"ip": _text(45), "mac": _pattern(MAC_RE)}, ())
 
@@ -183,6 +190,7 @@ _SECTIONS: dict[str, Any] = {
     "pci": lambda v, w: _list(v, w, _pci),
     "gpus": lambda v, w: _list(v, w, _gpu),
     "infiniband": lambda v, w: _list(v, w, _hca),
+    "infiniband_driver": _ib_driver,
     "bmc": _bmc,
     "nvidia_smi_xml": _nvidia_smi_xml,
     "nvidia_smi_errors": _nvidia_smi_errors,

@@ -16,6 +16,7 @@ from provisioner.validation.record import NODE_CHECKED, ValidationRecord
 from provisioner.validation.sku import CHECKED as SKU_CHECKED
 from provisioner.validation.sku import HELD_EVENT as SKU_HELD
 from provisioner.validation.sku import KEY as SKU_KEY
+from provisioner.validation.sku import NOTE_EVENT as SKU_NOTE
 
 DOMAIN_COMPLETE: Final = "nvlink-domain-complete"
 
@@ -94,6 +95,8 @@ async def inspect(ctx: StepContext) -> None:
         record = await ctx.ports.validator.check_sku(ctx.node)
         if record.checks or not record.passed or SKU_KEY in ctx.node.facts:  # else: no SKU
             await ctx.merge_facts({SKU_KEY: record.to_facts()})
+        for note in record.notes:  # what the gate could not check, for the operator
+            await ctx.record(SKU_NOTE, note)
         if not record.passed:
             await ctx.record(SKU_HELD, f"does not match profile {ctx.node.profile}: "
                                        f"{record.reason}")

@@ -77,7 +77,7 @@ class FactsValidator:
             passed=verdict.passed, at=self._clock().isoformat(), failures=verdict.failures,
             clique=verdict.clique,
             domain_nodes=expect.nvlink_domain_nodes if verdict.clique else None,
-            checks=verdict.checks)
+            checks=verdict.checks, notes=verdict.notes)
 
     async def check_sku(self, node: Node) -> ValidationRecord:
         """The SKU gate on the inspection facts (``provisioner.validation.sku``); a node
@@ -88,7 +88,8 @@ class FactsValidator:
         verdict = await asyncio.to_thread(evaluate, inspection_facts(node.facts), expect,
                                           node.hostname or "")
         return ValidationRecord(passed=verdict.passed, at=self._clock().isoformat(),
-                                failures=verdict.failures, checks=verdict.checks)
+                                failures=verdict.failures, checks=verdict.checks,
+                                notes=verdict.notes)
 
     async def wait_domain(self, node: Node, record: ValidationRecord, note: Note) -> None:
         if record.clique is None:

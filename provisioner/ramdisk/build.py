@@ -141,23 +141,41 @@ def _assemble(sysroot: Sysroot, sources: Path, root: Path) -> None:
 
 
 def _copy_modules(sysroot: Sysroot, root: Path) -> None:
-    """The kernel modules in load order (dependencies first); built-in ones print nothing."""
+    """The kernel modules in load order (dependencies first); built-in ones print nothing.
+    ``/etc/modules.order`` is loaded at every boot; ``/etc/modules.infiniband`` (the
+    InfiniBand stack, less what the first list has) only on a node with a Mellanox HCA."""
+    order = module_order(sysroot, sysroot.arch.modules)
+    infiniband = [p for p in module_order(sysroot, sysroot.arch.infiniband_modules,
+                                          required=True) if p not in order]
+    for path in (*order, *infiniband):
+        target = root / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sysroot.resolve(path), target)
+    (root / "etc/modules.order").write_text("".join(f"{p}\n" for p in order))
+    (root / "etc/modules.infiniband").write_text("".join(f"{p}\n" for p in infiniband))
+
+
+def module_order(sysroot: Sysroot, modules: tuple[str, ...], *, required: bool = False
+                 ) -> list[str]:
+    """The module files ``modules`` need, dependencies first (``modprobe --show-depends``
+    against the sysroot's own ``modules.dep``: the arm64 one is Debian's arm64 kernel's).
+    ``required``: a module the kernel has neither as a file nor built in is an error (the
+    InfiniBand stack must not go missing quietly)."""
     order: list[str] = []
     base = [] if sysroot.root == Path("/") else ["-d", str(sysroot.root)]
-    for module in sysroot.arch.modules:
+    for module in modules:
         proc = subprocess.run(["modprobe", *base, "--show-depends", "-S",
                                sysroot.kernel_version, module], capture_output=True, text=True)
+        if required and proc.returncode != 0:
+            raise RamdiskError(f"kernel {sysroot.kernel_version} ({sysroot.arch.name}) has no "
+                               f"module {module}: {proc.stderr.strip()[-200:]}")
         for line in proc.stdout.splitlines():
             words = line.split()
             if len(words) >= 2 and words[0] == "insmod":
                 path = _strip_root(words[1], sysroot.root)
                 if path not in order:
                     order.append(path)
-    for path in order:
-        target = root / path.lstrip("/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(sysroot.resolve(path), target)
-    (root / "etc/modules.order").write_text("".join(f"{p}\n" for p in order))
+    return order
 
 
 def _stdlib_files(sysroot: Sysroot) -> list[str]:

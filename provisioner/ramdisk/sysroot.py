@@ -35,6 +35,9 @@ class Arch:
     kernel_package: str  # Debian's kernel metapackage
     modules: tuple[str, ...]  # loaded at boot, dependencies first
     extra_packages: tuple[str, ...] = ()  # unpacked into a foreign sysroot too
+    # loaded only when a Mellanox (PCI vendor 0x15b3) network function is present: the
+    # InfiniBand core, the mlx5 HCA driver, and the verbs/MAD interfaces ibstat reads through
+    infiniband_modules: tuple[str, ...] = ("ib_core", "mlx5_ib", "ib_uverbs", "ib_umad")
 
 
 _COMMON_MODULES = ("virtio_net", "virtio_pci", "virtio_blk", "mlx5_core", "nvme", "ahci",

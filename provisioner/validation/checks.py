@@ -30,6 +30,12 @@ from provisioner.topology.model import (
 from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
 from provisioner.validation.hardware import check_disks, check_memory
 from provisioner.validation.imex import check_imex
+from provisioner.validation.infiniband import (
+    NOT_CHECKED_CHECK,
+    ib_driver,
+    no_driver_failure,
+    not_checked_note,
+)
 
 _UUID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _RATE_TOLERANCE = 0.01  # 1 %: 4X NDR is 400 Gb/s whether it is written 400 or 400.0
@@ -55,8 +61,8 @@ class Expectation:
     ib_require_active: bool = True
     imex: str | None = None
     """``dra`` or ``host``: check the GB200/GB300 IMEX prerequisites (``validation.imex``)."""
-    """False (the SKU gate at inspection): count and rate only, and no ``infiniband`` in the
-    report (a ramdisk without the IB driver) skips the check."""
+    """False (the SKU gate at inspection): count and rate only, and a report read without an
+    InfiniBand driver is not checked but noted (``validation.infiniband``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +70,8 @@ class Verdict:
     failures: tuple[str, ...]
     checks: tuple[str, ...]
     clique: str | None = None
+    notes: tuple[str, ...] = ()
+    """What was not checked and why (``InfiniBand not checked at inspection: no driver``)."""
 
     @property
     def passed(self) -> bool:
@@ -92,10 +100,12 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     elif gpus is not None and (health := check_fabric_health(gpus, expect)):
         checks.append("nvlink-health")  # a sick fabric fails any profile, asked or not
         failures += health
-    if (expect.ib_rate_gbps is not None or expect.ib_port_count is not None) and (
-            expect.ib_require_active or "infiniband" in report):
-        checks.append("infiniband")
-        failures += check_infiniband(facts_cas(report), expect)
+    notes: list[str] = []
+    if expect.ib_rate_gbps is not None or expect.ib_port_count is not None:
+        check, lines, note = judge_infiniband(report, expect)
+        checks.append(check)
+        failures += lines
+        notes += note
     if expect.memory_min_gib is not None:
         checks.append("memory")
         failures += check_memory(report, expect.memory_min_gib)
@@ -109,7 +119,8 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     if expect.require_dcgm or isinstance(dcgm, Mapping):
         checks.append("dcgm")
         failures += check_dcgm(dcgm if isinstance(dcgm, Mapping) else None, expect)
-    return Verdict(tuple(failures), tuple(checks), _clique(gpus, failed=bool(failures)))
+    return Verdict(tuple(failures), tuple(checks), _clique(gpus, failed=bool(failures)),
+                   tuple(notes))
 
 
 def _clique(gpus: GpuReport | None, *, failed: bool) -> str | None:
@@ -276,9 +287,24 @@ def _gpu_name(gpu: Gpu) -> str:
 # -- InfiniBand -----------------------------------------------------------------------------
 
 
+def judge_infiniband(report: Mapping[str, Any], expect: Expectation
+                     ) -> tuple[str, list[str], list[str]]:
+    """(check name, failures, notes). A report read without an InfiniBand driver is not
+    checked at inspection (a note says so) and fails validation naming the driver."""
+    driver = ib_driver(report)
+    if not driver.loaded and not expect.ib_require_active:
+        return NOT_CHECKED_CHECK, [], [not_checked_note(driver)]
+    if not driver.loaded and driver.reported:
+        return "infiniband", [no_driver_failure(driver, expect.ib_port_count,
+                                                expect.ib_rate_gbps)], []
+    return "infiniband", check_infiniband(facts_cas(report), expect), []
+
+
 def check_infiniband(cas: Sequence[LocalCa], expect: Expectation) -> list[str]:
     """Every InfiniBand port (Ethernet ports of the same HCAs are not) Active, LinkUp, at
-    ``ib_rate_gbps``; ``ib_port_count`` of them. No port at all fails when IB is expected."""
+    ``ib_rate_gbps``; ``ib_port_count`` of them. No port at all fails when IB is expected.
+    A port that is not Active is named once, for its state: its rate (a Down port reads
+    10 Gb/s) says nothing."""
     ports = [(ca.name, port) for ca in cas for port in ca.ports if _is_ib(port)]
     failures: list[str] = []
     if expect.ib_port_count is not None and len(ports) != expect.ib_port_count:
@@ -295,13 +321,20 @@ def check_infiniband(cas: Sequence[LocalCa], expect: Expectation) -> list[str]:
             failures.append(f"ib-ports: {name} port {port.number} is {port.state.capitalize()}"
                             f" ({physical or 'physical state unknown'}), expected Active "
                             "(LinkUp)")
-        down = port.state is not PortState.ACTIVE  # a port not up has no rate to judge
-        if expect.ib_rate_gbps is not None and not (down and not expect.ib_require_active) \
+            continue  # named once, for its state
+        if expect.ib_rate_gbps is not None and _link_up(port, physical) \
                 and not _rate_ok(port.rate, expect.ib_rate_gbps):
             seen = f"runs at {_rate_text(port.rate)}" if port.rate else "reports no rate"
             failures.append(f"ib-rate: {name} port {port.number} {seen}, expected "
                             f"{expect.ib_rate_gbps:g} Gb/s")
     return failures
+
+
+def _link_up(port: LocalPort, physical: str) -> bool:
+    """A link that trained has a rate to judge, before a subnet manager made it Active
+    (Init, Armed); a Down port has none (sysfs shows its lowest rate, 10 Gb/s)."""
+    return port.state in (PortState.INIT, PortState.ARMED, PortState.ACTIVE) or (
+        physical.lower() == "linkup")
 
 
 def _is_ib(port: LocalPort) -> bool:

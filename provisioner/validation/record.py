@@ -31,11 +31,13 @@ class ValidationRecord:
     clique: str | None = None
     domain_nodes: int | None = None
     checks: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    """What was not checked and why (``InfiniBand not checked at inspection: no driver``)."""
 
     def to_facts(self) -> dict[str, Any]:
         return {"passed": self.passed, "at": self.at, "failures": list(self.failures),
                 "clique": self.clique, "domain_nodes": self.domain_nodes,
-                "checks": list(self.checks)}
+                "checks": list(self.checks), "notes": list(self.notes)}
 
     @property
     def reason(self) -> str:
@@ -52,13 +54,15 @@ class ValidationRecord:
         checks = raw.get("checks")
         clique = raw.get("clique")
         nodes = raw.get("domain_nodes")
+        notes = raw.get("notes")
         return cls(
             passed=raw["passed"], at=str(raw.get("at", "")),
             failures=tuple(str(f) for f in failures) if isinstance(failures, list) else (),
             clique=clique if isinstance(clique, str) and clique else None,
             domain_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool)
             else None,
-            checks=tuple(str(c) for c in checks) if isinstance(checks, list) else ())
+            checks=tuple(str(c) for c in checks) if isinstance(checks, list) else (),
+            notes=tuple(str(n) for n in notes) if isinstance(notes, list) else ())
 
 
 def passed_now(state: str, facts: Mapping[str, Any], checkpoint: tuple[str, ...]) -> bool:

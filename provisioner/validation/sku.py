@@ -8,10 +8,12 @@ operator's ``deploy`` is refused with the reasons, until an operator overrides t
 that node (``node.facts["sku_override"]``: who, when, why), or a new inspection passes.
 
 Checked here: GPU count and model (from PCI: no driver in the ramdisk; named through
-``provisioner.agent.gpu_ids``), InfiniBand port count and rate (not the port state: a subnet
-manager may not have brought a port up yet; skipped when the ramdisk reports no
-``infiniband`` at all), memory and disks. NVLink fabric and DCGM need the driver: they stay
-with the validation gate.
+``provisioner.agent.gpu_ids``), InfiniBand port count and rate of the ports whose link layer
+is InfiniBand (not the port state: a subnet manager may not have brought a port up yet; when
+the ramdisk loaded no InfiniBand driver the check is not run and the record's ``notes`` and a
+``sku_not_checked`` history row say "InfiniBand not checked at inspection: no driver"),
+memory and disks. NVLink fabric and DCGM need the driver: they stay with the validation
+gate.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ OVERRIDE_KEY: Final = "sku_override"
 HELD_EVENT: Final = "sku_held"
 """The history row an inspection writes when the node does not match its profile."""
 OVERRIDE_EVENT: Final = "sku_override"
+NOTE_EVENT: Final = "sku_not_checked"
+"""The history row of a check the ramdisk's facts cannot answer (no InfiniBand driver)."""
 CHECKED: Final = "sku-gate"
 """The inspecting step's sub-step that writes the record."""
 

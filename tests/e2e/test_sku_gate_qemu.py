@@ -2,10 +2,16 @@
 that expects a GPU it cannot have PXE-boots the daemon's inspection ramdisk, reports its facts
 (the agent's own collector), and ends held in ``inspected`` with the reason, not deployed,
 although ``auto_deploy`` is on. An operator's deploy is refused with the reason; the override
-(CLI) lets the deploy policy take it on."""
+(CLI) lets the deploy policy take it on.
+
+The profile also expects 8 InfiniBand ports: the VM has no HCA, so the ramdisk loads no
+InfiniBand stack, its facts say so (``infiniband_driver``), and the gate does not hold it as
+"saw 0 ports" but notes "InfiniBand not checked at inspection: no driver" in the record and the
+history. The built ramdisk carries the stack (``/etc/modules.infiniband``) for nodes with one."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import sys
@@ -23,6 +29,7 @@ from tests.peers.netns import Namespace, bridged_namespace
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
 VM = VMS[0]  # BIOS: the quicker boot
 REASON = "gpu-count: saw 0 GPUs (PCI), expected 1"
+NOT_CHECKED = "InfiniBand not checked at inspection: no driver (no Mellanox HCA on PCI)"
 
 
 def cli(ns: Namespace, url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -44,6 +51,9 @@ def test_a_vm_that_does_not_match_its_profile_is_held_in_inspected(tmp_path: Pat
         pytest.skip(reason)
     state = tmp_path / "state"
     build_ramdisk(state / "artefacts")
+    stack = [Path(line).name for line in initrd_file(
+        state / "artefacts/inspect/initrd.gz", "etc/modules.infiniband").splitlines()]
+    assert {"ib_core.ko", "mlx5_ib.ko", "ib_uverbs.ko", "ib_umad.ko"} <= set(stack), stack
     with bridged_namespace() as ns:
         tap = ns.add_tap()
         port = free_port()
@@ -55,7 +65,8 @@ def test_a_vm_that_does_not_match_its_profile_is_held_in_inspected(tmp_path: Pat
             '[dhcp]\nmode = "authoritative"\ninterface = "br0"\n'
             'server_address = "10.77.0.1"\npool = "10.77.0.100-10.77.0.199"\n'
             '[tftp]\nlisten = "10.77.0.1:69"\n[http]\nlisten = "10.77.0.1:8080"\n'
-            '[validation.profiles.gpu-node]\ngpu_count = 1\ngpu_model = "H100"\n')
+            '[validation.profiles.gpu-node]\ngpu_count = 1\ngpu_model = "H100"\n'
+            'ib_port_count = 8\nib_rate_gbps = 400\n')
         made = subprocess.run([sys.executable, "-m", "provisioner", "--config", str(config),
                                "token", "create", "--role", "admin", "--name", "e2e"],
                               capture_output=True, text=True, timeout=60, env=clean_env(),
@@ -79,6 +90,15 @@ def test_a_vm_that_does_not_match_its_profile_is_held_in_inspected(tmp_path: Pat
             node = node_json(ns, url, token)
             assert node["state"] == "inspected", _logs(tmp_path)
             assert node["facts"]["sku"]["failures"] == [REASON]  # a VM has no GPU
+            # ... nor an HCA: no InfiniBand driver loaded, noted, not "saw 0 ports"
+            assert node["facts"]["infiniband_driver"] == {
+                "loaded": False, "modules": [], "mellanox_functions": 0}, _logs(tmp_path)
+            assert node["facts"]["sku"]["notes"] == [NOT_CHECKED]
+            assert "infiniband-not-checked" in node["facts"]["sku"]["checks"]
+            assert [h["reason"] for h in node["history"]
+                    if h["event"] == "sku_not_checked"] == [NOT_CHECKED]
+            assert "no Mellanox HCA, InfiniBand stack not loaded" in (
+                tmp_path / f"{VM.name}.console").read_text(errors="replace")
             held = [h for h in node["history"] if h["event"] == "sku_held"]
             assert held and REASON in held[0]["reason"]
             assert "sku-override" in node["allowed_actions"]
@@ -120,3 +140,18 @@ def _logs(tmp_path: Path) -> str:
         if path.exists():
             parts.append(f"--- {name} ---\n{path.read_text(errors='replace')[-3000:]}")
     return "\n".join(parts)
+
+
+def initrd_file(initrd: Path, name: str) -> str:
+    """One file of a gzip'd newc cpio archive (the ramdisk)."""
+    data, offset = gzip.decompress(initrd.read_bytes()), 0
+    while data[offset:offset + 6] == b"070701":
+        size, namesize = int(data[offset + 54:offset + 62], 16), int(
+            data[offset + 94:offset + 102], 16)
+        start = offset + 110 + namesize
+        start += -start % 4
+        path = data[offset + 110:offset + 110 + namesize - 1].decode()
+        if path.lstrip("./") == name:
+            return data[start:start + size].decode()
+        offset = start + size + (-(start + size) % 4)
+    raise AssertionError(f"{name} is not in {initrd}")

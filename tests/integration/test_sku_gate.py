@@ -23,9 +23,10 @@ from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.validation import FactsValidator
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
-from provisioner.validation.sku import HELD_EVENT, OVERRIDE_EVENT
+from provisioner.validation.sku import HELD_EVENT, NOTE_EVENT, OVERRIDE_EVENT
 from tests.conftest import fake_ports, wait_for_state
 from tests.integration.test_api import running_api
+from tests.topology_support.ib_sysfs import load_modules, sysfs_from_ibstat
 from tests.unit.test_gpu_ids import sysfs_tree
 
 S, E = NodeState, Event
@@ -37,6 +38,7 @@ PROFILES = {
                                   disk_min_gb=3000),
     "hgx-h200": ValidationProfile(gpu_count=8, gpu_model="H200", memory_min_gib=2500),
     "one-h100": ValidationProfile(gpu_count=1, gpu_model="H100"),
+    "ib-ndr": ValidationProfile(ib_port_count=8, ib_rate_gbps=400),
 }
 H200_REASONS = [
     "gpu-model: saw 'NVIDIA H100 80GB HBM3' on 8 of 8 GPUs (PCI), expected a model "
@@ -176,3 +178,41 @@ async def test_api_refuses_deploy_and_takes_an_override(aiohttp_client: Any, sto
         rows = await history(store, node["id"])
         assert [r[0] for r in rows if r[0] in (HELD_EVENT, OVERRIDE_EVENT, "deploy")] == [
             HELD_EVENT, OVERRIDE_EVENT, "deploy"]
+
+
+IB_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "topology" / "infiniband"
+NOT_CHECKED = "InfiniBand not checked at inspection: no driver (no Mellanox HCA on PCI)"
+
+
+async def test_a_ramdisk_without_an_infiniband_driver_is_noted_not_held(
+        tmp_path: Path, store: Store, world: SimWorld) -> None:
+    """The real collector on a node whose ramdisk loaded no InfiniBand driver: an 8-port
+    profile does not hold it as "saw 0 ports"; the record and the history say the check did
+    not run; it is deployed, and the validation gate (no OS report here: the same facts)
+    fails it naming the missing driver, never a silent pass. A node whose ramdisk read 8 NDR
+    ports and an Ethernet bond (a real ibstat, tests/fixtures/topology/infiniband/) passes
+    with the check run."""
+    bare = sysfs_tree(tmp_path / "bare", {})
+    cond = conductor(store, world, inspector=CollectorInspector(bare))
+    node = await enroll(cond, "IB-NONE", "ib-ndr")
+    done = await wait_for_state(store, node.id, S.VALIDATE_FAILED)
+    assert "ib-driver: no InfiniBand driver loaded (no Mellanox HCA on PCI)" in (
+        done.last_error or "")
+    assert done.facts["infiniband_driver"] == {"loaded": False, "modules": [],
+                                               "mellanox_functions": 0}
+    assert done.facts["sku"]["passed"] is True and done.facts["sku"]["failures"] == []
+    assert done.facts["sku"]["checks"] == ["infiniband-not-checked"]
+    assert done.facts["sku"]["notes"] == [NOT_CHECKED]
+    rows = await history(store, node.id)
+    assert [r[3] for r in rows if r[0] == NOTE_EVENT] == [NOT_CHECKED]
+    await cond.stop()
+
+    ndr = sysfs_tree(tmp_path / "ndr", {})
+    load_modules(ndr)
+    sysfs_from_ibstat(ndr, (IB_FIXTURES / "hpc-notes-ibstat.h100.cx7-ndr-bond.txt").read_text())
+    cond = conductor(store, world, inspector=CollectorInspector(ndr))
+    node = await enroll(cond, "IB-NDR", "ib-ndr")
+    done = await wait_for_state(store, node.id, S.ACTIVE)
+    assert done.facts["sku"]["checks"] == ["infiniband"] and done.facts["sku"]["notes"] == []
+    assert not [r for r in await history(store, node.id) if r[0] == NOTE_EVENT]
+    await cond.stop()

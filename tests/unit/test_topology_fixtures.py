@@ -32,6 +32,8 @@ COVERAGE: dict[str, tuple[Callable[[str], object], str]] = {
     "infiniband/treydock-ibnetdiscover-ports-test2.out": (parse_ibnetdiscover, OK),
     "infiniband/gpud-ibstat.47.0.h100.all.active.0.txt": (parse_ibstat, OK),
     "infiniband/gpud-ibstat.47.0.h100.some.down.0.txt": (parse_ibstat, OK),
+    "infiniband/hpc-notes-ibstat.h100.cx7-ndr-bond.txt": (parse_ibstat, OK),
+    "infiniband/linux-rdma-ibstat.rdma-dev-19.bond.txt": (parse_ibstat, OK),
     "infiniband-sim/fattree.net": (parse_ibnetdiscover, OK),
     "infiniband-sim/fattree-hdr.net": (parse_ibnetdiscover, OK),
     "infiniband-sim/console-faults.txt": (lambda text: text.splitlines(), OK),  # ibsim input

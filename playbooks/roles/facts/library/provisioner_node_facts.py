@@ -281,42 +281,67 @@ def gpus_from_pci(devices):
              "name": model_name(d["device"])} for d in devices]
 
 
-def infiniband():
+MELLANOX = "0x15b3"
+# provisioner.agent.collect's lists: the InfiniBand core and the HCA drivers (providers)
+IB_CORE_MODULES = ("ib_core", "ib_uverbs", "ib_umad", "ib_ipoib")
+IB_PROVIDERS = ("mlx5_ib", "mlx4_ib", "irdma", "bnxt_re", "hfi1", "ib_qib", "efa", "erdma",
+                "qedr", "iw_cxgb4", "ocrdma", "vmw_pvrdma", "mana_ib", "hns_roce_hw_v2",
+                "rdma_rxe", "siw")
+
+
+def infiniband(root="/"):
+    """Every /sys/class/infiniband device with its ports, as the ramdisk's collector reads
+    them (``link_layer`` included); a field that cannot be read is left out."""
     hcas = []
-    for path in sorted(glob.glob("/sys/class/infiniband/*"))[:MAX_ITEMS]:
+    for path in sorted(glob.glob(os.path.join(root, "sys/class/infiniband/*")))[:MAX_ITEMS]:
         guid = read(os.path.join(path, "node_guid")).replace(":", "").lower()
         hca = {"device": os.path.basename(path)[:64], "ports": []}
         if re.match(r"^[0-9a-f]{16}$", guid):
             hca["node_guid"] = "0x" + guid
-        for port_path in sorted(glob.glob(os.path.join(path, "ports", "*")))[:255]:
+        ports = [p for p in glob.glob(os.path.join(path, "ports", "*"))
+                 if os.path.basename(p).isdigit() and 1 <= int(os.path.basename(p)) <= 255]
+        for port_path in sorted(ports, key=lambda p: int(os.path.basename(p))):
             hca["ports"].append(ib_port(port_path))
-        if hca["ports"]:
-            first = hca["ports"][0]
-            hca["state"] = first.get("state", "")
-            rate = re.match(r"^(\d+)", first.get("rate", ""))
-            if rate:
-                hca["rate_gbps"] = min(int(rate.group(1)), 10_000)
         hcas.append(hca)
     return hcas
 
 
 def ib_port(path):
-    name = os.path.basename(path)
-    port = {"port": int(name) if name.isdigit() and 1 <= int(name) <= 255 else 1}
-    for key in ("state", "phys_state"):
+    port = {"port": int(os.path.basename(path))}
+    state = words(read(os.path.join(path, "state")))
+    port["state"] = state[:32] or "unknown"
+    phys = words(read(os.path.join(path, "phys_state")))
+    if phys:
+        port["phys_state"] = phys[:32]
+    for key, limit in (("rate", 64), ("link_layer", 32)):
         value = read(os.path.join(path, key))
         if value:
-            port[key] = value.partition(":")[2].strip()[:32] or value[:32]
-    rate = read(os.path.join(path, "rate"))
-    if rate:
-        port["rate"] = rate[:64]
-    link_layer = read(os.path.join(path, "link_layer"))
-    if link_layer:
-        port["link_layer"] = link_layer[:32]
+            port[key] = value[:limit]
     lid = read(os.path.join(path, "lid"))
-    if re.match(r"^0x[0-9a-f]+$", lid) and int(lid, 16) <= 65535:
+    if re.match(r"^0x[0-9a-fA-F]{1,4}$", lid):
         port["lid"] = int(lid, 16)
     return port
+
+
+def words(value):
+    """``4: ACTIVE`` -> ``ACTIVE``; a bare word is kept."""
+    return value.partition(": ")[2].strip() or value
+
+
+def infiniband_driver(root="/"):
+    """Whether an InfiniBand driver is loaded (an HCA driver with the core, or a device
+    registered), the IB modules loaded, and the Mellanox network functions on PCI."""
+    loaded = sorted(name for name in IB_CORE_MODULES + IB_PROVIDERS
+                    if os.path.isdir(os.path.join(root, "sys/module", name)))
+    devices = bool(glob.glob(os.path.join(root, "sys/class/infiniband/*")))
+    functions = 0
+    for dev in glob.glob(os.path.join(root, "sys/bus/pci/devices/*")):
+        if read(os.path.join(dev, "vendor")) == MELLANOX and read(
+                os.path.join(dev, "class")).startswith("0x02"):
+            functions += 1
+    return {"loaded": devices or ("ib_core" in loaded
+                                  and any(name in IB_PROVIDERS for name in loaded)),
+            "modules": loaded, "mellanox_functions": min(functions, 4096)}
 
 
 def main():
@@ -336,7 +361,7 @@ def main():
               "nics": nics(set(module.params["extra_interfaces"])), "disks": disks(),
               "gpus": gpus if gpus is not None else gpus_from_pci(on_pci),
               "pci": on_pci,  # what is on the bus: the gate sees a GPU the driver lost
-              "infiniband": infiniband()}
+              "infiniband": infiniband(), "infiniband_driver": infiniband_driver()}
     if xml is not None:
         report["nvidia_smi_xml"] = xml
     if smi_errors:
