@@ -31,11 +31,14 @@ class ValidationRecord:
     clique: str | None = None
     domain_nodes: int | None = None
     checks: tuple[str, ...] = ()
+    settling: bool = False
+    """Failed only because the node's NVSwitch fabric is still training (``In Progress``):
+    the validating step collects the facts again before it holds the node."""
 
     def to_facts(self) -> dict[str, Any]:
         return {"passed": self.passed, "at": self.at, "failures": list(self.failures),
                 "clique": self.clique, "domain_nodes": self.domain_nodes,
-                "checks": list(self.checks)}
+                "checks": list(self.checks), "settling": self.settling}
 
     @property
     def reason(self) -> str:
@@ -58,7 +61,8 @@ class ValidationRecord:
             clique=clique if isinstance(clique, str) and clique else None,
             domain_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool)
             else None,
-            checks=tuple(str(c) for c in checks) if isinstance(checks, list) else ())
+            checks=tuple(str(c) for c in checks) if isinstance(checks, list) else (),
+            settling=raw.get("settling") is True)
 
 
 def passed_now(state: str, facts: Mapping[str, Any], checkpoint: tuple[str, ...]) -> bool:

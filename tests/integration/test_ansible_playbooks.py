@@ -209,6 +209,7 @@ async def test_abort_cancels_the_running_playbook(
     playbooks = tmp_path / "playbooks"
     playbooks.mkdir()
     (playbooks / "join.yml").write_text("- hosts: all\n  tasks: []\n")
+    (playbooks / "facts.yml").write_text("- hosts: all\n  tasks: []\n")
     (playbooks / "site.yml").write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
         "    - name: Start the long task\n      ansible.builtin.command: 'true'\n"
