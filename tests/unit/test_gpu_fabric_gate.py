@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 
+from provisioner.topology.emit import TOPOGRAPH_DOMAIN
 from provisioner.topology.fleet import build_fleet
-from provisioner.topology.model import Code, NvlinkScope, nvlink_domain
+from provisioner.topology.model import Code, GpuReport, NvlinkScope, nvlink_domain
 from provisioner.topology.parse_nvsmi_text import parse_nvidia_smi
+from provisioner.topology.snapshot import build_snapshot, read_gpu_report
 from provisioner.validation.checks import Expectation, evaluate
 from provisioner.validation.gpu_fabric import check_recovery, fabric_faults
 from provisioner.validation.sku import inspection_facts, sku_expectation
@@ -127,6 +129,16 @@ def test_a_stale_clique_waiting_for_a_reset_is_not_published() -> None:
     gpus = parse_nvidia_smi(text, "tray-01")
     assert nvlink_domain(gpus.gpus).clique is None
     assert build_fleet(None, [gpus]).nodes[0].clique is None
+    # The published topology (the live view's build): the tray that was reset keeps its
+    # clique label, the one still waiting for its reset has none.
+    reset = read_gpu_report("tray-02", text.replace(
+        "<gpu_recovery_action>GPU_RESET</gpu_recovery_action>",
+        "<gpu_recovery_action>None</gpu_recovery_action>"))
+    assert isinstance(reset, GpuReport)
+    snapshot = build_snapshot([], {"tray-01", "tray-02"}, [gpus, reset], kind="block")
+    assert TOPOGRAPH_DOMAIN not in snapshot.labels.get("tray-01", {})
+    assert snapshot.labels["tray-02"][TOPOGRAPH_DOMAIN] == (
+        "7f3c2a10-5b4e-4d6a-9c1e-2b8f0e6d4a91.1")
     verdict = evaluate({"nvidia_smi_xml": text}, Expectation(nvlink_domain=True))
     assert not verdict.passed and any("GPU_RESET" in f for f in verdict.failures)
 
