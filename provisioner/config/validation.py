@@ -68,3 +68,9 @@ class ValidationSettings(Section):
     domain_wait_timeout_s: float | None = Field(
         None, gt=0, description="Give up waiting for the NVLink domain after this long "
         "(validate_failed); unset: wait until it is complete or aborted")
+    fabric_settle_timeout_s: float = Field(
+        600.0, ge=0, description="A node whose only failures are its NVSwitch fabric still "
+        "training (fabric state In Progress) gets its facts collected again and re-checked "
+        "for up to this long before it is held (0: held at once)")
+    fabric_settle_interval_s: float = Field(
+        30.0, gt=0, description="Wait between two collections of a settling node's facts")

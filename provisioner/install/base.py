@@ -108,6 +108,8 @@ class Configurer(Protocol):
 
     async def configure(self, node: Node, generation: str) -> None: ...
 
+    async def collect_facts(self, node: Node, generation: str) -> None: ...
+
 
 class ComposedInstaller:
     """An ``Installer`` made of an image writer and a configurer (e.g. the agent's image
@@ -122,6 +124,9 @@ class ComposedInstaller:
 
     async def configure(self, node: Node, generation: str) -> None:
         await self._configurer.configure(node, generation)
+
+    async def collect_facts(self, node: Node, generation: str) -> None:
+        await self._configurer.collect_facts(node, generation)
 
     async def wipe(self, node: Node) -> None:
         await self._images.wipe(node)

@@ -114,6 +114,17 @@ class AnsibleInstaller:
                        secrets={"provisioner_agent_token": agent_token})
         raise_for(await self._runner.run(spec), f"configure {node.hostname or node.id}")
 
+    async def collect_facts(self, node: Node, generation: str) -> None:
+        """``facts.yml`` (the ``facts`` role alone): the node reports its facts again."""
+        agent_url, agent_token = "", ""
+        if self._agent is not None:
+            agent_url, agent_token = self._agent.url, await self._agent.issue_token(node.id)
+        extravars = self.variables(node) | {"provisioner_agent_url": agent_url}
+        spec = RunSpec(node_id=node.id, run_id=f"{generation}-facts", playbook="facts.yml",
+                       inventory=self.inventory(node), extravars=extravars,
+                       secrets={"provisioner_agent_token": agent_token})
+        raise_for(await self._runner.run(spec), f"facts of {node.hostname or node.id}")
+
     async def run_join(self, ticket: JoinCredentials, node: Node) -> None:
         """``kubeadm join`` through ``join.yml`` (the kube join hook, ``RunJoin``)."""
         if not node.hostname:

@@ -24,7 +24,7 @@ from pathlib import Path
 from provisioner.errors import ConfigError
 
 log = logging.getLogger(__name__)
-PLAYBOOKS: tuple[str, ...] = ("site.yml", "join.yml")
+PLAYBOOKS: tuple[str, ...] = ("site.yml", "join.yml", "facts.yml")
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ssh appends "/" + a 40-character hash
 

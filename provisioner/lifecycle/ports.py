@@ -27,6 +27,10 @@ class Installer(Protocol):
 
     async def configure(self, node: Node, generation: str) -> None: ...
 
+    async def collect_facts(self, node: Node, generation: str) -> None:
+        """Collect and report the configured node's facts again (the ``facts`` role)."""
+        ...
+
     async def wipe(self, node: Node) -> None: ...
 
 
@@ -48,6 +52,8 @@ class SlurmRegistrar(Protocol):
 
 Note = Callable[[str, str], Awaitable[None]]
 """Writes one history row for the node whose step runs: (event, reason)."""
+Recollect = Callable[[ValidationRecord], Awaitable[Node]]
+"""Keeps the record so far, has the node's facts collected again, returns the node anew."""
 
 
 class Validator(Protocol):
@@ -66,6 +72,13 @@ class Validator(Protocol):
         (``provisioner.validation.sku``)."""
         ...
 
+    async def settle(self, node: Node, record: ValidationRecord, since: datetime,
+                     recollect: Recollect, note: Note) -> ValidationRecord:
+        """While ``record`` is ``settling`` (the NVSwitch fabric still trains), have the
+        facts collected again (``recollect``) and check them, until the record is no longer
+        settling or the settle deadline, counted from ``since``, passed; the last record."""
+        ...
+
 
 class AcceptAll:
     """Passes every node without looking: the Validator where none is wired (tests of the
@@ -79,6 +92,10 @@ class AcceptAll:
 
     async def check_sku(self, node: Node) -> ValidationRecord:
         return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat())
+
+    async def settle(self, node: Node, record: ValidationRecord, since: datetime,
+                     recollect: Recollect, note: Note) -> ValidationRecord:
+        return record
 
 
 class BootWaiter(Protocol):

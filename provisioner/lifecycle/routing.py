@@ -3,6 +3,7 @@ nodes use the real ones, or ``Unavailable`` where the configuration leaves one o
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from provisioner.domain import Node
@@ -12,6 +13,7 @@ from provisioner.lifecycle.ports import (
     Installer,
     KubeJoiner,
     Note,
+    Recollect,
     SlurmRegistrar,
     Validator,
 )
@@ -40,6 +42,9 @@ class Unavailable:
         raise self._fail()
 
     async def configure(self, node: Node, generation: str) -> None:
+        raise self._fail()
+
+    async def collect_facts(self, node: Node, generation: str) -> None:
         raise self._fail()
 
     async def wipe(self, node: Node) -> None:
@@ -79,6 +84,9 @@ class RoutedInstaller:
 
     async def configure(self, node: Node, generation: str) -> None:
         await self._pick(node).configure(node, generation)
+
+    async def collect_facts(self, node: Node, generation: str) -> None:
+        await self._pick(node).collect_facts(node, generation)
 
     async def wipe(self, node: Node) -> None:
         await self._pick(node).wipe(node)
@@ -127,3 +135,7 @@ class RoutedValidator:
 
     async def check_sku(self, node: Node) -> ValidationRecord:
         return await self._pick(node).check_sku(node)
+
+    async def settle(self, node: Node, record: ValidationRecord, since: datetime,
+                     recollect: Recollect, note: Note) -> ValidationRecord:
+        return await self._pick(node).settle(node, record, since, recollect, note)

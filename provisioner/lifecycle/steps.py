@@ -4,6 +4,7 @@ so a daemon killed at any moment resumes each one where it was."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any, Final, Protocol
 
 from provisioner.bmc.base import Bmc, BootDevice, PowerState
@@ -19,6 +20,7 @@ from provisioner.validation.sku import KEY as SKU_KEY
 from provisioner.validation.sku import NOTE_EVENT as SKU_NOTE
 
 DOMAIN_COMPLETE: Final = "nvlink-domain-complete"
+SETTLE_SINCE: Final = "fabric-settle-since:"
 
 
 class StepContext(Protocol):
@@ -167,15 +169,19 @@ async def validate(ctx: StepContext) -> None:
     """Hold the node out unless its hardware matches its profile (every reason at once),
     then wait until its whole NVLink domain passed: a partial NVL72 rack never goes to
     Slurm. The wait runs outside a sub-step (a parked wait must not hold up a graceful
-    stop) and is checkpointed once over, so a resumed step does not wait again."""
+    stop) and is checkpointed once over, so a resumed step does not wait again. So does the
+    settling of a node whose NVSwitch fabric still trains (``_settle``)."""
+    if not ctx.finished(NODE_CHECKED):
+        checked = await ctx.ports.validator.check(ctx.node)
+        if checked.settling:
+            checked = await _settle(ctx, checked)
 
-    async def check() -> None:
-        record = await ctx.ports.validator.check(ctx.node)
-        await ctx.merge_facts({VALIDATION_KEY: record.to_facts()})
-        if not record.passed:
-            raise FatalError(f"validation failed: {record.reason}")
+        async def keep() -> None:
+            await ctx.merge_facts({VALIDATION_KEY: checked.to_facts()})
+            if not checked.passed:
+                raise FatalError(f"validation failed: {checked.reason}")
 
-    await ctx.substep(NODE_CHECKED, check)
+        await ctx.substep(NODE_CHECKED, keep)
     record = ValidationRecord.from_facts(ctx.node.facts)
     if record is not None and record.clique is not None and not ctx.finished(DOMAIN_COMPLETE):
         await ctx.ports.validator.wait_domain(ctx.node, record, ctx.record)
@@ -184,6 +190,28 @@ async def validate(ctx: StepContext) -> None:
 
 async def _nothing() -> None:
     return None
+
+
+async def _settle(ctx: StepContext, record: ValidationRecord) -> ValidationRecord:
+    """Collect the facts again while the fabric trains (``Validator.settle``). When the
+    settling began is checkpointed (``fabric-settle-since:<time>``), so a daemon restarted
+    meanwhile keeps the deadline instead of starting it over."""
+    since = next((item.removeprefix(SETTLE_SINCE) for item in ctx.node.checkpoint
+                  if item.startswith(SETTLE_SINCE)), None)
+    if since is None:
+        since = record.at
+        await ctx.substep(SETTLE_SINCE + since, _nothing)
+    try:
+        started = datetime.fromisoformat(since)
+    except ValueError:
+        started = datetime.fromisoformat(record.at)
+
+    async def recollect(latest: ValidationRecord) -> Node:
+        await ctx.ports.installer.collect_facts(ctx.node, ctx.run_id)
+        await ctx.merge_facts({VALIDATION_KEY: latest.to_facts()})  # and reads the new facts
+        return ctx.node
+
+    return await ctx.ports.validator.settle(ctx.node, record, started, recollect, ctx.record)
 
 
 async def register(ctx: StepContext) -> None:

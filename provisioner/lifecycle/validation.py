@@ -13,13 +13,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from provisioner.config import ValidationProfile, ValidationSettings
 from provisioner.domain import Node
 from provisioner.errors import FatalError
-from provisioner.lifecycle.ports import Note
+from provisioner.lifecycle.ports import Note, Recollect
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.repo import NodeRepo
 from provisioner.validation.checks import Expectation, evaluate
@@ -30,6 +31,7 @@ from provisioner.validation.sku import asks_anything, inspection_facts, sku_expe
 log = logging.getLogger(__name__)
 
 WAIT_EVENT: Final = "validation_wait"
+SETTLE_EVENT: Final = "validation_settling"
 HELD_EVENT: Final = "validation_held"
 _CHUNK: Final = 500
 #: the states ``member_of`` judges
@@ -77,7 +79,32 @@ class FactsValidator:
             passed=verdict.passed, at=self._clock().isoformat(), failures=verdict.failures,
             clique=verdict.clique,
             domain_nodes=expect.nvlink_domain_nodes if verdict.clique else None,
-            checks=verdict.checks, notes=verdict.notes)
+            checks=verdict.checks, notes=verdict.notes, settling=verdict.settling)
+
+    async def settle(self, node: Node, record: ValidationRecord, since: datetime,
+                     recollect: Recollect, note: Note) -> ValidationRecord:
+        """Re-collect and re-check while the NVSwitch fabric trains, every
+        ``fabric_settle_interval_s``, until ``fabric_settle_timeout_s`` after ``since``
+        (checkpointed by the step, so a restart keeps the deadline). One history row when
+        it starts waiting; the sleeps yield the loop."""
+        deadline = since + timedelta(seconds=self._settings.fabric_settle_timeout_s)
+        noted = False
+        while record.settling and self._clock() < deadline:
+            if not noted:
+                noted = True
+                await note(SETTLE_EVENT, f"{record.reason}; collecting the facts again every "
+                           f"{self._settings.fabric_settle_interval_s:g} s until "
+                           f"{deadline.isoformat(timespec='seconds')} "
+                           "(validation.fabric_settle_timeout_s)")
+            await self._sleep(self._settings.fabric_settle_interval_s)
+            node = await recollect(record)
+            record = await self.check(node)
+        if record.settling:
+            failures = (*record.failures, f"nvlink-fabric: still training after "
+                        f"{self._settings.fabric_settle_timeout_s:g} s "
+                        "(validation.fabric_settle_timeout_s): is Fabric Manager running?")
+            record = replace(record, failures=failures, settling=False)
+        return record
 
     async def check_sku(self, node: Node) -> ValidationRecord:
         """The SKU gate on the inspection facts (``provisioner.validation.sku``); a node

@@ -59,6 +59,9 @@ class FakeInstaller(_Sim):
         await self._work("configuration", node)
         await self._world.ensure(machine_key(node), "configure", "configured", generation)
 
+    async def collect_facts(self, node: Node, generation: str) -> None:
+        await self._work("facts collection", node)  # simulated facts never change
+
     async def wipe(self, node: Node) -> None:
         await self._work("wipe", node)
         await self._world.ensure(machine_key(node), "wipe", "disk", "")
@@ -103,6 +106,11 @@ class FakeValidator(_Sim):
     async def check_sku(self, node: Node) -> ValidationRecord:
         return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat(),
                                 checks=("simulated",))
+
+    async def settle(self, node: Node, record: ValidationRecord, since: datetime,
+                     recollect: Callable[[ValidationRecord], Awaitable[Node]],
+                     note: Callable[[str, str], Awaitable[None]]) -> ValidationRecord:
+        return record  # a simulated fabric never trains
 
 
 def simulated_facts(key: str, serial: str | None) -> dict[str, Any]:

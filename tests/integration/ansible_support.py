@@ -23,7 +23,7 @@ from provisioner.install.installer import AnsibleInstaller
 from provisioner.lifecycle.agents import AgentService, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
-from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.ports import AcceptAll, Ports, Validator
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports
@@ -81,10 +81,12 @@ class Nothing:
         return None
 
 
-def conductor_with(store: Store, world: SimWorld, installer: AnsibleInstaller) -> Conductor:
+def conductor_with(store: Store, world: SimWorld, installer: AnsibleInstaller,
+                   validator: Validator | None = None) -> Conductor:
     base, nothing = fake_ports(world), Nothing()
     ports = Ports(bmc=base.bmc, inspector=base.inspector,
-                  installer=ComposedInstaller(nothing, installer), kube=nothing, slurm=nothing)
+                  installer=ComposedInstaller(nothing, installer), kube=nothing, slurm=nothing,
+                  validator=validator or AcceptAll())
     conductor = Conductor(store.nodes, ports,
                           LifecycleSettings(auto_inspect=False, auto_deploy=False))
 

@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.config import ValidationSettings
 from provisioner.errors import FatalError
 from provisioner.install.base import AgentEndpoint, InstallEvent, TaskStatus
 from provisioner.kube.join import JoinTicket
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.lifecycle.validation import SETTLE_EVENT, FactsValidator
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import wait_for_state
@@ -40,6 +42,8 @@ from tests.peers.sshd import ssh_node
 pytestmark = [pytest.mark.root, pytest.mark.timeout(600)]
 S = NodeState
 RUN_DEADLINE_S = 180.0
+IN_PROGRESS_XML = (Path(__file__).resolve().parents[1] / "fixtures" / "topology" / "nvidia-smi"
+                   / "h200-580.159.04-q-x.fabric-in-progress.xml").read_text()
 TOKEN = "abcdef.0123456789abcdef"
 CA_HASH = "sha256:" + "ab" * 32
 FAKE_KUBEADM = """#!/bin/sh
@@ -209,6 +213,7 @@ async def test_abort_cancels_the_running_playbook(
     playbooks = tmp_path / "playbooks"
     playbooks.mkdir()
     (playbooks / "join.yml").write_text("- hosts: all\n  tasks: []\n")
+    (playbooks / "facts.yml").write_text("- hosts: all\n  tasks: []\n")
     (playbooks / "site.yml").write_text(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
         "    - name: Start the long task\n      ansible.builtin.command: 'true'\n"
@@ -260,3 +265,38 @@ def running_with(text: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+async def test_a_settling_fabric_reruns_the_facts_playbook(
+        store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
+    """Issue 22: a node validated with its NVSwitch fabric still ``In Progress`` (the H200
+    capture, fabric edited) is not held at once: ``facts.yml`` runs over SSH, the role posts
+    the target's real facts through the agent API, and the new report is judged (the target
+    has no GPU: nothing left to hold it)."""
+    with short_dir() as work, ssh_node(work / "node") as target:
+        holder: list[AgentApi] = []
+        port = free_tcp_port()
+        installer, pool = make_installer(
+            target_settings(target), work / "state",
+            agent=AgentEndpoint(f"http://127.0.0.1:{port}",
+                                lambda node_id: holder[0].agents.issue_token(node_id)))
+        validator = FactsValidator(store.nodes, ValidationSettings(
+            fabric_settle_timeout_s=RUN_DEADLINE_S, fabric_settle_interval_s=0.1))
+        conductor = conductor_with(store, world, installer, validator)
+        async with agent_api(store, conductor, work, port) as api:
+            holder.append(api)
+            node = await make_node(S.VALIDATING, hostname="gpu-ansible-03", serial=None,
+                                   macs=(target.mac,), profile="gpu-worker")
+            await store.nodes.merge_facts(node.id, {"address": target.address, "last_report": {
+                "nvidia_smi_xml": IN_PROGRESS_XML}})
+            await conductor.recover()
+            done = await wait_for_state_any(store, node.id, {S.ACTIVE, S.VALIDATE_FAILED})
+            assert done.state is S.ACTIVE, done.last_error
+            assert target.mac in [nic["mac"] for nic in done.facts["last_report"]["nics"]]
+            history = await store.nodes.history(node.id)
+            assert [h.event for h in history].count(SETTLE_EVENT) == 1
+            assert any(h.event == "facts_reported" for h in history)
+            assert recaps(await ansible_reasons(store, node.id)), "facts.yml ran"
+        await conductor.stop()
+        pool.shutdown()
+

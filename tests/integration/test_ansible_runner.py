@@ -68,6 +68,7 @@ def playbooks(tmp: Path, site: str) -> Path:
     path.mkdir()
     (path / "site.yml").write_text(site)
     (path / "join.yml").write_text("- hosts: all\n  tasks: []\n")
+    (path / "facts.yml").write_text("- hosts: all\n  tasks: []\n")
     return path
 
 

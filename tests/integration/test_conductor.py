@@ -193,6 +193,9 @@ async def test_budget_queues_work_instead_of_rejecting(store, world, make_node) 
         async def configure(self, node: Node, generation: str) -> None:
             await base.installer.configure(node, generation)
 
+        async def collect_facts(self, node: Node, generation: str) -> None:
+            await base.installer.collect_facts(node, generation)
+
         async def wipe(self, node: Node) -> None:
             await base.installer.wipe(node)
 

@@ -203,3 +203,28 @@ def test_imex_prerequisites_of_a_gb200_tray(tmp_path: Path, units: dict[str, tup
     verdict = evaluate(report, Expectation(imex="dra"))
     assert list(verdict.failures) == failures
     assert "imex" in verdict.checks
+
+
+GB10_DIAG = ROOT / "tests" / "fixtures" / "dcgm" / "dcgmi-diag-r1-j.dcgm-4.2.3.gb10.json"
+GB10_WARNING = ("Persistence Mode: Persistence mode for GPU 0 is disabled. Enable persistence "
+                'mode by running "nvidia-smi -i <gpuId> -pm 1 " as root.')
+
+
+@pytest.mark.parametrize("shape", ["as-captured", "warnings-a-string"])
+def test_dcgm_warnings_keep_their_words_whatever_their_shape(tmp_path: Path, shape: str) -> None:
+    """A real ``dcgmi diag -r 1 -j`` (tests/fixtures/dcgm/README.md); a ``warnings`` that is
+    one string (issue 22: summarised as ``C; a; n; n; o; t``) is one warning too."""
+    doc = json.loads(GB10_DIAG.read_text())
+    if shape == "warnings-a-string":
+        (result,) = doc["DCGM Diagnostic"]["test_categories"][0]["tests"][0]["results"]
+        result["warnings"] = result["warnings"][0]["warning"]
+    (tmp_path / "dcgm.json").write_text(json.dumps(doc, indent=1))
+    dcgmi = script(tmp_path / "dcgmi", f"#!/bin/sh\ncat {tmp_path}/dcgm.json\nexit 226\n")
+    result = run_module(tmp_path, nvidia_smi=fake_smi(tmp_path, CAPTURES[0][0]),
+                        dcgmi=str(dcgmi), dcgm_level=1)
+    report = validate(result["report"])
+    summary = f"failed: software (GPU 0: {GB10_WARNING})"
+    assert report["dcgm_diag"] == {"ran": True, "passed": False, "level": 1,
+                                   "summary": summary}
+    assert evaluate(report, Expectation()).failures == (
+        f"dcgm: dcgmi diag -r 1 failed: {summary}, expected a pass",)

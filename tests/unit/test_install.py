@@ -118,6 +118,7 @@ def test_scrub_env_drops_the_daemons_own_variables() -> None:
 
 def test_secret_prompts_match_the_playbooks() -> None:
     for playbook, name in (("site.yml", "provisioner_agent_token"),
+                           ("facts.yml", "provisioner_agent_token"),
                            ("join.yml", "kube_join_token")):
         assert f"prompt: {secret_prompt(name)}\n" in (ROOT / "playbooks" / playbook).read_text()
 
@@ -186,7 +187,7 @@ def test_playbooks_dir_must_hold_the_playbooks(tmp_path: Path) -> None:
     assert find_playbooks(None) == (ROOT / "playbooks").resolve()
     (tmp_path / "site.yml").write_text("[]")
     with pytest.raises(ConfigError, match=r"^install.playbooks_dir: .* lacks site.yml or "
-                                          r"join.yml$"):
+                                          r"join.yml or facts.yml$"):
         find_playbooks(tmp_path)
 
 

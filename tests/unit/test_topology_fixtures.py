@@ -63,6 +63,16 @@ COVERAGE: dict[str, tuple[Callable[[str], object], str]] = {
     "nvidia-smi/gpud-nvidia-smi-q.535.161.08.h100x8.txt": (parse_nvidia_smi, OK),
     "nvidia-smi/gpud-nvidia-smi-q.560.35.03.titanv.txt": (parse_nvidia_smi, OK),
     "nvidia-smi/gpud-nvidia-smi-nvlink-status.a100.txt": (parse_nvlink_status, OK),
+    "nvidia-smi/h200-580.159.04-q-x.xml": (parse_nvidia_smi, OK),
+    "nvidia-smi/h200-580.159.04-q.txt": (parse_nvidia_smi, OK),
+    "nvidia-smi/h200-580.159.04-topo-m.txt": (parse_nvidia_smi_topo, OK),
+    "nvidia-smi/thamada-nvidia-smi-q.565.57.01.h100x8.txt": (parse_nvidia_smi, OK),
+    **{f"nvidia-smi/{name}": (parse_nvidia_smi, OK) for name in (
+        "h200-580.159.04-q-x.fabric-completed.xml", "h200-580.159.04-q-x.fabric-in-progress.xml",
+        "h200-580.159.04-q-x.fabric-insufficient-resources.xml",
+        "h200-580.159.04-q-x.recovery-gpu-reset.xml",
+        "thamada-nvidia-smi-q.565.57.01.h100x8.fabric-in-progress.txt",
+        "thamada-nvidia-smi-q.565.57.01.h100x8.fabric-insufficient-resources.txt")},
     "synthetic/topo-m-h100x8.txt": (parse_nvidia_smi_topo, OK),
     **{f"synthetic/nvidia-smi-nvl/gpu-node-{n:02d}{('.xml', '.txt', '.csv')[n % 3]}":
        (parse_nvidia_smi, OK) for n in range(1, 16)},

@@ -209,8 +209,12 @@ def test_a_failed_node_whose_fabric_is_not_done_still_names_the_clique_it_claims
     claimed = nvsmi.gpus(20, state="In Progress", status="N/A")  # ClusterUUID/CliqueId set
     verdict = evaluate({"nvidia_smi_xml": nvsmi.xml(claimed)}, Expectation(nvlink_domain=True))
     assert not verdict.passed and verdict.clique == f"{CLUSTER}.1"
+    # A fabric still training holds a profile that did not ask for NVLink too (issue 22),
+    # and the domain it claims learns it; a passing node names a clique by GFD's rule only.
     unasked = evaluate({"nvidia_smi_xml": nvsmi.xml(claimed)}, Expectation())
-    assert unasked.passed and unasked.clique is None  # passing nodes: GFD's rule only
+    assert not unasked.passed and unasked.settling and unasked.clique == f"{CLUSTER}.1"
+    done = evaluate({"nvidia_smi_xml": nvsmi.xml(nvsmi.gpus(20))}, Expectation())
+    assert done.passed and done.clique == f"{CLUSTER}.1"
 
 
 @pytest.mark.parametrize("text", [

@@ -66,8 +66,13 @@ def failed_tests(value, name):
 
 
 def dcgm_reason(result):
+    """DCGM writes ``warnings`` as a list of objects or of strings, and some versions as
+    one string or one object: each is one warning (a string is never split up)."""
     texts = []
-    for warning in result.get("warnings") or []:
+    warnings = result.get("warnings") or []
+    if not isinstance(warnings, list):
+        warnings = [warnings]
+    for warning in warnings:
         if isinstance(warning, dict):
             text = warning.get("warning") or warning.get("message")
         else:
