@@ -132,6 +132,11 @@ def test_arm64_pxe_and_http_boot_into_inspection(tmp_path: Path, arm64_debs: Pat
         facts = json.loads(facts_json)["last_report"]
         assert facts["cpu"]["arch"] == "aarch64"
         assert vm.mac in {nic["mac"] for nic in facts["nics"]}
+        # the arm64 ramdisk carries the InfiniBand stack and says whether it loaded it
+        assert facts["infiniband_driver"] == {"loaded": False, "modules": [],
+                                              "mellanox_functions": 0}, logs(tmp_path)
+        assert "no Mellanox HCA, InfiniBand stack not loaded" in (
+            tmp_path / f"{vm.name}.console").read_text(errors="replace")
     assert "boot file grubaa64.efi" in daemon_log  # PXE: TFTP first stage
     assert "boot file http://10.77.0.1:8080/ipxe/grubaa64.efi" in daemon_log  # HTTP boot
     tftp_clients = [line for line in daemon_log.splitlines() if "TFTP: sent grubaa64.efi" in line]
