@@ -145,14 +145,15 @@ def test_a_reported_serial_is_never_templated_by_ansible(booted: Booted) -> None
             assert result.returncode == 0, result.stdout + result.stderr
             return result.stdout
 
-        listed = json.loads(run(str(BIN / "ansible-inventory"), "-i", str(INVENTORY), "--list"))
-        shown = listed["_meta"]["hostvars"][node_id]["provisioner_serial"]
-        assert shown == {"__ansible_unsafe": payload}  # how ansible shows an unsafe string
         used = run(str(BIN / "ansible"), "-i", str(INVENTORY), node_id, "-m", "debug", "-a",
                    'msg="{{ provisioner_serial }} and '
                    "{{ hostvars[inventory_hostname]['provisioner_serial'] }}\"")
-        assert f'"msg": "{payload} and {payload}"' in used, used
         assert not marker.exists(), "the reported serial ran on the controller"
+        assert f'"msg": "{payload} and {payload}"' in used, used  # shown literally
+        listed = json.loads(run(str(BIN / "ansible-inventory"), "-i", str(INVENTORY), "--list"))
+        shown = listed["_meta"]["hostvars"][node_id]["provisioner_serial"]
+        assert shown == {"__ansible_unsafe": payload}  # how ansible shows an unsafe string
+        assert not marker.exists()
     finally:
         shutil.rmtree(marker_dir, ignore_errors=True)
 
