@@ -39,7 +39,7 @@ from provisioner.boot.http import FABRIC_SCAN_BURST, BootHttp, BootHttpConfig
 from provisioner.boot.render import Renderer
 from provisioner.boot.tftp import TftpServer
 from provisioner.boot.tftp_packets import E_UNDEFINED, error_packet
-from provisioner.config import LifecycleSettings, TftpSettings
+from provisioner.config import InstallSettings, LifecycleSettings, TftpSettings
 from provisioner.domain import Role
 from provisioner.lifecycle.agents import AgentService, FactsMailbox
 from provisioner.lifecycle.conductor import Conductor
@@ -51,6 +51,7 @@ from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports
 from tests.e2e.test_cli_api import Daemon, clean_env, running_daemon
+from tests.integration.ansible_support import make_installer, short_dir
 from tests.integration.test_boot_http import host_facts
 from tests.peers.dhcp_netns import Namespace, entered, netns_unavailable_reason
 from tests.peers.ports import free_tcp_port
@@ -154,6 +155,49 @@ def test_a_reported_serial_is_never_templated_by_ansible(booted: Booted) -> None
         shown = listed["_meta"]["hostvars"][node_id]["provisioner_serial"]
         assert shown == {"__ansible_unsafe": payload}  # how ansible shows an unsafe string
         assert not marker.exists()
+    finally:
+        shutil.rmtree(marker_dir, ignore_errors=True)
+
+
+SITE = """\
+- hosts: all
+  gather_facts: false
+  vars_prompt:
+    - name: provisioner_agent_token
+      prompt: provisioner secret provisioner_agent_token
+      private: true
+      unsafe: true
+  tasks:
+    - name: Write the serial where the test reads it
+      ansible.builtin.copy:
+        content: "{{{{ provisioner_serial }}}}"
+        dest: {out}
+"""
+
+
+async def test_the_daemons_own_configure_run_never_templates_the_serial(
+        make_node, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Finding 4, the daemon's side: ``configuring`` runs site.yml with the node's serial
+    among the extra vars (``-e @env/extravars``, a file whose strings Ansible trusts)."""
+    marker_dir = Path(tempfile.mkdtemp(prefix="pvx"))
+    payload = f"{{{{ lookup('pipe', 'id > {marker_dir / 'x'}') }}}}"
+    out = tmp_path / "serial.txt"
+    books = tmp_path / "playbooks"
+    books.mkdir()
+    (books / "site.yml").write_text(SITE.format(out=out))
+    (books / "join.yml").write_text("- hosts: all\n  tasks: []\n")
+    node = await make_node(S.CONFIGURING, serial=payload)
+    settings = InstallSettings(playbooks_dir=books, install_packages=False, extra_vars={
+        "ansible_connection": "local", "ansible_python_interpreter": sys.executable})
+    try:
+        with short_dir() as state:
+            installer, pool = make_installer(settings, state)
+            try:
+                await installer.configure(node, "gen-1")
+            finally:
+                pool.shutdown()
+        assert not (marker_dir / "x").exists(), "the reported serial ran on the controller"
+        assert out.read_text() == payload
     finally:
         shutil.rmtree(marker_dir, ignore_errors=True)
 

@@ -161,6 +161,8 @@ def test_inventory_and_variables_of_a_node(tmp_path: Path) -> None:
     assert values["containerd_nvidia_toolkit"] is True
     assert values["provisioner_node_id"] == target.id  # identity is never overridden
     assert values["provisioner_install_packages"] is True
+    # reported by the machine: never templated by Ansible (test_attacks_bounds.py runs it)
+    assert values["provisioner_serial"] == {"__ansible_unsafe": target.serial}
 
 
 def test_run_dirs_are_private_kept_on_failure_and_pruned(tmp_path: Path) -> None:
