@@ -205,8 +205,10 @@ class AgentService:
         try:
             checked = self._check(node, mac, facts)
         except InvalidRequest as exc:
-            await self._conductor.record(node.id, "report_rejected", actor="agent",
-                                         reason=str(exc), level=logging.WARNING)
+            if (skipped := self._rows.admit(node.id, "report_rejected")) is not None:
+                await self._conductor.record(node.id, "report_rejected", actor="agent",
+                                             reason=with_skipped(str(exc), skipped),
+                                             level=logging.WARNING)
             raise
         serial = checked["system"]["serial"] or None
         target, token = node, None
