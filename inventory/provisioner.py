@@ -16,6 +16,12 @@ hostname (the node id without one). Host vars: ``provisioner_node_id``, ``_seria
 ``_state``, ``_rack``, ``_position``, ``_profile``, ``_maintenance``, ``_macs``, ``_bmc_driver``,
 ``_bmc_address`` (never a BMC password: the API has none to give), ``_gpu_model``,
 ``_gpu_count``, and ``ansible_host`` when the facts carry the node's ``address``.
+
+Every string among the host vars is marked unsafe (``{"__ansible_unsafe": "..."}``, which
+ansible-core's inventory script plugin reads as a string never templated): a node's serial
+or GPU names are what a machine on the provisioning network reported, and a reported
+``{{ lookup('pipe', ...) }}`` would otherwise run on the controller as soon as a play used
+the variable. The values are shown and used literally.
 """
 
 from __future__ import annotations
@@ -185,6 +191,17 @@ def hostvars(node: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def unsafe(value: Any) -> Any:
+    """``value`` with every string in it marked as Ansible's unsafe (never templated)."""
+    if isinstance(value, str):
+        return {"__ansible_unsafe": value}
+    if isinstance(value, list):
+        return [unsafe(item) for item in value]
+    if isinstance(value, dict):
+        return {key: unsafe(item) for key, item in value.items()}
+    return value
+
+
 def groups_of(node: dict[str, Any], model: str | None) -> list[str]:
     groups = [f"state_{slug(str(node.get('state')))}"]
     for key in ("rack", "profile"):
@@ -202,7 +219,7 @@ def build(nodes: list[dict[str, Any]]) -> dict[str, Any]:
     for node in sorted(nodes, key=lambda n: str(n.get("hostname") or n["id"])):
         name = str(node.get("hostname") or node["id"])
         values = hostvars(node)
-        inventory["_meta"]["hostvars"][name] = values
+        inventory["_meta"]["hostvars"][name] = unsafe(values)
         for group in groups_of(node, values["provisioner_gpu_model"]):
             inventory.setdefault(group, {"hosts": []})["hosts"].append(name)
     inventory["all"] = {"children": sorted(key for key in inventory if key != "_meta")}

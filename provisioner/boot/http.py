@@ -20,13 +20,13 @@ from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.http_sendfile import SendfileThreads
 from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
-from provisioner.domain import NodeState, Role
+from provisioner.domain import NodeState, Role, TokenInfo
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.agent_binding import SourceRefused
 from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.discovery import Discovery
-from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricReports
+from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricRefused, FabricReports
 from provisioner.store.tokens import TokenRepo
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,8 @@ _NETBOOT_STATES = {NodeState.DISCOVERED: "inspect", NodeState.INSPECTING: "inspe
 # A report may carry nvidia-smi -q -x verbatim; JSON escapes its tabs and newlines.
 _MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
 DISCOVERIES_PER_SOURCE_PER_S, DISCOVERY_BURST_PER_SOURCE = 0.5, 10
+FABRIC_SCANS_PER_S, FABRIC_SCAN_BURST = 1 / 60, 3
+MAX_JSON_DEPTH = 64  # an agent report nests 5 deep; json.loads gives up near 1,000
 
 
 class _Flavour(StrEnum):
@@ -83,6 +85,9 @@ class BootHttp:
         self._discoveries = PerKeyLimit(rate_per_s=DISCOVERIES_PER_SOURCE_PER_S,
                                         burst=DISCOVERY_BURST_PER_SOURCE,
                                         max_in_flight=1 << 30)
+        # fabric scans per node: one at a time, a few at once, then a slow rate
+        self._fabric_posts = PerKeyLimit(rate_per_s=FABRIC_SCANS_PER_S,
+                                         burst=FABRIC_SCAN_BURST, max_in_flight=1)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=_MAX_AGENT_BODY)
@@ -228,14 +233,32 @@ class BootHttp:
             waited = await self._agents.callback(node_id, body, remote=request.remote)
         except InvalidRequest as exc:
             raise _problem(422, str(exc)) from None
-        log.info("node %s: OS callback %s (hostname %r)%s", node_id, body.get("event"),
-                 body.get("hostname"), "" if waited else "; no step was waiting")
+        # the history row (bounded per node: ``RowBudget``) is the record; a line per call
+        # only for the one a step waited for
+        log.log(logging.INFO if waited else logging.DEBUG, "node %s: OS callback %s "
+                "(hostname %r)%s", node_id, body.get("event"), body.get("hostname"),
+                "" if waited else "; no step was waiting")
         return web.json_response({"recorded": True, "waiting": waited})
 
     async def agent_fabric(self, request: web.Request) -> web.Response:
         """``{"fabric": NAME, "ibnetdiscover": TEXT}`` from one node per fabric (the Ansible
         ``facts`` role). Bigger than other agent bodies: read here, under its own cap."""
-        node_id = await self._authenticate(request)
+        info = await self._token(request)
+        assert self._fabrics is not None and info.node_id is not None
+        try:  # before the body is read: a refused post costs no more than its head
+            await self._fabrics.entitle(info, request.remote)
+        except FabricRefused as exc:
+            raise _problem(403, str(exc)) from None
+        if self._fabric_posts.admit(info.node_id) is not None:
+            raise _problem(429, f"fabric scans of node {info.node_id} over their budget "
+                           f"(one at a time, {FABRIC_SCAN_BURST} in a row, then one per "
+                           f"{1 / FABRIC_SCANS_PER_S:.0f} s)", retry_after=60)
+        try:
+            return await self._fabric(request, info.node_id)
+        finally:
+            self._fabric_posts.done(info.node_id)
+
+    async def _fabric(self, request: web.Request, node_id: str) -> web.Response:
         assert self._fabrics is not None
         body = await _json_body(request, await _capped_body(request, self._max_fabric_bytes))
         fabric, text = body.get("fabric", DEFAULT_FABRIC), body.get("ibnetdiscover")
@@ -255,6 +278,12 @@ class BootHttp:
                                   "links": accepted.links, "sha256": accepted.sha256})
 
     async def _authenticate(self, request: web.Request) -> str:
+        info = await self._token(request)
+        assert info.node_id is not None
+        return info.node_id
+
+    async def _token(self, request: web.Request) -> TokenInfo:
+        """The call's agent token, checked against its binding (401, 403)."""
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         info = await self._tokens.lookup(token) if scheme == "Bearer" and token else None
         if info is None or info.role is not Role.AGENT or info.node_id is None:
@@ -266,7 +295,7 @@ class BootHttp:
                                             local=_local_address(request))
         except SourceRefused as exc:
             raise _problem(403, str(exc)) from None
-        return info.node_id
+        return info
 
 
 def _script(text: str) -> web.Response:
@@ -275,23 +304,30 @@ def _script(text: str) -> web.Response:
 
 _ERRORS: dict[int, type[web.HTTPException]] = {
     400: web.HTTPBadRequest, 401: web.HTTPUnauthorized, 403: web.HTTPForbidden,
-    422: web.HTTPUnprocessableEntity}
+    422: web.HTTPUnprocessableEntity, 429: web.HTTPTooManyRequests}
 
 
-def _problem(status: int, detail: str) -> web.HTTPException:
+def _problem(status: int, detail: str, *, retry_after: int | None = None
+             ) -> web.HTTPException:
     error_class = _ERRORS[status]
     body = json.dumps({"title": error_class().reason, "status": status, "detail": detail})
-    return error_class(text=body, content_type="application/problem+json")
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return error_class(text=body, content_type="application/problem+json", headers=headers)
 
 
 async def _capped_body(request: web.Request, limit: int) -> bytes:
-    """The body, refused (413) past ``limit`` bytes whatever Content-Length claims."""
+    """The whole body, however the client cut it into packets or chunks, refused (413) past
+    ``limit`` bytes whatever Content-Length claims. (One ``read(limit + 1)`` returns what has
+    arrived so far: a large post would be cut short.)"""
     if request.content_length is not None and request.content_length > limit:
         raise _too_large(limit, request.content_length)
-    data = await request.content.read(limit + 1)
-    if len(data) > limit:
-        raise _too_large(limit, len(data))
-    return data
+    data = bytearray()
+    while len(data) <= limit:
+        chunk = await request.content.read(limit + 1 - len(data))
+        if not chunk:  # the end of the body
+            return bytes(data)
+        data += chunk
+    raise _too_large(limit, len(data))
 
 
 def _too_large(limit: int, size: int) -> web.HTTPException:
@@ -302,13 +338,36 @@ def _too_large(limit: int, size: int) -> web.HTTPException:
 
 
 async def _json_body(request: web.Request, raw: bytes | None = None) -> dict[str, object]:
+    """The JSON object of the body; 400 when it is not JSON or nests deeper than any agent
+    body does (``MAX_JSON_DEPTH``: deeper would exhaust the parser's or a later walk's
+    recursion limit), 422 when it is not an object."""
     try:
-        body = json.loads(raw) if raw is not None else await request.json()
+        body = json.loads(raw if raw is not None else await request.read())
+    except RecursionError:
+        raise _problem(400, f"body nests deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError:
         raise _problem(400, "body is not valid JSON") from None
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise _problem(400, f"body nests deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(body, dict):
         raise _problem(422, "body must be a JSON object")
     return body
+
+
+def json_depth(value: object) -> int:
+    """How deep containers nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else \
+            item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_JSON_DEPTH:
+            return deepest
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def _jailed(root: Path, relative: str) -> Path:

@@ -125,7 +125,7 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
                 renderer=renderer, agents=agents)
         http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,
                         renderer=renderer, installer=installer,
-                        fabrics=FabricReports(conductor, store.topology),
+                        fabrics=FabricReports(conductor, store.topology, store.nodes),
                         max_fabric_bytes=settings.topology.max_fabric_bytes)
         servers.append(HttpServer(http.app(), settings.http.listen))
     servers += _network_servers(settings, discovery, assets, leases)

@@ -7,6 +7,10 @@ import struct
 from dataclasses import dataclass
 
 RRQ, WRQ, DATA, ACK, ERROR, OACK = 1, 2, 3, 4, 5, 6
+#: what a listening port never answers (the CVE-2024-2169 class): these belong to a transfer,
+#: and an ERROR sent back to their source, another TFTP server that answers the same way,
+#: would start a loop between the two that one spoofed datagram keeps going for ever
+NEVER_ANSWERED = frozenset({DATA, ACK, ERROR, OACK})
 E_UNDEFINED, E_NOT_FOUND, E_ACCESS, E_ILLEGAL, E_UNKNOWN_TID, E_OPTIONS = 0, 1, 2, 4, 5, 8
 MAX_BLKSIZE = 65464
 MAX_WINDOWSIZE = 64
@@ -19,6 +23,18 @@ class TftpError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
+
+
+def opcode_of(data: bytes) -> int | None:
+    """The datagram's opcode; None when it is too short to have one."""
+    return int.from_bytes(data[:2], "big") if len(data) >= 2 else None
+
+
+def answerable(data: bytes) -> bool:
+    """Whether a listening port may answer this datagram at all (with a transfer or an
+    ERROR): a request or something unknown; never a packet of a transfer, nor a runt."""
+    opcode = opcode_of(data)
+    return opcode is not None and opcode not in NEVER_ANSWERED
 
 
 def error_packet(code: int, message: str) -> bytes:

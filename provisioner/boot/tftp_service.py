@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,12 +27,40 @@ from provisioner.boot.tftp_packets import (
     E_UNDEFINED,
     ReadRequest,
     TftpError,
+    answerable,
     error_packet,
+    opcode_of,
     parse_request,
 )
 from provisioner.boot.tftp_transfer import Peer, SocketHub, Transfer, as_netascii, udp_socket
 
 log = logging.getLogger("provisioner.boot.tftp")
+DROP_LOG_INTERVAL_S = 60.0
+
+
+class DropLog:
+    """Datagrams the listening port drops unanswered (``tftp_packets.answerable``): all
+    counted, one log line per ``interval_s`` at most (a flood of them must not flood the
+    journal either), which says how many went since the last."""
+
+    def __init__(self, *, interval_s: float = DROP_LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s, self._clock = interval_s, clock
+        self.total = 0
+        self._unlogged = 0
+        self._logged_at: float | None = None
+
+    def note(self, data: bytes, peer: Peer) -> None:
+        self.total += 1
+        self._unlogged += 1
+        now = self._clock()
+        if self._logged_at is not None and now - self._logged_at < self._interval_s:
+            return
+        log.warning("TFTP: dropped %d datagram(s) on the listening port that were not "
+                    "requests (the last: opcode %s from %s:%d); a listening port never "
+                    "answers DATA, ACK, ERROR or OACK (%d dropped in all)", self._unlogged,
+                    opcode_of(data), peer[0], peer[1], self.total)
+        self._logged_at, self._unlogged = now, 0
 
 
 class TftpService:
@@ -47,6 +77,7 @@ class TftpService:
         self._pool: ThreadPoolExecutor | None = None
         self._hub: SocketHub | None = None
         self._listener: DatagramSocket | None = None
+        self.drops = DropLog()
 
     def start(self, sock: socket.socket) -> None:
         """Serve the requests that reach ``sock`` (bound, non-blocking), in the running
@@ -75,7 +106,8 @@ class TftpService:
             self._pool = None
 
     def _request(self, data: bytes, peer: Peer, listener: DatagramSocket) -> None:
-        """A datagram on the listening socket. Never raises."""
+        """A datagram on the listening socket. Never raises. Only a request (or an unknown
+        opcode) is answered: see ``tftp_packets.NEVER_ANSWERED``."""
         if peer in self._live:
             transfer = self._live[peer]
             if transfer is None:
@@ -83,6 +115,9 @@ class TftpService:
             transfer.poll()  # the client's ERROR or last ACK may wait in its socket
             if peer in self._live:
                 return  # a retransmitted request of a transfer under way
+        if not answerable(data):
+            self.drops.note(data, peer)
+            return
         if len(self._live) >= self._max_transfers:
             listener.sendto(error_packet(E_UNDEFINED, "server busy, retry later"), peer)
             return

@@ -133,14 +133,16 @@ class Transfer:
         return True
 
     def _datagram(self, data: bytes, addr: Peer) -> None:
-        if addr != self._peer:
-            assert self._sock is not None
-            with contextlib.suppress(OSError):
-                self._sock.sendto(error_packet(E_UNKNOWN_TID, "unknown transfer ID"), addr)
-            return
         if len(data) < 4:
             return
         opcode, number = HEAD.unpack_from(data)
+        if addr != self._peer:
+            if opcode != ERROR:  # an ERROR is never answered (RFC 1350): no loop
+                assert self._sock is not None
+                with contextlib.suppress(OSError):
+                    self._sock.sendto(error_packet(E_UNKNOWN_TID, "unknown transfer ID"),
+                                      addr)
+            return
         if opcode == ERROR:
             message = data[4:].split(b"\0", 1)[0].decode("latin-1")
             self.finish(f"client error {number}: {message}")

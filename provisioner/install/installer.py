@@ -165,5 +165,12 @@ class AnsibleInstaller:
         values |= settings.profile_vars.get(node.profile or "", {})
         values |= {"provisioner_node_id": node.id, "provisioner_hostname": node.hostname or "",
                    "provisioner_profile": node.profile or "",
-                   "provisioner_serial": node.serial or ""}
+                   # what the machine reported: a string Ansible never templates
+                   "provisioner_serial": unsafe(node.serial or "")}
         return values
+
+
+def unsafe(text: str) -> dict[str, str]:
+    """``text`` as Ansible's unsafe string in a JSON vars file (``-e @env/extravars``): used
+    literally, never templated, so a reported ``{{ lookup('pipe', ...) }}`` stays text."""
+    return {"__ansible_unsafe": text}

@@ -31,6 +31,7 @@ from provisioner.lifecycle.bmclink import BmcLinkPolicy, reported_bmc
 from provisioner.lifecycle.callbacks import BootCallbacks, Callback
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import AgentJobQueue, NoAgentJobs
+from provisioner.lifecycle.row_budget import RowBudget, with_skipped
 from provisioner.lifecycle.states import IN_FLIGHT, NodeState
 from provisioner.lifecycle.steps import IMAGE_WRITTEN
 from provisioner.store.repo import NodeChange, NodeRepo
@@ -148,6 +149,7 @@ class AgentService:
         self._conductor = conductor
         self._binding = binding or AgentBinding()
         self._refusals = RefusalLog()
+        self._rows = RowBudget()  # history rows of callbacks and later reports
         self._bmc_link = bmc_link
         self._jobs: AgentJobQueue = jobs or NoAgentJobs()
         self._callbacks = callbacks
@@ -203,8 +205,10 @@ class AgentService:
         try:
             checked = self._check(node, mac, facts)
         except InvalidRequest as exc:
-            await self._conductor.record(node.id, "report_rejected", actor="agent",
-                                         reason=str(exc), level=logging.WARNING)
+            if (skipped := self._rows.admit(node.id, "report_rejected")) is not None:
+                await self._conductor.record(node.id, "report_rejected", actor="agent",
+                                             reason=with_skipped(str(exc), skipped),
+                                             level=logging.WARNING)
             raise
         serial = checked["system"]["serial"] or None
         target, token = node, None
@@ -222,10 +226,12 @@ class AgentService:
         target = await self._repo.merge_facts(target.id, {"last_report": checked})
         if target.state is NodeState.INSPECTING:
             self._mailbox.deliver(target.id, checked)
-        else:  # a later report (the OS is up: the facts role) inspects nothing; recorded,
+        elif (skipped := self._rows.admit(target.id, "facts_reported")) is not None:
+            # a later report (the OS is up: the facts role) inspects nothing; recorded,
             # so the topology and operators see fresh GPU and fabric facts
             await self._conductor.record(target.id, "facts_reported", actor="agent",
-                                         reason=_report_summary(checked))
+                                         reason=with_skipped(_report_summary(checked),
+                                                             skipped))
         log.info("node %s: facts accepted (serial %s)", target.id, serial)
         return ReportResult(node_id=target.id, token=token)
 
@@ -314,8 +320,10 @@ class AgentService:
         if address is not None and node.facts.get("address") != address:
             node = await self._repo.merge_facts(node_id, {"address": address})
         where = f" from {address}" if address is not None else ""
-        await self._conductor.record(node_id, callback.event, actor="node",
-                                     reason=f"hostname {callback.hostname!r}{where}")
+        if (skipped := self._rows.admit(node_id, callback.event)) is not None:
+            await self._conductor.record(
+                node_id, callback.event, actor="node",
+                reason=with_skipped(f"hostname {callback.hostname!r}{where}", skipped))
         if self._callbacks is None or node.state not in IN_FLIGHT:
             return False
         waited = self._callbacks.deliver(node_id, callback)

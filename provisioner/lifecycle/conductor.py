@@ -154,7 +154,10 @@ class Conductor(BmcRequests, StepRunner):
 
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
                      level: int = logging.INFO) -> Node:
-        """A history row that changes no state: a refused agent report, say."""
+        """A history row that changes no state: a refused agent report, say. The reason
+        may quote what a machine sent: a lone surrogate (a JSON ``\\ud800``), which no
+        database encodes, is written escaped."""
+        reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             node = await self._repo.transition(node, to_state=node.state, event=event,

@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from sqlmodel import Session, col, select
 
+from provisioner.errors import InvalidRequest
 from provisioner.store.models import FabricScanRow, NodeRow, utcnow
 from provisioner.store.session import SessionRepo
 
@@ -40,14 +41,26 @@ class MemberRow:
 
 
 class TopologyRepo(SessionRepo):
-    async def save(self, name: str, text: str, *, reporter_node_id: str | None) -> FabricScan:
-        """Store ``text`` as fabric ``name``'s scan (replacing any earlier one)."""
+    async def save(self, name: str, text: str, *, reporter_node_id: str | None,
+                   max_per_reporter: int | None = None) -> FabricScan:
+        """Store ``text`` as fabric ``name``'s scan (replacing any earlier one).
+        ``max_per_reporter``: InvalidRequest when the reporter already holds that many
+        other fabrics' scans (a node cannot fill the table with made-up fabric names)."""
         digest = hashlib.sha256(text.encode()).hexdigest()
 
         def work(s: Session) -> FabricScan:
             reporter = reporter_node_id
             if reporter is not None and s.get(NodeRow, reporter) is None:
                 reporter = None  # the node went away meanwhile: keep the scan anyway
+            if reporter is not None and max_per_reporter is not None:
+                held = s.exec(select(FabricScanRow.name).where(
+                    FabricScanRow.reporter_node_id == reporter,
+                    FabricScanRow.name != name)).all()
+                if len(held) >= max_per_reporter:
+                    raise InvalidRequest(
+                        f"fabric {name!r}: node {reporter} already reported "
+                        f"{len(held)} other fabrics ({', '.join(sorted(held))}), at most "
+                        f"{max_per_reporter}")
             row = s.get(FabricScanRow, name)
             if row is None:
                 row = FabricScanRow(name=name, text=text, sha256=digest)

@@ -54,7 +54,9 @@ class Env:
         self.url, self.store, self.conductor = url, store, conductor
 
     async def token(self, node_id: str) -> str:
-        _, token = await self.store.tokens.create(f"agent:{node_id}", Role.AGENT,
+        """A controller token: what the daemon gives its own configure run, the only one
+        whose fabric scans it takes (test_attacks_bounds.py has the refusals)."""
+        _, token = await self.store.tokens.create(f"controller:{node_id}", Role.AGENT,
                                                   node_id=node_id)
         return token
 
@@ -73,7 +75,8 @@ async def env(store: Store, world: SimWorld, tmp_path: Path) -> AsyncIterator[En
                                    kernel="k", initrd="i", kernel_args=""),
                     discovery=Discovery(store.nodes, conductor, TokenBucket(0.001, 1)),
                     agents=agents, tokens=store.tokens, renderer=Renderer(),
-                    fabrics=FabricReports(conductor, store.topology), max_fabric_bytes=400_000)
+                    fabrics=FabricReports(conductor, store.topology, store.nodes),
+                    max_fabric_bytes=400_000)
     runner = web.AppRunner(http.app())
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -85,7 +88,7 @@ async def env(store: Store, world: SimWorld, tmp_path: Path) -> AsyncIterator[En
 
 
 async def test_fabric_scan_is_parsed_stored_and_recorded(env: Env, make_node) -> None:  # type: ignore[no-untyped-def]
-    node = await make_node(S.ACTIVE, hostname="a05-p1-dgx-01-c01")
+    node = await make_node(S.CONFIGURING, hostname="a05-p1-dgx-01-c01")
     token = await env.token(node.id)
     text = TOPOGRAPH.read_text()
     status, body = await env.post(token, {"fabric": "compute", "ibnetdiscover": text})
@@ -102,7 +105,7 @@ async def test_fabric_scan_is_parsed_stored_and_recorded(env: Env, make_node) ->
 
 
 async def test_malformed_scan_is_422_with_the_line_and_in_history(env: Env, make_node) -> None:  # type: ignore[no-untyped-def]
-    node = await make_node(S.ACTIVE)
+    node = await make_node(S.CONFIGURING)
     token = await env.token(node.id)
     lines = HEALTHY.read_text().splitlines()
     lines.insert(20, "this is not ibnetdiscover output")
@@ -122,7 +125,7 @@ async def test_malformed_scan_is_422_with_the_line_and_in_history(env: Env, make
 ], ids=["name", "missing", "type", "too-large"])
 async def test_bad_fabric_bodies_are_refused(env: Env, make_node, body: object,  # type: ignore[no-untyped-def]
                                              status: int, needle: str) -> None:
-    node = await make_node(S.ACTIVE)
+    node = await make_node(S.CONFIGURING)
     got, reply = await env.post(await env.token(node.id), body)
     assert got == status and needle in str(reply["detail"])
 

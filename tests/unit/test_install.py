@@ -162,6 +162,8 @@ def test_inventory_and_variables_of_a_node(tmp_path: Path) -> None:
     assert values["containerd_nvidia_toolkit"] is True
     assert values["provisioner_node_id"] == target.id  # identity is never overridden
     assert values["provisioner_install_packages"] is True
+    # reported by the machine: never templated by Ansible (test_attacks_bounds.py runs it)
+    assert values["provisioner_serial"] == {"__ansible_unsafe": target.serial}
 
 
 def test_run_dirs_are_private_kept_on_failure_and_pruned(tmp_path: Path) -> None:
@@ -222,11 +224,13 @@ def test_inventory_script_groups_nodes() -> None:
     assert inventory["gpu_nvidia_h100_80gb_hbm3"] == {"hosts": ["gpu-01", "gpu-03"]}
     assert inventory["gpu_nvidia_a100_80gb_pcie"] == {"hosts": ["n2"]}
     assert inventory["gpu_0x1002_0x74a1"] == {"hosts": ["odd-04"]}
-    assert inventory["_meta"]["hostvars"]["gpu-03"]["provisioner_gpu_model"] == (
-        "NVIDIA H100 80GB HBM3")
+    # every string among the host vars is Ansible's unsafe (never templated)
+    assert inventory["_meta"]["hostvars"]["gpu-03"]["provisioner_gpu_model"] == {
+        "__ansible_unsafe": "NVIDIA H100 80GB HBM3"}
     assert inventory["maintenance"] == {"hosts": ["gpu-01"]}
     one = inventory["_meta"]["hostvars"]["gpu-01"]
-    assert one["ansible_host"] == "10.0.0.1" and one["provisioner_gpu_count"] == 8
-    assert one["provisioner_bmc_address"] == "10.9.0.1"
+    assert one["ansible_host"] == {"__ansible_unsafe": "10.0.0.1"}
+    assert one["provisioner_gpu_count"] == 8 and one["provisioner_maintenance"] is True
+    assert one["provisioner_bmc_address"] == {"__ansible_unsafe": "10.9.0.1"}
     assert "ansible_host" not in inventory["_meta"]["hostvars"]["n2"]
     assert "_meta" not in inventory["all"]["children"]
