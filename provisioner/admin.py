@@ -17,13 +17,14 @@ from provisioner.config import Settings, effective_config
 from provisioner.domain import Role
 from provisioner.errors import ProvisionerError
 from provisioner.store import db
+from provisioner.store.files import private_dir
 from provisioner.store.store import open_store
 
 
 def db_upgrade(settings: Settings) -> str:
     """Apply pending migrations; return a line naming the revision before and after."""
     with _store_errors(settings):
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
         engine = db.make_engine(settings.sqlalchemy_url)
         try:
             before, after = db.upgrade(engine)
