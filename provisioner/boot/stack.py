@@ -50,7 +50,7 @@ class HttpServer:
                  limits: HttpLimits | None = None) -> None:
         self._limits = limits or HttpLimits()
         # slow clients and floods from one address (httpguard)
-        self._runner = guarded_runner(app, self._limits)
+        self._runner = guarded_runner(app, self._limits, name=f"boot HTTP {listen}")
         self._host, self._port = parse_host_port(listen)
 
     async def start(self) -> None:

@@ -49,7 +49,8 @@ def test_the_inspection_report_links_the_node_to_its_bmc(tmp_path: Path) -> None
     password = tmp_path / "default-password"
     settings = ("[lifecycle]\nauto_deploy = false\n\n"
                 f'[http]\nlisten = "127.0.0.1:{boot_port}"\n\n'
-                f'[bmc]\nlink_subnets = ["127.0.0.0/8"]\ndefault_username = "{USER}"\ndefault_password = "{PASSWORD}"\n'
+                '[bmc]\nlink_subnets = ["127.0.0.0/8"]\n'
+                f'default_username = "{USER}"\ndefault_password = "{PASSWORD}"\n'
                 "timeout_s = 5\nconfirm_poll_s = 0.2\npower_sync_interval_s = 0\n")
     password.write_text(PASSWORD)
     with running_ipmi_sim(tmp_path / "bmc", address=BMC_ADDRESS, port=623) as bmc, \
