@@ -121,6 +121,19 @@ async def test_a_moved_bmc_endpoint_drops_the_stored_password(any_store: Store) 
     assert (await any_store.nodes.credentials(node.id)).password == "given-pw"
 
 
+async def test_api_tokens_listed_without_agent_tokens_and_revoked(any_store: Store) -> None:
+    node = await any_store.nodes.create(new(1), actor="t")
+    _, secret = await any_store.tokens.create("ops", Role.OPERATOR)
+    await any_store.tokens.create("agent-1", Role.AGENT, node_id=node.id)
+    listed = await any_store.tokens.api_tokens()
+    assert [t.name for t in listed] == ["ops"] and listed[0].created_at is not None
+    with pytest.raises(NotFound):
+        await any_store.tokens.revoke("agent-1")  # the daemon's, not an operator's
+    assert (await any_store.tokens.revoke("ops")).name == "ops"
+    assert await any_store.tokens.lookup(secret) is None
+    assert await any_store.tokens.api_tokens() == []
+
+
 async def test_tokens_hashed_and_expiring(any_store: Store) -> None:
     info, token = await any_store.tokens.create("alice", Role.OPERATOR)
     assert token.startswith("pvt_") and (await any_store.tokens.lookup(token)) == info
