@@ -14,16 +14,18 @@ from typing import Any
 from sqlalchemy.exc import SQLAlchemyError
 
 from provisioner.config import Settings, effective_config
-from provisioner.domain import Role
+from provisioner.domain import Role, TokenInfo
 from provisioner.errors import ProvisionerError
 from provisioner.store import db
+from provisioner.store.files import private_dir
 from provisioner.store.store import open_store
+from provisioner.store.tokens import expiry
 
 
 def db_upgrade(settings: Settings) -> str:
     """Apply pending migrations; return a line naming the revision before and after."""
     with _store_errors(settings):
-        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(settings.state_dir)
         engine = db.make_engine(settings.sqlalchemy_url)
         try:
             before, after = db.upgrade(engine)
@@ -34,21 +36,47 @@ def db_upgrade(settings: Settings) -> str:
     return f"database schema upgraded from {before or 'empty'} to {after}"
 
 
-def create_token(settings: Settings, role: str, name: str) -> str:
-    """Create an API token; return the plaintext, which is shown once and never stored."""
+def create_token(settings: Settings, role: str, name: str, *,
+                 expires_in_s: float | None = None,
+                 no_expiry: bool = False) -> tuple[TokenInfo, str]:
+    """Create an API token (expiring after ``expires_in_s``, else the site default
+    ``api.token_lifetime_days``); return its info and the plaintext, which is shown once
+    and never stored."""
     try:
         wanted = Role(role)
     except ValueError:
         raise ProvisionerError(f"unknown role {role!r}") from None
     if wanted is Role.AGENT:
         raise ProvisionerError("agent tokens are issued by the daemon, per node")
+    expires_at = expiry(settings.api.token_lifetime_s, expires_in_s=expires_in_s,
+                        no_expiry=no_expiry)
     with _store_errors(settings):
         store = open_store(settings)
         try:
-            _info, token = store.tokens.create_blocking(name, wanted)
+            return store.tokens.create_blocking(name, wanted, expires_at=expires_at)
         finally:
             store.close()
-    return token
+
+
+def list_tokens(settings: Settings) -> list[TokenInfo]:
+    """The API tokens (names, roles, expiry; never a secret)."""
+    with _store_errors(settings):
+        store = open_store(settings)
+        try:
+            return store.tokens.list_blocking()
+        finally:
+            store.close()
+
+
+def revoke_token(settings: Settings, key: str) -> TokenInfo:
+    """Revoke (delete) the API token with this id or name: it stops working at once, and
+    console sessions opened with it end at their next request."""
+    with _store_errors(settings):
+        store = open_store(settings)
+        try:
+            return store.tokens.revoke_blocking(key)
+        finally:
+            store.close()
 
 
 def show_config(settings: Settings, *, as_json: bool = False) -> str:

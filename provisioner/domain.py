@@ -78,6 +78,9 @@ class BmcCredentials:
 
     username: str | None
     password: str | None = field(repr=False)
+    site_default: bool = False
+    """The password is the site default (``bmc.default_password``), entered for no BMC in
+    particular: drivers never send it in clear text (Redfish over plain http)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,7 @@ class TokenInfo:
     role: Role
     node_id: NodeId | None
     expires_at: datetime | None
+    created_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,10 @@
   ``request_timeout_s`` is answered ``408``; file bodies (``FileResponse``) are sent after the
   handler returns, so large downloads are not cut. After an early answer the unread body is
   drained for at most ``header_timeout_s``.
+- **malformed requests**: aiohttp answers them ``400`` and would log each with a traceback at
+  ERROR (a garbage flood: thousands of lines, enough for journald's rate limit to hide our
+  own warnings); here each is one WARNING line without a traceback, at most one per
+  ``BAD_REQUEST_LOG_S``, the next line counting those left out.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 from aiohttp.typedefs import Middleware
 
 log = logging.getLogger(__name__)
@@ -144,12 +150,58 @@ class GuardedSite(web.TCPSite):
             reuse_address=self._reuse_address, backlog=self._backlog)
 
 
-def guarded_runner(app: web.Application, limits: HttpLimits) -> web.AppRunner:
+BAD_REQUEST_LOG_S = 10.0
+
+
+class ServerLog(logging.Logger):
+    """aiohttp's server logger (``aiohttp.server``) for one HTTP server: a request aiohttp
+    could not parse (``BadHttpMessage``) is a client's fault, logged as one bounded,
+    rate-limited warning; anything else goes through unchanged, traceback included."""
+
+    def __init__(self, server: str, *, interval_s: float = BAD_REQUEST_LOG_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__("aiohttp.server")
+        self.parent = logging.getLogger("aiohttp.server")  # its handlers and level
+        self._server = server
+        self._interval_s = interval_s
+        self._clock = clock
+        self._next_at = 0.0
+        self._left_out = 0
+
+    def exception(self, msg: object, *args: object, exc_info: Any = True,
+                  **kwargs: Any) -> None:
+        if isinstance(exc_info, BadHttpMessage):
+            self._bad_request(args[0] if args else None, exc_info)
+            return
+        super().exception(msg, *args, exc_info=exc_info, **kwargs)
+
+    def debug(self, msg: object, *args: object, **kwargs: Any) -> None:
+        if isinstance(kwargs.get("exc_info"), BadHttpMessage):  # non-HTTP on the port
+            self._bad_request(args[0] if args else None, kwargs["exc_info"])
+            return
+        super().debug(msg, *args, **kwargs)
+
+    def _bad_request(self, remote: object, exc: BadHttpMessage) -> None:
+        now = self._clock()
+        if now < self._next_at:
+            self._left_out += 1
+            return
+        self._next_at = now + self._interval_s
+        left_out, self._left_out = self._left_out, 0
+        reason = " ".join(str(exc.message or type(exc).__name__).split())  # one line
+        reason = reason.encode("ascii", "backslashreplace").decode()[:120]
+        more = f" ({left_out} more since the last line)" if left_out else ""
+        self.warning("%s: malformed HTTP request from %s answered 400: %s%s", self._server,
+                     str(remote)[:64], reason, more)
+
+
+def guarded_runner(app: web.Application, limits: HttpLimits, *,
+                   name: str = "HTTP") -> web.AppRunner:
     """An ``AppRunner`` with the deadline middleware and the header timeout; start it on a
     ``GuardedSite``."""
     app.middlewares.insert(0, deadline_middleware(limits))
     # lingering_time: how long an unread body is drained after an early answer (a 408, a
     # 413); aiohttp's 10 s would let a trickling client keep the socket that long
-    return web.AppRunner(app, access_log=None, handle_signals=False,
+    return web.AppRunner(app, access_log=None, handle_signals=False, logger=ServerLog(name),
                          keepalive_timeout=limits.header_timeout_s,
                          lingering_time=min(limits.header_timeout_s, 10.0))

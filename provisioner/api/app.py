@@ -3,7 +3,8 @@
 Public (no token): ``/healthz``, ``/openapi.json`` (also under ``/api/v1``) and ``/metrics``.
 ``/metrics`` is unauthenticated as Prometheus scrapers expect; it exposes only counts and
 timings, never node identities. Every other route needs a bearer token: reads ``viewer``,
-mutations ``operator`` (``Route.role``).
+mutations ``operator``, and what changes credentials ``admin``: tokens, BMC password rotation,
+and an import that changes an existing node's BMC (``Route.role``; the import checks per row).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from provisioner.api.nodes import ROUTES as NODE_ROUTES
 from provisioner.api.openapi import Handler, Route, openapi_document
 from provisioner.api.power import ROUTES as POWER_ROUTES
 from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
+from provisioner.api.tokens import ROUTES as TOKEN_ROUTES
 from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
 from provisioner.api.ui import routes as ui
 from provisioner.api.ui.session import COOKIE, SessionStore
@@ -82,7 +84,7 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              rotation: BmcRotation | None = None,
              ownership: OwnershipRepo | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES,
-              *INSTANCE_ROUTES, *_OWN_ROUTES)
+              *INSTANCE_ROUTES, *TOKEN_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens

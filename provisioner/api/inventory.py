@@ -18,7 +18,7 @@ from typing import Final
 from aiohttp import web
 from pydantic import ValidationError
 
-from provisioner.api import CONDUCTOR, NODES, actor
+from provisioner.api import CONDUCTOR, NODES, PRINCIPAL, actor
 from provisioner.api.openapi import Route
 from provisioner.api.schemas import (
     ErrorItem,
@@ -45,8 +45,10 @@ _JSON: Final = "application/json"
 async def import_inventory(request: web.Request) -> web.Response:
     raw = await request.read()
     rows = await asyncio.to_thread(parse_inventory, request.content_type, raw)
+    may_change_bmc = request[PRINCIPAL].role.allows(Role.ADMIN)
     report = await import_machines([_machine(row) for row in rows], actor=actor(request),
-                                   conductor=request.app[CONDUCTOR], repo=request.app[NODES])
+                                   conductor=request.app[CONDUCTOR], repo=request.app[NODES],
+                                   may_change_bmc=may_change_bmc)
     log.info("inventory import by %s: %d created, %d updated, %d failed", actor(request),
              len(report.created), len(report.updated), len(report.errors))
     return respond(ImportResult(created=report.created, updated=report.updated,
@@ -159,7 +161,9 @@ def _machine(row: ImportRow) -> ExpectedMachine:
 
 ROUTES: Final = (
     Route("POST", PATH, import_inventory,
-          "Import expected machines (serial -> hostname, rack, profile, BMC) from CSV or JSON",
+          "Import expected machines (serial -> hostname, rack, profile, BMC) from CSV or JSON; "
+          "a row that changes a known node's BMC needs the admin role, and a moved BMC its "
+          "password",
           Role.OPERATOR, ImportResult, body=ImportDocument, text_bodies=(_CSV,),
           errors=(400, 413, 415, 422)),
 )

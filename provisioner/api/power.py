@@ -1,8 +1,9 @@
 """Power and boot-device handlers: an operator drives a node's BMC directly.
 
-Both need the operator role and go into the node's history with the caller as actor;
-both are refused (409) while a step is in flight, except ``status``, which only reads. A
-BMC failure is a 502 whose detail says why (timeout, wrong password, unsupported).
+Power and boot need the operator role, BMC password rotation the admin role; all go into
+the node's history with the caller as actor, and are refused (409) while a step is in
+flight, except ``status``, which only reads. A BMC failure is a 502 whose detail says why
+(timeout, wrong password, unsupported).
 """
 
 from __future__ import annotations
@@ -97,8 +98,9 @@ ROUTES: Final = (
     Route("POST", f"{PREFIX}/nodes/{{id}}/bmc/rotate", node_bmc_rotate,
           "Rotate the node's BMC password: a new per-node password (or the site's "
           "bmc.rotation_password) set through the BMC, verified by a fresh login before the "
-          "old one is forgotten, stored encrypted; never returned. 409 while a step runs",
-          Role.OPERATOR, NodeOut, path_params=(_ID,), errors=_ERRORS),
+          "old one is forgotten, stored encrypted; never returned. 409 while a step runs. "
+          "Changes a credential: admin only", Role.ADMIN, NodeOut, path_params=(_ID,),
+          errors=_ERRORS),
     Route("POST", f"{PREFIX}/nodes/{{id}}/bootdev", node_boot_device,
           "Set a node's boot device (once or persistent, UEFI or legacy) through its BMC; "
           "409 while a step runs", Role.OPERATOR, BootDeviceOut, body=BootDeviceRequest,

@@ -73,10 +73,11 @@ class BmcManager:
     def credentials_for(self, given: BmcCredentials) -> BmcCredentials:
         """Zero-touch: a node enrolled without BMC credentials gets the site defaults."""
         default_password = self._settings.default_password
-        return BmcCredentials(
-            username=given.username or self._settings.default_username,
-            password=given.password or (default_password.get_secret_value()
-                                        if default_password is not None else None))
+        if given.password or default_password is None:
+            return BmcCredentials(username=given.username or self._settings.default_username,
+                                  password=given.password)
+        return BmcCredentials(username=given.username or self._settings.default_username,
+                              password=default_password.get_secret_value(), site_default=True)
 
     def breaker(self, key: str) -> CircuitBreaker:
         breaker = self._breakers.get(key)

@@ -198,6 +198,12 @@ class RedfishClient:
             if user is None or password is None:
                 raise BmcAuthFailed(f"BMC {self.url}: no Redfish credentials (set them on "
                                     "the node, an inventory import, or bmc.default_*)")
+            if self.credentials.site_default and self.url.startswith("http://"):
+                # a login (or basic auth) over plain http shows the password to the
+                # network: only a password entered for this very endpoint may go there
+                raise BmcAuthFailed(f"BMC {self.url}: the site default credentials are not "
+                                    "sent over plain http; enroll this BMC's own password "
+                                    "or use https")
             sessions = await self._sessions_uri()
             if sessions is None:
                 self._basic = True

@@ -50,7 +50,7 @@ class HttpServer:
                  limits: HttpLimits | None = None) -> None:
         self._limits = limits or HttpLimits()
         # slow clients and floods from one address (httpguard)
-        self._runner = guarded_runner(app, self._limits)
+        self._runner = guarded_runner(app, self._limits, name=f"boot HTTP {listen}")
         self._host, self._port = parse_host_port(listen)
 
     async def start(self) -> None:
@@ -210,4 +210,5 @@ def _network_servers(settings: Settings, discovery: Discovery, assets: Path,
 def bmc_link_policy(bmc: BmcSettings) -> BmcLinkPolicy:
     """Zero-touch BMC linking as configured (``lifecycle/bmclink.py``)."""
     driver = None if bmc.discovered_driver == "none" else bmc.discovered_driver
-    return BmcLinkPolicy(driver=driver, has_default_credentials=bmc.default_username is not None)
+    return BmcLinkPolicy(driver=driver, has_default_credentials=bmc.default_username is not None,
+                         subnets=tuple(bmc.link_subnets))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, IPvAnyNetwork, SecretStr
 
 from provisioner.config.section import Section
 
@@ -54,6 +54,10 @@ class BmcSettings(Section):
     discovered_driver: Literal["ipmi", "redfish", "none"] = Field(
         "ipmi", description="Driver for a BMC learned from an inspection report (zero-touch "
         "linking, with the site default credentials); none: never link")
+    link_subnets: list[IPvAnyNetwork] = Field(
+        default_factory=list, description="Where zero-touch linking may link a reported BMC "
+        "(and send it the site default credentials), e.g. [\"10.1.0.0/16\"]; a report naming "
+        "any other address is held for an operator. Empty: every one is held")
     default_username: str | None = Field(None, description="Site default BMC user")
     default_password: SecretStr | None = Field(None, description="Site default BMC password")
     redfish_verify_tls: bool = Field(

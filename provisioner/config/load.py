@@ -8,6 +8,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote_plus
 
 from pydantic import ValidationError
 
@@ -32,6 +33,9 @@ def load_settings(path: Path | None, *, explicit: bool = True) -> Settings:
                 raise ConfigError(f"config file {path} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        except UnicodeDecodeError as exc:  # TOML is UTF-8 (tomllib decodes before parsing)
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {exc.start}: "
+                              f"{exc.reason})") from None
         except OSError as exc:
             raise ConfigError(f"config file {path} cannot be read: {exc.strerror}") from None
     try:
@@ -63,9 +67,25 @@ def effective_config(settings: Settings) -> dict[str, Any]:
 
 
 def mask_url(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
+    """``url`` with its password masked, in the authority (``user:pw@``) and in the query
+    (libpq's ``?password=``, ``sslpassword=``: any parameter whose name holds one of
+    ``_SECRET_PARAMS``)."""
+    base, qmark, query = url.partition("?")
+    scheme, sep, rest = base.partition("://")
     creds, at, host = rest.rpartition("@")
-    if not sep or not at:
-        return url
-    user = creds.partition(":")[0]
-    return f"{scheme}://{user}:***@{host}"
+    if sep and at:
+        base = f"{scheme}://{creds.partition(':')[0]}:***@{host}"
+    if not qmark:
+        return base
+    pairs = [_mask_pair(pair) for pair in query.split("&")]
+    return f"{base}?{'&'.join(pairs)}"
+
+
+_SECRET_PARAMS = ("password", "passwd", "secret", "token")
+
+
+def _mask_pair(pair: str) -> str:
+    name, eq, _value = pair.partition("=")
+    if eq and any(word in unquote_plus(name).lower() for word in _SECRET_PARAMS):
+        return f"{name}=***"
+    return pair

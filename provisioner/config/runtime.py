@@ -20,6 +20,14 @@ class ApiSettings(Section):
         8 * 3600.0, gt=0, description="Web console: a session's lifetime from sign-in")
     events_queue_max: int = Field(
         256, ge=1, description="Events a slow /api/v1/events client may lag before it is dropped")
+    token_lifetime_days: float = Field(
+        90.0, ge=0, description="API tokens expire this long after creation unless created with "
+                                "their own lifetime (0: no default expiry)")
+
+    @property
+    def token_lifetime_s(self) -> float | None:
+        """The default lifetime of a new API token in seconds; None: it never expires."""
+        return self.token_lifetime_days * 86400.0 or None
 
     @field_validator("listen")
     @classmethod

@@ -49,6 +49,7 @@ from provisioner.simulation.rack import simulated_nodes
 from provisioner.simulation.world import SimWorld
 from provisioner.slurm.sync import SlurmSync
 from provisioner.store.exclusive import lock_sqlite
+from provisioner.store.files import private_dir
 from provisioner.store.leases import LeaseRepo
 from provisioner.store.store import Store, open_store
 from provisioner.topology_live.build import build_live_topology
@@ -100,7 +101,7 @@ class Daemon:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
         async with AsyncExitStack() as stack:
-            self._settings.state_dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self._settings.state_dir)
             sqlite_lock = lock_sqlite(self._settings.sqlalchemy_url)  # ConfigError: exit 2
             if sqlite_lock is not None:
                 stack.callback(sqlite_lock.release)

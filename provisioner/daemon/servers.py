@@ -34,7 +34,7 @@ async def start_api(settings: Settings, store: Store, conductor: Conductor, metr
                    rotation=rotation, ownership=store.ownership)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
-    runner = guarded_runner(app, limits)
+    runner = guarded_runner(app, limits, name="API")
     await runner.setup()
     host, port = settings.api.host_port
     await GuardedSite(runner, host, port, limits=limits, reuse_address=True).start()

@@ -261,12 +261,18 @@ class AgentService:
     async def _link_bmc(self, node: Node, facts: dict[str, Any],
                         policy: BmcLinkPolicy) -> Node:
         """Zero-touch: the BMC the report names becomes the node's (``bmclink``)."""
-        link = reported_bmc(node, facts, policy)
+        bound = False
+        reported = facts.get("bmc")
+        if isinstance(reported, dict) and node.bmc_mac and reported.get("mac") == node.bmc_mac:
+            bound = str(reported.get("ip")) in await self._binding.leased((node.bmc_mac,))
+        link = reported_bmc(node, facts, policy, dhcp_bound=bound)
         if link is None:
             return node
         if link.endpoint is not None or link.mac is not None:
-            node = await self._repo.update_meta(node.id, NodeChange(bmc=link.endpoint,
-                                                                    bmc_mac=link.mac))
+            # a move reported here was checked against the subnets or our lease: the
+            # enrolled password follows it (a move anywhere else never reaches this)
+            node = await self._repo.update_meta(node.id, NodeChange(
+                bmc=link.endpoint, bmc_mac=link.mac, keep_bmc_password=True))
         if link.reason:
             await self._conductor.record(node.id, "bmc_linked" if link.endpoint else "bmc",
                                          actor="agent", reason=link.reason)

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from provisioner.errors import StoreUnavailable
+
 T = TypeVar("T")
 
 _SCHEMA = """
@@ -82,8 +84,15 @@ class SimWorld:
                     (key, op, int(changed), int(changed)),
                 )
                 self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
+            except BaseException as exc:
+                # SQLite may have rolled the transaction back itself (SQLITE_FULL, IOERR):
+                # a second ROLLBACK would raise and hide why the write failed
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError):
+                    # the simulated machines' records cannot be written (a full disk, a
+                    # locked file): like the store's, the step stops and resumes later
+                    raise StoreUnavailable(f"simulated hardware state: {exc}") from exc
                 raise
             return changed
 

@@ -12,6 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 
 from provisioner.errors import SchemaError
+from provisioner.store.files import private_sqlite_file
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x70726F76  # an advisory lock key of our own ("prov")
@@ -19,6 +20,7 @@ _MIGRATION_LOCK = 0x70726F76  # an advisory lock key of our own ("prov")
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        private_sqlite_file(url)  # 0600 before SQLite creates it under the umask
         engine = create_engine(
             url, connect_args={"check_same_thread": False, "timeout": 30}, pool_pre_ping=True
         )

@@ -7,6 +7,9 @@ import fcntl
 import os
 from pathlib import Path
 
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
 from provisioner.errors import ConfigError
 
 
@@ -22,11 +25,20 @@ class SqliteLock:
 
 
 def sqlite_path(url: str) -> Path | None:
-    """The database file of a SQLite URL; None for other databases or in-memory SQLite."""
+    """The database file of a SQLite URL, resolved (symlinks, ``..``, a relative path):
+    the same file is one lock whatever the URL says around it (``?timeout=30``,
+    ``sqlite+pysqlite://``); None for other databases or in-memory SQLite."""
     if not url.startswith("sqlite"):
         return None
-    _, _, rest = url.partition(":///")
-    return Path(rest) if rest and rest != ":memory:" else None
+    try:
+        database = make_url(url).database
+    except ArgumentError:
+        return None
+    if not database or database == ":memory:" or database.startswith("file::memory:"):
+        return None
+    if database.startswith("file:"):  # a URI filename (?uri=true)
+        database = database.removeprefix("file:").partition("?")[0]
+    return Path(database).resolve()
 
 
 def lock_sqlite(url: str) -> SqliteLock | None:

@@ -38,9 +38,16 @@ def to_node(s: Session, row: NodeRow, macs: Sequence[str] | None = None) -> Node
 
 
 def apply_bmc(row: NodeRow, bmc: BmcEndpoint | None, password: str | None,
-              box: SecretBox) -> None:
+              box: SecretBox, *, keep_password: bool = False) -> None:
+    """Set the row's BMC endpoint (and password, when given). An endpoint that moves
+    (driver, address or port) without a new password loses the stored one, a rotation's
+    pending one too, unless ``keep_password``: a password goes only where it was entered."""
     if bmc is None:
         return
+    moved = (row.bmc_driver, row.bmc_address, row.bmc_port) != (bmc.driver, bmc.address,
+                                                                bmc.port)
+    if moved and password is None and not keep_password:
+        row.bmc_password_enc = row.bmc_password_pending_enc = None
     row.bmc_driver, row.bmc_address = bmc.driver, bmc.address
     row.bmc_port, row.bmc_username = bmc.port, bmc.username
     if password is not None:

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import delete, update
@@ -48,8 +48,12 @@ class NodeChange:
     rack: str | None = None
     position: str | None = None
     bmc: BmcEndpoint | None = None
-    bmc_password: str | None = None
+    bmc_password: str | None = field(default=None, repr=False)
     bmc_mac: str | None = None
+    keep_bmc_password: bool = False
+    """Keep the stored password when ``bmc`` moves the endpoint (zero-touch linking, to an
+    address it trusts); by default a new address drops it: a password is never sent to an
+    address other than the one it was entered for."""
 
 
 class NodeRepo(NodeReads):
@@ -111,7 +115,8 @@ class NodeRepo(NodeReads):
                 if value is not None:
                     setattr(row, name, value)
             if change.bmc is not None:
-                apply_bmc(row, change.bmc, change.bmc_password, self._box)
+                apply_bmc(row, change.bmc, change.bmc_password, self._box,
+                          keep_password=change.keep_bmc_password)
             if change.bmc_mac is not None:
                 row.bmc_mac = change.bmc_mac
             row.updated_at = utcnow()

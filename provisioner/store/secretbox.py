@@ -1,4 +1,6 @@
-"""Secrets at rest: a Fernet key in a 0600 file under the state dir, created on first start."""
+"""Secrets at rest: a Fernet key in a 0600 file under the state dir, created on a fresh
+store's first start. A store that already holds encrypted secrets never gets a new key in
+place of a lost one (every BMC call would fail): the daemon refuses to start instead."""
 
 from __future__ import annotations
 
@@ -15,8 +17,15 @@ class SecretBox:
         self._fernet = Fernet(key)
 
     @classmethod
-    def from_key_file(cls, path: Path) -> SecretBox:
-        """Load the key, creating it (mode 0600, atomically) when it does not exist yet."""
+    def from_key_file(cls, path: Path, *, secrets_stored: int = 0) -> SecretBox:
+        """Load the key, creating it (mode 0600, atomically) when it does not exist yet and
+        the store holds no secret (``secrets_stored``: how many it holds); ConfigError when
+        the key is missing but secrets are stored."""
+        if not path.exists() and secrets_stored:
+            raise ConfigError(
+                f"secret key file {path} is missing but the database holds "
+                f"{secrets_stored} secret(s) encrypted with it (BMC passwords): restore the "
+                "key file from a backup; a new key could not decrypt them")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

@@ -8,13 +8,16 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, func, or_
 from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, col, select
 
 from provisioner.config import Settings
 from provisioner.errors import ConfigError
 from provisioner.store import db
 from provisioner.store.bmc_secrets import BmcSecretRepo
+from provisioner.store.files import private_dir
+from provisioner.store.models import NodeRow
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.secretbox import SecretBox
@@ -65,7 +68,7 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                instance: str | None = None) -> Store:
     """Open the database; migrate when asked (default: ``store.auto_migrate``), else require
     the schema to be current. Raises SchemaError or ConfigError with a one-line reason."""
-    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    private_dir(settings.state_dir)
     url = settings.sqlalchemy_url
     engine = db.make_engine(url)
     try:
@@ -81,7 +84,12 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
     sqlite = url.startswith("sqlite")
     workers = 1 if sqlite else settings.store.pool_size
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
-    box = SecretBox.from_key_file(settings.state_dir / "secret.key")
+    try:
+        box = SecretBox.from_key_file(settings.state_dir / "secret.key",
+                                      secrets_stored=_secrets_stored(engine))
+    except ConfigError:
+        engine.dispose()
+        raise
     me = instance or instance_id(settings)
     # leases get their own threads: a backlog of step writes never delays a renewal
     lease_pool = pool if sqlite else ThreadPoolExecutor(max_workers=2,
@@ -95,3 +103,12 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                  tokens=TokenRepo(engine, pool), boot_tokens=TokenRepo(engine, boot_pool),
                  topology=TopologyRepo(engine, pool),
                  bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership)
+
+
+def _secrets_stored(engine: Engine) -> int:
+    """How many encrypted secrets the store holds (BMC passwords, current and pending)."""
+    query = select(func.count()).select_from(NodeRow).where(or_(
+        col(NodeRow.bmc_password_enc).is_not(None),
+        col(NodeRow.bmc_password_pending_enc).is_not(None)))
+    with Session(engine) as session:
+        return int(session.exec(query).one())

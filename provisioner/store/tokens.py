@@ -6,15 +6,15 @@ import asyncio
 import hashlib
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from sqlalchemy import Connection, Engine, delete, insert
+from sqlalchemy import Connection, Engine, delete, insert, or_
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from provisioner.domain import Role, TokenInfo
-from provisioner.errors import Conflict
+from provisioner.errors import Conflict, NotFound
 from provisioner.ids import NodeId
 from provisioner.store.batch import TxnBatcher
 from provisioner.store.models import ApiTokenRow
@@ -22,6 +22,18 @@ from provisioner.store.session import SessionRepo
 
 T = TypeVar("T")
 TOKEN_PREFIX = "pvt_"
+
+
+def expiry(default_s: float | None, *, expires_in_s: float | None = None,
+           no_expiry: bool = False, now: datetime | None = None) -> datetime | None:
+    """When a new API token expires: its own lifetime, else the site default
+    (``api.token_lifetime_days``); None when it never does."""
+    if no_expiry:
+        return None
+    lifetime = expires_in_s if expires_in_s is not None else default_s
+    if lifetime is None:
+        return None
+    return (now or datetime.now(UTC)) + timedelta(seconds=lifetime)
 
 
 def hash_token(token: str) -> str:
@@ -67,6 +79,36 @@ class TokenRepo(SessionRepo):
         return await asyncio.get_running_loop().run_in_executor(
             self._pool, lambda: self.create_blocking(name, role, node_id=node_id,
                                                      expires_at=expires_at))
+
+    def list_blocking(self) -> list[TokenInfo]:
+        """The API tokens (not the daemon's per-node agent tokens), oldest first; never a
+        secret (only hashes are stored)."""
+        with Session(self._engine) as session:
+            rows = session.exec(select(ApiTokenRow)
+                                .where(col(ApiTokenRow.role) != str(Role.AGENT))
+                                .order_by(col(ApiTokenRow.created_at))).all()
+            return [_to_info(row) for row in rows]
+
+    async def api_tokens(self) -> list[TokenInfo]:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self.list_blocking)
+
+    def revoke_blocking(self, key: str) -> TokenInfo:
+        """Delete the API token whose id or name is ``key``; NotFound when there is none
+        (agent tokens are the daemon's: revoked with their node's step, never here)."""
+        with Session(self._engine) as session:
+            row = session.exec(select(ApiTokenRow).where(
+                or_(col(ApiTokenRow.id) == key, col(ApiTokenRow.name) == key),
+                col(ApiTokenRow.role) != str(Role.AGENT))).first()
+            if row is None:
+                raise NotFound("token", key)
+            info = _to_info(row)
+            session.delete(row)
+            session.commit()
+            return info
+
+    async def revoke(self, key: str) -> TokenInfo:
+        return await asyncio.get_running_loop().run_in_executor(
+            self._pool, lambda: self.revoke_blocking(key))
 
     async def lookup(self, token: str) -> TokenInfo | None:
         """The token's info, or None when it is unknown or expired."""
@@ -126,4 +168,5 @@ def _aware(moment: datetime) -> datetime:
 def _to_info(row: ApiTokenRow) -> TokenInfo:
     return TokenInfo(id=row.id, name=row.name, role=Role(row.role),
                      node_id=NodeId(row.node_id) if row.node_id else None,
-                     expires_at=row.expires_at)
+                     expires_at=_aware(row.expires_at) if row.expires_at else None,
+                     created_at=_aware(row.created_at))

@@ -42,14 +42,19 @@ def http(url: str, body: object | None = None, token: str | None = None) -> Any:
         return response.read().decode()
 
 
-def test_the_inspection_report_links_the_node_to_its_bmc(tmp_path: Path) -> None:
+@pytest.mark.parametrize("allowed", ["127.0.0.0/8", "10.250.0.0/16"],
+                         ids=["in-link-subnets", "outside-held"])
+def test_the_inspection_report_links_the_node_to_its_bmc(tmp_path: Path, allowed: str) -> None:
+    """Security (issue 23, finding 8): a report is unauthenticated, so a BMC address outside
+    ``bmc.link_subnets`` is held for an operator and never gets the site credentials."""
     if (reason := ipmi_sim_unavailable_reason()) is not None:
         pytest.skip(reason)
     boot_port = free_tcp_port()
     password = tmp_path / "default-password"
     settings = ("[lifecycle]\nauto_deploy = false\n\n"
                 f'[http]\nlisten = "127.0.0.1:{boot_port}"\n\n'
-                f'[bmc]\ndefault_username = "{USER}"\ndefault_password = "{PASSWORD}"\n'
+                f'[bmc]\nlink_subnets = ["{allowed}"]\n'
+                f'default_username = "{USER}"\ndefault_password = "{PASSWORD}"\n'
                 "timeout_s = 5\nconfirm_poll_s = 0.2\npower_sync_interval_s = 0\n")
     password.write_text(PASSWORD)
     with running_ipmi_sim(tmp_path / "bmc", address=BMC_ADDRESS, port=623) as bmc, \
@@ -79,6 +84,11 @@ def test_the_inspection_report_links_the_node_to_its_bmc(tmp_path: Path) -> None
         while (shown := cli("node", "show", MAC, "--json"))["state"] != "inspected":
             assert time.monotonic() < deadline and not shown["state"].endswith("_failed"), shown
             time.sleep(0.5)
+        if allowed != "127.0.0.0/8":
+            assert shown["bmc"] is None
+            assert any("held for an operator" in h["reason"] for h in shown["history"])
+            assert bmc.power() == "on"  # never reached with the site credentials
+            return
         assert shown["bmc"] == {"driver": "ipmi", "address": BMC_ADDRESS, "port": None,
                                 "username": None, "password_set": False}
         assert PASSWORD not in json.dumps(shown)

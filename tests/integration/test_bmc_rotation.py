@@ -124,7 +124,7 @@ async def test_redfish_rotation_through_account_service(aiohttp_server: Any,
     await driver.aclose()
 
 
-async def test_api_rotate_returns_no_secret_and_needs_an_operator(
+async def test_api_rotate_returns_no_secret_and_needs_an_admin(
         aiohttp_client: Any, aiohttp_server: Any, store: Store, world: SimWorld) -> None:
     """``POST /nodes/{id}/bmc/rotate`` (what ``provisioner node bmc NODE rotate`` sends)."""
     sim = RedfishSim(user="admin", password="factory-pw")
@@ -138,16 +138,18 @@ async def test_api_rotate_returns_no_secret_and_needs_an_operator(
                    metrics=Metrics(), settings=ApiSettings(), rotation=rotation)
     client = await aiohttp_client(app)
     tokens = {role: (await store.tokens.create(f"{role}-t", role))[1]
-              for role in (Role.VIEWER, Role.OPERATOR)}
+              for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN)}
     node = await store.nodes.create(NewNode(
         state=NodeState.ENROLLED, serial="RF3", bmc_password="factory-pw",
         bmc=BmcEndpoint("redfish", f"http://127.0.0.1:{server.port}", username="admin",
                         password_set=True)), actor="test")
     path = f"/api/v1/nodes/{node.id}/bmc/rotate"
-    denied = await client.post(path, headers={"Authorization": f"Bearer {tokens[Role.VIEWER]}"})
-    assert denied.status == 403
+    for role in (Role.VIEWER, Role.OPERATOR):  # a credential change: admin only
+        denied = await client.post(path, headers={"Authorization": f"Bearer {tokens[role]}"})
+        assert denied.status == 403, role
+    assert sim.password_changes == 0
     reply = await client.post(path, headers={"Authorization":
-                                             f"Bearer {tokens[Role.OPERATOR]}"})
+                                             f"Bearer {tokens[Role.ADMIN]}"})
     text = await reply.text()
     assert reply.status == 200, text
     assert sim.password_changes == 1 and sim.password not in text and "factory-pw" not in text

@@ -98,6 +98,42 @@ async def test_bmc_password_is_encrypted_at_rest(any_store: Store) -> None:
     assert (await any_store.nodes.credentials(node.id)).password == "new-pw"
 
 
+async def test_a_moved_bmc_endpoint_drops_the_stored_password(any_store: Store) -> None:
+    """Security (issue 23, finding 8): a password goes only to the address it was entered
+    for; a move keeps it only when told (zero-touch linking, to an address it trusts)."""
+    bmc = BmcEndpoint(driver="redfish", address="https://10.1.1.1", username="admin")
+    node = await any_store.nodes.create(new(1, bmc=bmc, bmc_password="entered-pw"), actor="t")
+    await any_store.bmc_secrets.begin(node.id, "rotating-pw")
+    same = await any_store.nodes.update_meta(node.id, NodeChange(bmc=bmc))
+    assert same.bmc is not None and same.bmc.password_set
+    kept = BmcEndpoint(driver="redfish", address="https://10.1.1.2", username="admin")
+    moved = await any_store.nodes.update_meta(node.id, NodeChange(bmc=kept,
+                                                                  keep_bmc_password=True))
+    assert moved.bmc is not None and moved.bmc.password_set
+    evil = BmcEndpoint(driver="redfish", address="http://10.9.9.9", username="admin")
+    dropped = await any_store.nodes.update_meta(node.id, NodeChange(bmc=evil))
+    assert dropped.bmc is not None and not dropped.bmc.password_set
+    assert (await any_store.nodes.credentials(node.id)).password is None
+    assert await any_store.bmc_secrets.pending(node.id) is None
+    again = await any_store.nodes.update_meta(node.id, NodeChange(bmc=bmc,
+                                                                  bmc_password="given-pw"))
+    assert again.bmc is not None and again.bmc.password_set
+    assert (await any_store.nodes.credentials(node.id)).password == "given-pw"
+
+
+async def test_api_tokens_listed_without_agent_tokens_and_revoked(any_store: Store) -> None:
+    node = await any_store.nodes.create(new(1), actor="t")
+    _, secret = await any_store.tokens.create("ops", Role.OPERATOR)
+    await any_store.tokens.create("agent-1", Role.AGENT, node_id=node.id)
+    listed = await any_store.tokens.api_tokens()
+    assert [t.name for t in listed] == ["ops"] and listed[0].created_at is not None
+    with pytest.raises(NotFound):
+        await any_store.tokens.revoke("agent-1")  # the daemon's, not an operator's
+    assert (await any_store.tokens.revoke("ops")).name == "ops"
+    assert await any_store.tokens.lookup(secret) is None
+    assert await any_store.tokens.api_tokens() == []
+
+
 async def test_tokens_hashed_and_expiring(any_store: Store) -> None:
     info, token = await any_store.tokens.create("alice", Role.OPERATOR)
     assert token.startswith("pvt_") and (await any_store.tokens.lookup(token)) == info

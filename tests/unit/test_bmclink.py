@@ -3,6 +3,7 @@ a BMC that moved (same MAC), never overwrite what an operator enrolled."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -12,7 +13,8 @@ from provisioner.domain import BmcEndpoint, Node, NodeId
 from provisioner.lifecycle.bmclink import BmcLinkPolicy, reported_bmc
 from provisioner.lifecycle.states import NodeState
 
-LINK = BmcLinkPolicy(driver="ipmi", has_default_credentials=True)
+LINK = BmcLinkPolicy(driver="ipmi", has_default_credentials=True,
+                     subnets=(ipaddress.ip_network("10.0.0.0/24"),))
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 NODE = Node(id=NodeId("n1"), state=NodeState.INSPECTING, hostname=None, serial="S1",
             macs=("52:54:00:00:00:01",), maintenance=False, maintenance_reason="",
@@ -43,6 +45,25 @@ def test_no_link_without_credentials_or_when_turned_off(policy: BmcLinkPolicy,
     assert link.mac == "aa:bb:cc:00:00:01"  # remembered: a later move is recognised
 
 
+@pytest.mark.parametrize("address", ["10.0.1.9", "192.0.2.66", "fd00::9"])
+def test_a_reported_bmc_outside_the_allowed_subnets_is_held(address: str) -> None:
+    """Security: the site default credentials go only where the operator allowed."""
+    link = reported_bmc(NODE, report(address), LINK)
+    assert link is not None and link.endpoint is None and link.mac is None
+    assert "held for an operator" in link.reason
+    nothing_allowed = BmcLinkPolicy(driver="ipmi", has_default_credentials=True)
+    held = reported_bmc(NODE, report("10.0.0.9"), nothing_allowed)
+    assert held is not None and held.endpoint is None
+
+
+def test_a_moved_bmc_outside_the_subnets_is_followed_only_to_our_own_lease() -> None:
+    node = replace(NODE, bmc=ENROLLED, bmc_mac="aa:bb:cc:00:00:01")
+    held = reported_bmc(node, report("192.0.2.66"), LINK)
+    assert held is not None and held.endpoint is None and "held" in held.reason
+    leased = reported_bmc(node, report("192.0.2.66"), LINK, dhcp_bound=True)
+    assert leased is not None and leased.endpoint == replace(ENROLLED, address="192.0.2.66")
+
+
 def test_a_bmc_that_moved_is_followed_keeping_driver_port_and_credentials() -> None:
     node = replace(NODE, bmc=ENROLLED, bmc_mac="aa:bb:cc:00:00:01")
     link = reported_bmc(node, report("10.0.0.77"), LINK)
@@ -70,3 +91,6 @@ def test_same_address_only_remembers_a_new_mac_quietly() -> None:
     link = reported_bmc(replace(NODE, bmc=ENROLLED), report("10.0.0.5"), LINK)
     assert link is not None and (link.endpoint, link.reason) == (None, "")
     assert link.mac == "aa:bb:cc:00:00:01"
+    # a known BMC MAC is never replaced by a report (a later "move" would follow it)
+    known = replace(NODE, bmc=ENROLLED, bmc_mac="aa:bb:cc:00:00:02")
+    assert reported_bmc(known, report("10.0.0.5"), LINK) is None

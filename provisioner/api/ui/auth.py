@@ -1,12 +1,18 @@
 """Sign-in, sign-out and the two guards of console handlers: ``page`` (a signed-in session,
 else a redirect to the sign-in form) and ``form`` (a session, its CSRF token and a role;
-else 403)."""
+else 403).
+
+Every console POST, the sign-in form's included (which has no session and so no CSRF token
+yet: a cross-site page could sign a browser in with the attacker's token), must come from
+the console's own origin: a browser names the page that sent a form (``Origin``, else
+``Referer``; ``Sec-Fetch-Site``), and another site, or ``Origin: null``, is refused (403).
+A client that names none is not a browser following a cross-site form (curl, the CLI)."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 from multidict import MultiDict, MultiDictProxy
@@ -51,8 +57,30 @@ def page(handler: PageHandler) -> Handler:
     return guarded
 
 
+def same_origin(request: web.Request) -> bool:
+    """Whether a form POST comes from a page of this server (see the module docstring)."""
+    site = request.headers.get("Sec-Fetch-Site")
+    if site is not None and site not in ("same-origin", "none"):
+        return False
+    sender = request.headers.get("Origin") or request.headers.get("Referer")
+    if sender is None:
+        return True
+    try:
+        netloc = urlsplit(sender).netloc
+    except ValueError:
+        return False
+    return bool(netloc) and netloc.lower() == (request.host or "").lower()
+
+
+def _cross_origin(request: web.Request) -> web.Response:
+    return refuse(request, 403, "a console form must be sent from the console's own pages "
+                                "(cross-origin request refused)")
+
+
 def form(handler: FormHandler, *, role: Role = Role.OPERATOR) -> Handler:
     async def guarded(request: web.Request) -> web.StreamResponse:
+        if not same_origin(request):
+            return _cross_origin(request)
         session = await current(request)
         if session is None:
             return refuse(request, 403, "not signed in (or the session expired)")
@@ -97,6 +125,8 @@ async def signin_form(request: web.Request) -> web.Response:
 
 
 async def signin(request: web.Request) -> web.StreamResponse:
+    if not same_origin(request):
+        return _cross_origin(request)
     data = await request.post()
     token = data.get("token")
     given = data.get("next")
