@@ -186,3 +186,22 @@ def test_required_classes_exist_with_cited_floors() -> None:
         floors = [cls.nccl_busbw, cls.nvbw_host, cls.nvbw_p2p, cls.ib_bw]
         assert any(floors) and all(f.source for f in floors if f is not None), name
     assert CLASSES["gb200-nvl72"].algorithm == "NVLS" and CLASSES["gb300-nvl72"].gpus == 72
+
+
+def test_acceptance_modules_are_pure() -> None:
+    """Standard library, provisioner.errors and each other only (import-linter checks the
+    I/O frameworks; this checks the rest), and nothing that blocks or spawns."""
+    import ast
+    import sys
+
+    allowed = ("provisioner.errors", "provisioner.acceptance")
+    for path in sorted((ROOT / "provisioner" / "acceptance").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names:
+                    assert top not in {"asyncio", "socket", "subprocess", "threading"}, name
+                elif top != "__future__":
+                    assert name.startswith(allowed), f"{path.name} imports {name}"
