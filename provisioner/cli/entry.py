@@ -16,6 +16,7 @@ from provisioner import __version__
 from provisioner.cli import (
     config,
     db,
+    fabric,
     formatting,
     inventory,
     nodes,
@@ -78,5 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_commands(nodes.add_commands(sub))  # node power|bootdev|bmc after node history
     inventory.add_commands(sub)
     topology.add_commands(sub)
+    fabric.add_commands(sub)
     ramdisk.add_commands(sub)
     return parser

@@ -1,14 +1,19 @@
-"""Judging ``dcgmi diag -r <level> -j`` (the ``facts`` role's module_utils; standard library
-only, runs on the node)."""
+"""Judging ``dcgmi diag -r <level> -j`` (standard library only, runs on the node).
+
+Two byte-for-byte copies: the ``facts`` role's ``module_utils/provisioner_dcgm.py`` (the facts
+module runs it on the node) and ``provisioner/acceptance/dcgm_diag.py`` (fabric acceptance
+judges saved outputs with it); tests/unit/test_acceptance_judge.py checks they are equal."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from typing import Any
 
 MAX_SUMMARY = 4000
 
 
-def judge_dcgm(returncode, out, err):
+def judge_dcgm(returncode: int, out: str, err: str) -> dict[str, Any]:
     """Passed: exit status 0 and no test with status Fail. No JSON at all: dcgmi did not get
     to run the diagnostic (no nv-hostengine, say); its own words are the summary. A failed
     test is named with DCGM's own reason (its warnings) and the GPUs it names.
@@ -30,7 +35,7 @@ def judge_dcgm(returncode, out, err):
         words = " ".join((err or out).split()[-60:])
         return {"ran": returncode == 0, "passed": returncode == 0,
                 "summary": (words or f"exit status {returncode}")[:MAX_SUMMARY]}
-    failed = {}
+    failed: dict[str, list[str]] = {}
     for name, reason in failed_tests(doc, ""):
         failed.setdefault(name, [])
         if reason and reason not in failed[name]:
@@ -47,7 +52,7 @@ def judge_dcgm(returncode, out, err):
     return {"ran": True, "passed": passed, "summary": summary[:MAX_SUMMARY]}
 
 
-def failed_tests(value, name):
+def failed_tests(value: object, name: str) -> Iterator[tuple[str, str]]:
     """(test name, DCGM's reason) of every result whose status is Fail, anywhere in DCGM's
     JSON; the reason is the result's warnings (``warning``, or ``message``) prefixed with
     the GPU (``gpu_ids`` in DCGM 3, ``entity_id`` in 4), "" when DCGM gave none."""
@@ -65,10 +70,10 @@ def failed_tests(value, name):
                 yield from failed_tests(item, here)
 
 
-def dcgm_reason(result):
+def dcgm_reason(result: dict[str, Any]) -> str:
     """DCGM writes ``warnings`` as a list of objects or of strings, and some versions as
     one string or one object: each is one warning (a string is never split up)."""
-    texts = []
+    texts: list[str] = []
     warnings = result.get("warnings") or []
     if not isinstance(warnings, list):
         warnings = [warnings]
