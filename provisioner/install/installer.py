@@ -30,6 +30,7 @@ from provisioner.install.ansible import (
 from provisioner.install.base import AgentEndpoint, OnEvent
 from provisioner.install.events import raise_for
 from provisioner.install.workdir import (
+    FACTS_PLAYBOOK,
     control_path_dir_blocking,
     find_playbooks,
     one_host_inventory,
@@ -115,12 +116,16 @@ class AnsibleInstaller:
         raise_for(await self._runner.run(spec), f"configure {node.hostname or node.id}")
 
     async def collect_facts(self, node: Node, generation: str) -> None:
-        """``facts.yml`` (the ``facts`` role alone): the node reports its facts again."""
+        """``facts.yml`` (the ``facts`` role alone): the node reports its facts again. A site's
+        playbooks dir without it gets ``site.yml`` instead: idempotent, and it ends with the
+        same role."""
         agent_url, agent_token = "", ""
         if self._agent is not None:
             agent_url, agent_token = self._agent.url, await self._agent.issue_token(node.id)
         extravars = self.variables(node) | {"provisioner_agent_url": agent_url}
-        spec = RunSpec(node_id=node.id, run_id=f"{generation}-facts", playbook="facts.yml",
+        playbook = FACTS_PLAYBOOK if (self._runner.options.playbooks
+                                      / FACTS_PLAYBOOK).is_file() else "site.yml"
+        spec = RunSpec(node_id=node.id, run_id=f"{generation}-facts", playbook=playbook,
                        inventory=self.inventory(node), extravars=extravars,
                        secrets={"provisioner_agent_token": agent_token})
         raise_for(await self._runner.run(spec), f"facts of {node.hostname or node.id}")

@@ -24,7 +24,10 @@ from pathlib import Path
 from provisioner.errors import ConfigError
 
 log = logging.getLogger(__name__)
-PLAYBOOKS: tuple[str, ...] = ("site.yml", "join.yml", "facts.yml")
+PLAYBOOKS: tuple[str, ...] = ("site.yml", "join.yml")
+FACTS_PLAYBOOK = "facts.yml"
+"""Optional in a site's own playbooks dir: without it, facts are collected again with the
+idempotent ``site.yml`` (whose ``facts`` role posts them)."""
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ssh appends "/" + a 40-character hash
 
