@@ -17,6 +17,7 @@ from provisioner.cli import (
     config,
     db,
     formatting,
+    health,
     inventory,
     nodes,
     power,
@@ -79,4 +80,5 @@ def build_parser() -> argparse.ArgumentParser:
     inventory.add_commands(sub)
     topology.add_commands(sub)
     ramdisk.add_commands(sub)
+    health.add_commands(sub)
     return parser
