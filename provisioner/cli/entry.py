@@ -18,6 +18,7 @@ from provisioner.cli import (
     db,
     fabric,
     formatting,
+    health,
     inventory,
     nodes,
     power,
@@ -81,4 +82,5 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_commands(sub)
     fabric.add_commands(sub)
     ramdisk.add_commands(sub)
+    health.add_commands(sub)
     return parser

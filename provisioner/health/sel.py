@@ -1,0 +1,92 @@
+"""``ipmitool sel elist`` (or ``sel list``) → findings::
+
+       1 | 06/14/2023 | 10:01:17 | Power Supply PS2 Status | Power Supply AC lost | Asserted
+      2b | 12/06/2024 | 10:07:58 PM EST | Fan #0x48 | Lower Non-recoverable going low  | Deasserted
+      34 | 02/25/2025 | 04:50:09 PM | Memory #0x02 | Uncorrectable ECC (... |  DIMMD7) | Asserted
+
+The sensor column starts with its IPMI sensor type (``Power Supply``, ``Fan``, ``Temperature``,
+``Memory``, ``Processor``, ...). A ``Deasserted`` entry clears the same sensor's same event
+asserted before it; what is still asserted at the end is a finding. Informational events (OS
+boot, ACPI state, log cleared, correctable ECC, non-critical thresholds) are not.
+"""
+
+from __future__ import annotations
+
+import re
+
+from provisioner.health.model import Action, Finding, HealthClass, Source, dedupe
+
+SEL_LINE = re.compile(r"^\s*[0-9a-fA-F]+\s*\|[^|]*\|[^|]*\|[^|]*\|")
+_CRITICAL = re.compile(r"\b(?:critical|non-recoverable)\b going (?:high|low)", re.IGNORECASE)
+_NONCRITICAL = re.compile(r"non-critical", re.IGNORECASE)
+H, A = HealthClass, Action
+
+# (sensor-type words, event words, class, action): first match wins; "" matches anything
+_RULES: tuple[tuple[str, str, HealthClass, Action], ...] = (
+    ("leak", "", H.LEAK, A.SERVICE_REQUIRED),
+    ("", "leak", H.LEAK, A.SERVICE_REQUIRED),
+    ("power supply", "failure detected", H.POWER, A.SERVICE_REQUIRED),
+    ("power supply", "predictive failure", H.POWER, A.SERVICE_REQUIRED),
+    ("power supply", "ac lost", H.POWER, A.SERVICE_REQUIRED),
+    ("power supply", "configuration error", H.POWER, A.SERVICE_REQUIRED),
+    ("power", "redundancy lost", H.POWER, A.SERVICE_REQUIRED),
+    ("voltage", "critical", H.POWER, A.DRAIN),
+    ("fan", "critical", H.THERMAL, A.SERVICE_REQUIRED),
+    ("fan", "non-recoverable", H.THERMAL, A.SERVICE_REQUIRED),
+    ("cooling", "redundancy lost", H.THERMAL, A.SERVICE_REQUIRED),
+    ("temperature", "critical", H.THERMAL, A.DRAIN),
+    ("temperature", "non-recoverable", H.THERMAL, A.DRAIN),
+    ("processor", "thermal trip", H.THERMAL, A.SERVICE_REQUIRED),
+    ("memory", "uncorrectable", H.HOST_MEMORY, A.SERVICE_REQUIRED),
+    ("memory", "device disabled", H.HOST_MEMORY, A.SERVICE_REQUIRED),
+    ("memory", "logging limit reached", H.HOST_MEMORY, A.DRAIN),
+    ("memory", "parity", H.HOST_MEMORY, A.SERVICE_REQUIRED),
+    ("processor", "ierr", H.HARDWARE, A.POWER_CYCLE),
+    ("processor", "machine check", H.HARDWARE, A.RESTART_OS),
+    ("critical interrupt", "uncorrectable", H.HARDWARE, A.RESTART_OS),
+    ("critical interrupt", "fatal", H.HARDWARE, A.RESTART_OS),
+    ("critical interrupt", "serr", H.HARDWARE, A.RESTART_OS),
+    ("drive", "fault", H.HARDWARE, A.SERVICE_REQUIRED),
+    ("drive", "predictive failure", H.HARDWARE, A.DRAIN),
+)
+
+
+def is_sel(text: str) -> bool:
+    lines = [line for line in text.splitlines() if line.strip()]
+    hits = sum(1 for line in lines if SEL_LINE.match(line))
+    return hits > 0 and hits * 2 >= len(lines)
+
+
+def classify_sel(text: str) -> list[Finding]:
+    asserted: dict[tuple[str, str], Finding] = {}
+    for raw in text.splitlines():
+        if not SEL_LINE.match(raw):
+            continue
+        fields = [field.strip() for field in raw.split("|")]
+        # id | date | time | sensor | event... | direction (the event may hold "|" itself)
+        sensor, direction = fields[3], fields[-1]
+        event = " ".join(fields[4:-1]) if direction.lower() in ("asserted", "deasserted") \
+            else " ".join(fields[4:])
+        key = (sensor.lower(), event.lower())
+        if direction.lower() == "deasserted":
+            asserted.pop(key, None)
+            continue
+        finding = _rule(sensor, event, raw.strip())
+        if finding is not None:
+            asserted[key] = finding
+    return dedupe(list(asserted.values()))
+
+
+def _rule(sensor: str, event: str, line: str) -> Finding | None:
+    lowered_sensor, lowered_event = sensor.lower(), event.lower()
+    if _NONCRITICAL.search(lowered_event):
+        return None
+    for sensor_words, event_words, cls, action in _RULES:
+        if sensor_words and sensor_words not in lowered_sensor:
+            continue
+        if event_words and event_words not in lowered_event:
+            continue
+        if event_words in ("critical", "non-recoverable") and not _CRITICAL.search(event):
+            continue
+        return Finding(cls, action, line, Source.IPMI_SEL, f"{sensor}: {event}")
+    return None
