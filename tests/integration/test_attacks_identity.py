@@ -30,11 +30,16 @@ from typing import Any
 import pytest
 
 from provisioner.boot.dhcp_codec import MessageType, Opt
+from provisioner.errors import ProvisionerError
+from provisioner.lifecycle.states import NodeState as S
+from provisioner.store.store import Store
 from tests.e2e.test_cli_api import running_daemon
+from tests.integration.ansible_support import make_installer, short_dir, target_settings
 from tests.integration.test_boot_http import host_facts
 from tests.peers.dhcp_client import PXE_UEFI_X64, ScriptedClient, request_packet
 from tests.peers.dhcp_netns import Namespace, entered, netns_unavailable_reason, veth
 from tests.peers.ports import free_tcp_port
+from tests.peers.sshd import ssh_node
 
 _why_not = netns_unavailable_reason()
 pytestmark = [pytest.mark.root, pytest.mark.timeout(180)]
@@ -295,3 +300,35 @@ def test_a_callback_no_step_waits_for_does_not_redirect_ansible(tmp_path: Path) 
                             {"event": "booted", "hostname": "victim-3",
                              "address": "127.0.0.1"})
         assert status == 422 and "claims address" in text
+
+
+async def test_ansible_accepts_only_the_host_keys_the_callback_delivered(
+        store: Store, make_node: Any, tmp_path: Path) -> None:
+    """Finding 3, the other half: Ansible ran with ``StrictHostKeyChecking=no``, so whoever
+    answered at the node's address got the run (and ``join.yml``'s bootstrap token). Now
+    the keys the booted callback delivered are the only ones accepted, whatever
+    ``install.ssh_common_args`` says (here the test peer's own ``StrictHostKeyChecking=no``)."""
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    (playbooks / "join.yml").write_text("- hosts: all\n  tasks: []\n")
+    (playbooks / "site.yml").write_text(
+        "- hosts: all\n  gather_facts: false\n  tasks:\n"
+        "    - name: Reach the node\n      ansible.builtin.raw: 'true'\n")
+    impostor = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)],
+                   check=True)
+    with short_dir() as work, ssh_node(work / "node") as target:
+        real = (work / "node" / "upper" / "etc" / "ssh" / "provisioner-test"
+                / "host_ed25519.pub").read_text()
+        installer, pool = make_installer(target_settings(target, playbooks_dir=playbooks),
+                                         work / "state")
+        node = await make_node(S.CONFIGURING, hostname="gpu-keys-01")
+        await store.nodes.merge_facts(node.id, {
+            "address": target.address, "ssh_known_hosts_id": "a",
+            "ssh_host_keys": [impostor.with_suffix(".pub").read_text().strip()]})
+        with pytest.raises(ProvisionerError, match="(?i)host key|unreachable"):
+            await installer.configure(await store.nodes.get(node.id), "run-1")
+        await store.nodes.merge_facts(node.id, {"ssh_known_hosts_id": "b",
+                                                "ssh_host_keys": [real.strip()]})
+        await installer.configure(await store.nodes.get(node.id), "run-2")
+        pool.shutdown()
