@@ -17,6 +17,7 @@ never cuts off the agent holding the old one; the OS is reached at an address we
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -315,8 +316,8 @@ async def test_ansible_accepts_only_the_host_keys_the_callback_delivered(
         "- hosts: all\n  gather_facts: false\n  tasks:\n"
         "    - name: Reach the node\n      ansible.builtin.raw: 'true'\n")
     impostor = tmp_path / "impostor"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)],
-                   check=True)
+    await asyncio.to_thread(subprocess.run, ["ssh-keygen", "-q", "-t", "ed25519", "-N", "",
+                                             "-f", str(impostor)], check=True)
     with short_dir() as work, ssh_node(work / "node") as target:
         real = (work / "node" / "upper" / "etc" / "ssh" / "provisioner-test"
                 / "host_ed25519.pub").read_text()
