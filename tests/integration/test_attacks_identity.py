@@ -30,12 +30,15 @@ from typing import Any
 
 import pytest
 
+from provisioner.agent.__main__ import AgentClient, kernel_args
 from provisioner.boot.dhcp_codec import MessageType, Opt
 from provisioner.errors import ProvisionerError
 from provisioner.lifecycle.states import NodeState as S
+from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.e2e.test_cli_api import running_daemon
 from tests.integration.ansible_support import make_installer, short_dir, target_settings
+from tests.integration.boot_support import MAC, running_segment
 from tests.integration.test_boot_http import host_facts
 from tests.peers.dhcp_client import PXE_UEFI_X64, ScriptedClient, request_packet
 from tests.peers.dhcp_netns import Namespace, entered, netns_unavailable_reason, veth
@@ -333,3 +336,23 @@ async def test_ansible_accepts_only_the_host_keys_the_callback_delivered(
                                                 "ssh_host_keys": [real.strip()]})
         await installer.configure(await store.nodes.get(node.id), "run-2")
         pool.shutdown()
+
+
+async def test_an_agent_whose_token_was_revoked_fetches_a_fresh_one(
+        store: Store, world: SimWorld, tmp_path: Path) -> None:
+    """Finding 7, the agent's half: on a 401 the agent fetched nothing and exited (the node
+    sat in ``deploying`` for an hour); now it fetches its boot script again and goes on."""
+    async with running_segment(store, world, tmp_path) as booted:
+        status, script = await booted.script("127.0.0.1")
+        assert status == 200
+    args = kernel_args(script)
+    node = await store.nodes.find(MAC)
+    await store.tokens.revoke_for_node(node.id)  # what the old code's restart did to it
+    async with running_segment(store, world, tmp_path) as restarted:  # the next daemon
+        client = AgentClient(restarted.url, args["token"], args["mac"])
+        command = await asyncio.to_thread(client.call, "GET", "/agent/v1/command")
+        assert command["command"] in ("wait", "report")
+        assert client.token != args["token"]  # the script's fresh token
+        stranger = AgentClient(restarted.url, "pvt_not-a-token")  # no MAC: no refetch
+        with pytest.raises(RuntimeError, match="401"):
+            await asyncio.to_thread(stranger.call, "GET", "/agent/v1/command")
