@@ -35,9 +35,17 @@ def kernel_args(text: str) -> dict[str, str]:
 
 
 class AgentClient:
-    def __init__(self, url: str, token: str) -> None:
+    """Calls to the agent API with the node's token. A 401 (the daemon restarted and issued
+    a fresh token, or this one expired) is not the end: the agent fetches its boot script
+    again (``/boot/<mac>.ipxe``, served only to the address the daemon bound for this MAC)
+    and goes on with the token in it; a 4xx that persists is final (raises)."""
+
+    def __init__(self, url: str, token: str, mac: str = "", *,
+                 max_refreshes: int = 10) -> None:
         self.url = url.rstrip("/")
         self.token = token
+        self.mac = mac
+        self._max_refreshes = max_refreshes
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         """Retry until the daemon answers; a 4xx with a reason is final (raises)."""
@@ -45,19 +53,39 @@ class AgentClient:
 
     def fetch(self, method: str, path: str, body: dict[str, Any] | None = None) -> bytes:
         """``call`` without JSON decoding of the answer (the cloud-init seed)."""
-        delay = 1.0
+        delay, refreshes = 1.0, 0
         while True:
             try:
                 return self._call_once(method, path, body)
             except urllib.error.HTTPError as exc:
                 detail = exc.read().decode(errors="replace")[:500]
-                if 400 <= exc.code < 500:
+                if exc.code == 401 and self.mac and refreshes < self._max_refreshes:
+                    refreshes += 1
+                    if self._refresh_token():
+                        continue
+                elif 400 <= exc.code < 500:
                     raise RuntimeError(f"{method} {path}: {exc.code}: {detail}") from None
                 log.warning("%s %s: %s; retrying in %.0f s", method, path, exc.code, delay)
             except (OSError, ValueError) as exc:
                 log.warning("%s %s: %s; retrying in %.0f s", method, path, exc, delay)
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
+
+    def _refresh_token(self) -> bool:
+        """The token of this node's boot script, if it is another one than ours."""
+        request = urllib.request.Request(f"{self.url}/boot/{self.mac}.ipxe")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                script = response.read().decode(errors="replace")
+        except (OSError, ValueError) as exc:
+            log.warning("fetching a fresh token failed: %s", exc)
+            return False
+        token = kernel_args(script).get("token")
+        if not token or token == self.token:
+            return False
+        log.info("the daemon issued a fresh token; going on with it")
+        self.token = token
+        return True
 
     def _call_once(self, method: str, path: str, body: dict[str, Any] | None) -> bytes:
         data = json.dumps(body).encode() if body is not None else None
@@ -76,7 +104,7 @@ def run(
     device_dir: Path = Path("/dev"),
 ) -> int:
     """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``."""
-    client = AgentClient(args["url"], args["token"])
+    client = AgentClient(args["url"], args["token"], args.get("mac", ""))
     _report(client, args, gather)
     done: set[str] = set()  # deployments written: a repeated job (daemon restart) is a no-op
     while True:

@@ -35,7 +35,7 @@ from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_scr
 from provisioner.boot.sockets import DatagramSocket, add_arp_entry, udp_socket
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.errors import ConfigError
-from provisioner.store.leases import AddressRange, Holder, LeaseRepo
+from provisioner.store.leases import AddressRange, DeclineOutcome, Holder, LeaseRepo
 from provisioner.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -306,13 +306,28 @@ class DhcpServer:
                                    hostname=holder.hostname, boot=boot)
 
     async def _decline(self, packet: DhcpPacket, request: BootRequest) -> None:
+        """RFC 2131: a DECLINE names the address (option 50) and this server (option 54,
+        a MUST). Anyone can send one with any ``chaddr``: only a dynamic address bound to
+        that client is parked; a known node's reservation is never touched
+        (``LeaseRepo.decline``), the refusal is counted in the drop summary."""
         ip = _safe_requested(packet)
-        if ip is None or packet.server_id not in (None, self._server_id):
+        if ip is None or packet.server_id != self._server_id:
+            self._drop("DECLINE without this server's id or an address", ("0.0.0.0", 0))
             return
-        if await self._lease_repo().decline(request.mac, ip,
-                                            hold_s=self._settings.decline_hold_s):
+        if await self._inventory.lookup(request.mac) is not None:
+            outcome = DeclineOutcome.RESERVED  # a node's lease, even one bound before it was
+        else:  # known: what its agent token is bound to
+            outcome = await self._lease_repo().decline(
+                request.mac, ip, client_id=_client_id(packet),
+                hold_s=self._settings.decline_hold_s)
+        if outcome is DeclineOutcome.DECLINED:
             log.warning("DHCP: %s declined %s (in use by another host); held for %s s",
                         request.mac, ip, self._settings.decline_hold_s)
+        elif outcome is DeclineOutcome.RESERVED:
+            self._drop("DECLINE of a known node's reserved address ignored", ("0.0.0.0", 0))
+        else:
+            self._drop("DECLINE of an address not bound to that client ignored",
+                       ("0.0.0.0", 0))
 
     # -- sending ------------------------------------------------------------------------------
 

@@ -99,7 +99,7 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
                               token_ttl_s=settings.boot.agent_token_ttl_s,
                               agent_tokens=agent_tokens, jobs=jobs, callbacks=callbacks,
                               bmc_link=bmc_link_policy(settings.bmc),
-                              binding=AgentBinding(leases))
+                              binding=AgentBinding(leases, authoritative=True))
         config = BootHttpConfig(
             base_url=base_url(settings),
             artefacts_dir=settings.boot.artefacts_dir or settings.state_dir / "artefacts",

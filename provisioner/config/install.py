@@ -22,9 +22,10 @@ class InstallSettings(Section):
         "ssh's own defaults and agent")
     ssh_port: int = Field(22, ge=1, le=65535, description="SSH port of the nodes")
     ssh_common_args: str = Field(
-        "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10",
-        description="Extra ssh options (ansible_ssh_common_args); the default trusts a freshly "
-        "imaged node's new host key")
+        "-o ConnectTimeout=10",
+        description="Extra ssh options (ansible_ssh_common_args), after the host key pinning "
+        "the daemon sets (a node's keys from its booted callback, StrictHostKeyChecking=yes; "
+        "else the first key seen): ssh takes the first value, so these cannot turn it off")
     address_fallback: Literal["hostname", "none"] = Field(
         "hostname", description="Address of a node without facts.address: its hostname "
         "(resolved by DNS), or none (the step fails)")

@@ -233,7 +233,10 @@ class AnsibleRun:
     def _envvars_blocking(self) -> dict[str, str]:
         options = self._options
         env = {"PATH": str(options.binary.parent) + os.pathsep + os.environ.get("PATH", ""),
-               "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "True"}
+               "ANSIBLE_RETRY_FILES_ENABLED": "False", "ANSIBLE_NOCOLOR": "True",
+               # ansible-runner's default is False, which puts StrictHostKeyChecking=no
+               # ahead of the node's pinned keys (install/known_hosts.py)
+               "ANSIBLE_HOST_KEY_CHECKING": "True"}
         if options.control_path_dir is not None:
             env["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(options.control_path_dir)
         return env

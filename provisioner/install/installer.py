@@ -1,8 +1,9 @@
 """``AnsibleInstaller``: the ``configuring`` step (``site.yml``) and the ``kubeadm join`` hook
 (``join.yml``), both run through ``AnsibleRunner``.
 
-The node's address: ``node.facts["address"]`` when set (whoever learns it, e.g. the DHCP
-lease or the image deploy, merges it there); otherwise, with ``install.address_fallback =
+The node's address: ``node.facts["address"]`` when set (the deploy's expected callback sets
+it: the address our DHCP server bound for the node, else the one its token is bound to);
+its SSH host keys are pinned (``known_hosts.py``); otherwise, with ``install.address_fallback =
 "hostname"`` (the default), the node's hostname, resolved by the site's DNS; otherwise the
 step fails saying so.
 
@@ -12,6 +13,7 @@ token as ``kube_join_token``, the node's agent token as ``provisioner_agent_toke
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 from concurrent.futures import Executor
@@ -29,6 +31,7 @@ from provisioner.install.ansible import (
 )
 from provisioner.install.base import AgentEndpoint, OnEvent
 from provisioner.install.events import raise_for
+from provisioner.install.known_hosts import known_hosts_blocking
 from provisioner.install.workdir import (
     FACTS_PLAYBOOK,
     control_path_dir_blocking,
@@ -111,7 +114,7 @@ class AnsibleInstaller:
             agent_url, agent_token = self._agent.url, await self._agent.issue_token(node.id)
         extravars = self.variables(node) | {"provisioner_agent_url": agent_url}
         spec = RunSpec(node_id=node.id, run_id=generation, playbook="site.yml",
-                       inventory=self.inventory(node), extravars=extravars,
+                       inventory=await self.pinned_inventory(node), extravars=extravars,
                        secrets={"provisioner_agent_token": agent_token})
         raise_for(await self._runner.run(spec), f"configure {node.hostname or node.id}")
 
@@ -140,17 +143,23 @@ class AnsibleInstaller:
             "kube_node_name": node.hostname.lower(),
         }
         spec = RunSpec(node_id=node.id, run_id=f"join-{node.history_seq}", playbook="join.yml",
-                       inventory=self.inventory(node), extravars=extravars,
+                       inventory=await self.pinned_inventory(node), extravars=extravars,
                        secrets={"kube_join_token": ticket.token})
         raise_for(await self._runner.run(spec), f"kubeadm join of {node.hostname}")
 
-    def inventory(self, node: Node) -> dict[str, object]:
+    async def pinned_inventory(self, node: Node) -> dict[str, object]:
+        """``inventory`` with the node's pinned host keys (``known_hosts.py``)."""
+        pinning = await asyncio.to_thread(known_hosts_blocking, node,
+                                          self._runner.options.state_dir)
+        return self.inventory(node, host_key_args=pinning)
+
+    def inventory(self, node: Node, *, host_key_args: str = "") -> dict[str, object]:
         settings = self._settings
         hostvars: dict[str, object] = {
             "ansible_host": node_address(node, settings.address_fallback),
             "ansible_port": settings.ssh_port,
             "ansible_user": settings.ssh_user,
-            "ansible_ssh_common_args": settings.ssh_common_args,
+            "ansible_ssh_common_args": f"{host_key_args} {settings.ssh_common_args}".strip(),
             "ansible_python_interpreter": "auto_silent",
         }
         if settings.ssh_private_key_file is not None:

@@ -66,12 +66,21 @@ def build_seed(spec: SeedSpec) -> bytes:
     return out.getvalue()
 
 
+#: the OS's host public keys (cloud-init generated them before ``runcmd``), as JSON strings
+#: "<type> <base64>" joined by commas
+_HOST_KEYS = (r"""keys=$(cat /etc/ssh/ssh_host_*_key.pub 2>/dev/null | awk """
+              r"""'NF >= 2 {printf "%s\"%s %s\"", (n++ ? "," : ""), $1, $2}'); """)
+
+
 def _callback_script(spec: SeedSpec) -> str:
-    """POST ``booted`` with the hostname the OS ended up with; retried for ten minutes
-    (the daemon may be restarting). curl, else wget."""
+    """POST ``booted`` with the hostname the OS ended up with and its SSH host public keys
+    (the only ones Ansible then accepts from it, ``install/known_hosts.py``); retried for
+    ten minutes (the daemon may be restarting). curl, else wget."""
     auth, url = _sh(f"Authorization: Bearer {spec.token}"), _sh(spec.callback_url)
     return (
-        'body="{\\"event\\": \\"booted\\", \\"hostname\\": \\"$(hostname)\\"}"; '
+        _HOST_KEYS
+        + 'body="{\\"event\\": \\"booted\\", \\"hostname\\": \\"$(hostname)\\", '
+        '\\"host_keys\\": [$keys]}"; '
         "for i in $(seq 60); do "
         f"curl -fsS -m 30 -X POST -H {auth} -H 'Content-Type: application/json' "
         f'--data "$body" {url} && exit 0; '

@@ -4,10 +4,13 @@ The provisioning network is hostile: ``GET /boot/<mac>.ipxe`` hands the node's a
 whoever asks with that MAC. So a token is bound to its node *and* to a source address:
 
 - **a DHCP lease** (``dhcp.mode = authoritative``): the addresses our DHCP server gave the
-  node's MACs. The boot script (which carries the token) is served only to them, and every
-  agent call (facts, command, result, seed, callback, fabric) must come from one of them.
+  node's MACs. The boot script (which carries the token) is served only to them (and to
+  nobody while the node has no lease: no first use), and every agent call (facts, command,
+  result, seed, callback, fabric) must come from one of them. No client message removes a
+  known node's lease (a DECLINE is ignored for it, ``LeaseRepo.decline``).
 - **no lease** (proxy DHCP, a relay to a site's DHCP, ``dhcp.mode = off``): trust on first
-  use. The first address a token is used from is the only one it works from afterwards. When
+  use. The first address a token is used from is the only one it works from afterwards
+  (per token: a fresh token issued meanwhile never moves an older one's binding). When
   the agent reports the image written, the node reboots into its OS, whose address may differ:
   the binding is released and the OS's first call binds again. A binding unused for
   ``idle_rebind_s`` (the agent polls every few seconds while it runs; a node that reboots
@@ -78,17 +81,22 @@ class RefusalLog:
 
 
 class AgentBinding:
-    """The address rule above, for one daemon. First-use bindings live in memory (a restart
-    binds again at the next call); lease bindings are read from the lease store each time."""
+    """The address rule above, for one daemon. First-use bindings live in memory, one per
+    token (a restart binds each token again at its next call; a fresh token never moves the
+    binding of an older one); lease bindings are read from the lease store each time.
+    ``authoritative``: our DHCP server gives the addresses, so a boot script, which carries
+    the token, goes only to a leased address: a node without a lease gets none (no first use
+    for a token a script hands out)."""
 
-    def __init__(self, leases: LeasedAddresses | None = None, *,
+    def __init__(self, leases: LeasedAddresses | None = None, *, authoritative: bool = False,
                  max_bindings: int = _MAX_BINDINGS, idle_rebind_s: float = IDLE_REBIND_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._leases = leases
+        self._authoritative = authoritative and leases is not None
         self._max = max_bindings
         self._idle_rebind_s = idle_rebind_s
         self._clock = clock
-        # node id -> (sha256 of the token, address it was first used from, last used)
+        # sha256 of a token -> (node id, address it was first used from, last used)
         self._first_use: OrderedDict[str, tuple[str, str, float]] = OrderedDict()
 
     async def leased(self, macs: tuple[str, ...]) -> set[str]:
@@ -102,13 +110,18 @@ class AgentBinding:
         return found
 
     async def check_boot(self, node_id: str, macs: tuple[str, ...], remote: str | None) -> None:
-        """A boot script (with the token in it) goes only to a leased address, if any."""
+        """A boot script (with the token in it) goes only to a leased address, if any (in
+        authoritative mode, only to one)."""
         leased = await self.leased(macs)
         address = canonical_ip(remote)
         if leased and address not in leased:
             raise SourceRefused(
                 f"boot script of node {node_id} asked for from {address or 'an unknown address'}"
                 f"; the DHCP server bound {', '.join(sorted(leased))} for its MAC")
+        if not leased and self._authoritative:
+            raise SourceRefused(
+                f"boot script of node {node_id} asked for from {address or 'an unknown address'}"
+                "; the DHCP server bound no address for its MAC")
 
     async def check_call(self, node_id: str, macs: tuple[str, ...], token: str,
                          remote: str | None) -> None:
@@ -127,19 +140,19 @@ class AgentBinding:
             raise SourceRefused(f"agent token of node {node_id} used from {shown}")
         digest = hashlib.sha256(token.encode()).hexdigest()
         now = self._clock()
-        bound = self._first_use.get(node_id)
-        if bound is not None and bound[0] == digest and bound[1] != address \
-                and now - bound[2] < self._idle_rebind_s:
+        bound = self._first_use.get(digest)
+        if bound is not None and bound[1] != address and now - bound[2] < self._idle_rebind_s:
             raise SourceRefused(
                 f"agent token of node {node_id} used from {shown}; it is bound to "
                 f"{bound[1]}, the first address it was used from")
-        # first use, a fresh token, the same address, or a binding idle long enough
-        self._first_use[node_id] = (digest, address, now)
-        self._first_use.move_to_end(node_id)
+        # first use, the same address, or a binding idle long enough
+        self._first_use[digest] = (node_id, address, now)
+        self._first_use.move_to_end(digest)
         while len(self._first_use) > self._max:
             self._first_use.popitem(last=False)
 
     def release(self, node_id: str) -> None:
         """The node reboots into another system (its image is written): its next call binds
-        the token again (first-use rule only; a lease binding stays)."""
-        self._first_use.pop(node_id, None)
+        its tokens again (first-use rule only; a lease binding stays)."""
+        for digest in [d for d, (owner, _, _) in self._first_use.items() if owner == node_id]:
+            del self._first_use[digest]

@@ -33,7 +33,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import AgentJobQueue, NoAgentJobs
 from provisioner.lifecycle.row_budget import RowBudget, with_skipped
 from provisioner.lifecycle.states import IN_FLIGHT, NodeState
-from provisioner.lifecycle.steps import IMAGE_WRITTEN
+from provisioner.lifecycle.steps import BOOTED, IMAGE_WRITTEN, INSTALLED
 from provisioner.store.repo import NodeChange, NodeRepo
 from provisioner.store.tokens import TokenRepo
 
@@ -87,9 +87,13 @@ class ReportResult:
 
 
 class AgentTokens:
-    """Single-purpose agent tokens, one per node. A node that fetches its script again while
-    its token has more than half its life left gets the same one (no writes); a fresh one
-    revokes the earlier ones. Shared by the boot server and the Ansible ``facts`` role."""
+    """Single-purpose agent tokens of a node. A node that fetches its script again while its
+    token has more than half its life left gets the same one (no writes). A fresh one (the
+    cached one is old, or the daemon restarted and rebuilds a deploy's seed) never cuts off
+    an agent holding an earlier one mid-step: earlier tokens stay valid until they expire
+    (``boot.agent_token_ttl_s``), each bound to its own address; ``revoke`` (the deployed
+    OS's callback taken) ends them all. Shared by the boot server and the Ansible ``facts``
+    role."""
 
     def __init__(self, tokens: TokenRepo, *, ttl_s: int,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
@@ -113,7 +117,7 @@ class AgentTokens:
         expires = now + self._ttl
         _, token = await self._tokens.replace_for_node(
             f"agent:{node_id}:{secrets.token_hex(4)}", Role.AGENT, node_id=node_id,
-            expires_at=expires)
+            expires_at=expires, keep_valid=True)
         self._issued[node_id] = (token, expires)
         return token
 
@@ -236,15 +240,17 @@ class AgentService:
         return ReportResult(node_id=target.id, token=token)
 
     async def _check_adoptable(self, node: Node, owner: Node, facts: dict[str, Any]) -> None:
-        """A report claiming the serial of a node past inspection, or of one whose known MACs
-        the reporting machine does not have, is refused (an attacker on the provisioning
-        network could otherwise take over that machine's identity); the report is kept on
-        the reporting node so an operator can confirm."""
-        reported = {nic["mac"] for nic in facts["nics"]}
+        """A report claiming the serial of a node past inspection, or of one enrolled with
+        MACs none of which is a MAC the reporting node booted with, is refused (an attacker
+        on the provisioning network could otherwise take over that machine's identity); the
+        report is kept on the reporting node so an operator can confirm. The reporting
+        node's MACs are the ones our DHCP server and boot server saw it boot with (its agent
+        token is bound to their lease); the NICs a report lists are claims and never count."""
         if owner.state not in ADOPTABLE_BY_REPORT:
             why = f"which is {owner.state}"
-        elif owner.macs and not reported & set(owner.macs):
-            why = f"whose known MACs ({', '.join(owner.macs)}) are not among its NICs"
+        elif owner.macs and not set(node.macs) & set(owner.macs):
+            why = (f"enrolled with MACs {', '.join(owner.macs)}, none of which it booted "
+                   f"with ({', '.join(node.macs) or 'no MAC'})")
         else:
             return
         reason = (f"report from node {node.id} claims serial {owner.serial!r} of node "
@@ -314,28 +320,55 @@ class AgentService:
 
     async def callback(self, node_id: str, body: dict[str, Any], *,
                        remote: str | None = None) -> bool:
-        """The deployed OS (or an installer) says it is up: a history row, and the waiting
-        deploy step's answer. True when a step was waiting for it. ``remote``, the address
-        the call came from, is where the OS can be reached: it becomes ``facts.address``
-        (what Ansible connects to at ``configuring``)."""
+        """The deployed OS (or an installer) says it is up: the waiting deploy step's answer
+        and a history row. True when a step was waiting for it. Only while the node's deploy
+        waits for this callback (``expects_callback``) does it change anything: the OS is
+        then reached (Ansible, ``configuring``) at ``facts.address``, the address our DHCP
+        server bound for the node (else the address the token is bound to: the call's
+        source), with the host keys the callback delivered (``facts.ssh_host_keys``). Any
+        other callback is ignored with a coalesced history row; one whose body claims
+        another address than its source is refused (422)."""
         callback = Callback.parse(body)  # InvalidRequest: 422
+        node = await self._repo.get(node_id)
+        source = canonical_ip(remote)
+        if callback.address is not None and canonical_ip(callback.address) != source:
+            reason = (f"{callback.event} callback from {source or 'an unknown address'} "
+                      f"claims address {callback.address[:64]!r}: refused")
+            await self._record_refusal(node_id, "callback_refused", remote, reason)
+            raise InvalidRequest(reason)
+        if not self._expects_callback(node):
+            await self._record_refusal(
+                node_id, "callback_ignored", remote,
+                f"{callback.event} callback from {source or 'an unknown address'} while no "
+                f"deploy step waits for one (node {node.state}): ignored")
+            return False
+        leased = await self._binding.leased(node.macs)
+        address = min(leased) if leased and source not in leased else source
         if callback.event == "installed":  # the installed OS, next, may have another address
             self._binding.release(node_id)
-        node = await self._repo.get(node_id)
-        address = canonical_ip(remote)
-        if address is not None and node.facts.get("address") != address:
-            node = await self._repo.merge_facts(node_id, {"address": address})
-        where = f" from {address}" if address is not None else ""
-        if (skipped := self._rows.admit(node_id, callback.event)) is not None:
-            await self._conductor.record(
-                node_id, callback.event, actor="node",
-                reason=with_skipped(f"hostname {callback.hostname!r}{where}", skipped))
-        if self._callbacks is None or node.state not in IN_FLIGHT:
+        facts: dict[str, Any] = {"ssh_host_keys": list(callback.host_keys)}
+        if address is not None:
+            facts["address"] = address
+        node = await self._repo.merge_facts(node_id, facts)
+        where = f" from {source}" if source is not None else ""
+        keys = f", {len(callback.host_keys)} SSH host keys" if callback.host_keys else ""
+        await self._conductor.record(node_id, callback.event, actor="node",
+                                     reason=f"hostname {callback.hostname!r}{where}{keys}")
+        if self._callbacks is None:
             return False
         waited = self._callbacks.deliver(node_id, callback)
         if waited:  # the token sits in the seed on the node's disk: used up now
             await self._agent_tokens.revoke(node_id)
         return waited
+
+    def _expects_callback(self, node: Node) -> bool:
+        """The node's deploy waits (or is about to wait) for the OS's callback: its image is
+        written (or it runs an installer) and no callback was taken yet."""
+        if self._callbacks is None or node.state is not NodeState.DEPLOYING:
+            return False
+        if BOOTED in node.checkpoint or INSTALLED in node.checkpoint:
+            return False
+        return IMAGE_WRITTEN in node.checkpoint or self._callbacks.uses_installer(node)
 
     def _check(self, node: Node, mac: str, facts: object) -> dict[str, Any]:
         try:

@@ -1,8 +1,11 @@
 """The installed OS's "I am up" callback, handed to the deploy step that waits for it.
 
 The booted OS (cloud-init's ``runcmd`` from the seed, or an installer template's last step)
-POSTs ``{"event": "booted" | "installed", "hostname": "..."}`` to ``/agent/v1/callback`` with
-the node's agent token. Either event ends the wait. A callback that arrives before the step
+POSTs ``{"event": "booted" | "installed", "hostname": "...", "host_keys": ["ssh-ed25519
+AAAA...", ...]}`` to ``/agent/v1/callback`` with the node's agent token. Either event ends the
+wait. ``host_keys`` (optional) are the OS's SSH host public keys: delivered over the token's
+address-bound channel while the deploy step waits, they become the only keys Ansible accepts
+from the node (``install/known_hosts.py``). A callback that arrives before the step
 waits (a fast boot, a daemon restart) is kept until the step asks for it; the step drops
 stale ones before it reboots the node (``forget``).
 """
@@ -10,6 +13,7 @@ stale ones before it reboots the node (``forget``).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Final
@@ -21,12 +25,18 @@ from provisioner.lifecycle.routing import is_simulated
 EVENTS: Final = frozenset({"booted", "installed"})
 _MAX_PENDING = 10_000
 _MAX_HOSTNAME = 253
+_MAX_HOST_KEYS = 8
+#: an OpenSSH public key line: type and base64 blob (a comment, if any, is dropped)
+_HOST_KEY = re.compile(r"(ssh-ed25519|ecdsa-sha2-nistp(?:256|384|521)|ssh-rsa) "
+                       r"([A-Za-z0-9+/]{20,8192}={0,2})(?: [\x21-\x7e]{0,255})?")
 
 
 @dataclass(frozen=True, slots=True)
 class Callback:
     event: str
     hostname: str
+    host_keys: tuple[str, ...] = ()  # "<type> <base64>", comments dropped
+    address: str | None = None  # an address the body claims (never trusted: compared)
 
     @classmethod
     def parse(cls, body: dict[str, object]) -> Callback:
@@ -37,7 +47,24 @@ class Callback:
         if not isinstance(hostname, str) or len(hostname) > _MAX_HOSTNAME:
             raise InvalidRequest(f"hostname: must be a string of at most {_MAX_HOSTNAME} "
                                  "characters")
-        return cls(str(event), hostname)
+        address = body.get("address")
+        if address is not None and (not isinstance(address, str) or len(address) > 64):
+            raise InvalidRequest("address: must be a string of at most 64 characters")
+        return cls(str(event), hostname, _host_keys(body.get("host_keys", [])), address)
+
+
+def _host_keys(raw: object) -> tuple[str, ...]:
+    if not isinstance(raw, list) or len(raw) > _MAX_HOST_KEYS:
+        raise InvalidRequest(f"host_keys: must be a list of at most {_MAX_HOST_KEYS} SSH "
+                             "public keys")
+    keys = []
+    for line in raw:
+        match = _HOST_KEY.fullmatch(line.strip()) if isinstance(line, str) else None
+        if match is None:
+            raise InvalidRequest("host_keys: each must be an OpenSSH public key line "
+                                 "(ssh-ed25519, ecdsa-sha2-nistp*, ssh-rsa)")
+        keys.append(f"{match[1]} {match[2]}")
+    return tuple(dict.fromkeys(keys))
 
 
 class BootCallbacks:

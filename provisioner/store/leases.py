@@ -8,7 +8,8 @@ its row after it released or let its lease expire, so it gets the same address b
 ("sticky") until the pool runs out of never-used addresses and reclaims the oldest expired
 one. A row with a
 ``node_id`` is a reservation: it belongs to a known node and is never reclaimed. A declined
-address is parked under the key ``declined:<hex ip>`` until ``expires_at``.
+dynamic address is parked under the key ``declined:<hex ip>`` until ``expires_at``; a
+DECLINE never touches a reservation (``decline``).
 
 Every method runs in the bounded store pool, in one transaction with the others waiting at
 that moment (group commit, ``store/batch.py``); the hot statements are driver SQL
@@ -49,6 +50,12 @@ _DECLINED_PREFIX = "declined:"
 _LAPSED_BATCH = 32  # lapsed rows looked at per offer, oldest first
 _MAX_OWN_BINDS = 65_536  # MACs whose binding this repository remembers making (oldest
 # forgotten first: a forgotten MAC's move is NAKed, which is safe)
+
+
+class DeclineOutcome(StrEnum):
+    DECLINED = "declined"  # a dynamic address parked
+    RESERVED = "reserved"  # a known node's reservation: kept
+    NOT_ITS_LEASE = "not its lease"  # no live binding of that address to that client
 
 
 class LeaseState(StrEnum):
@@ -249,17 +256,32 @@ class LeaseRepo:
 
         return await self._run(work)
 
-    async def decline(self, mac: str, ip: IPv4Address, *, hold_s: float) -> bool:
-        """DECLINE (the client found the address in use): park it for ``hold_s``; the MAC
-        gets another address next time."""
-        def work(conn: Connection, now: datetime) -> bool:
+    async def decline(self, mac: str, ip: IPv4Address, *, hold_s: float,
+                      client_id: str | None = None) -> DeclineOutcome:
+        """DECLINE (the client found the address in use, RFC 2131 4.3.3): park a *dynamic*
+        address for ``hold_s``; the MAC gets another one next time. Nothing in a DECLINE
+        proves who sent it (a forged one names any MAC), so it is honoured only where losing
+        the lease costs nobody an identity: the MAC's own live binding of ``ip`` (its client
+        identifier, if it gave one, the same: Kea's rule), never a reservation of a known
+        node (its lease is what its agent token is bound to)."""
+        def work(conn: Connection, now: datetime) -> DeclineOutcome:
+            own = self._sql.by_mac(conn, mac)
+            if own is None or IPv4Address(own.ip) != ip:
+                if self._offers.of(mac, now) == ip:
+                    self._offers.drop(mac)  # an offered address: offered elsewhere next
+                return DeclineOutcome.NOT_ITS_LEASE
+            if own.node_id is not None:
+                return DeclineOutcome.RESERVED
+            if own.state != LeaseState.BOUND or (own.client_id is not None
+                                                  and own.client_id != client_id):
+                return DeclineOutcome.NOT_ITS_LEASE
             self._offers.drop(mac)
             result = conn.execute(
-                update(_LEASE).where(_C.mac == mac, _C.ip == str(ip))
+                update(_LEASE).where(_C.mac == mac, _C.ip == str(ip), _C.node_id.is_(None))
                 .values(mac=_declined_key(ip), state=LeaseState.DECLINED, node_id=None,
                         hostname=None, client_id=None,
                         expires_at=now + timedelta(seconds=hold_s), updated_at=now))
-            return bool(result.rowcount)
+            return DeclineOutcome.DECLINED if result.rowcount else DeclineOutcome.NOT_ITS_LEASE
 
         return await self._run(work)
 

@@ -133,15 +133,21 @@ class TokenRepo(SessionRepo):
         return await self._run(work)
 
     async def replace_for_node(self, name: str, role: Role, *, node_id: str,
-                               expires_at: datetime) -> tuple[TokenInfo, str]:
-        """The node's tokens revoked and a new one created, in one transaction (a node's
-        iPXE script costs one write, not two), committed with the other nodes' that wait
-        at the same moment (a boot storm's scripts: one commit for a burst of them)."""
+                               expires_at: datetime,
+                               keep_valid: bool = False) -> tuple[TokenInfo, str]:
+        """The node's tokens revoked (with ``keep_valid``, only its expired ones: an agent
+        holding an earlier one goes on until it expires) and a new one created, in one
+        transaction (a node's iPXE script costs one write, not two), committed with the
+        other nodes' that wait at the same moment (a boot storm's scripts: one commit for a
+        burst of them)."""
         row, token = _new_row(name, role, node_id, expires_at)
         values = row.model_dump()
 
-        def work(conn: Connection, _now: datetime) -> None:
-            conn.execute(delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == node_id))
+        def work(conn: Connection, now: datetime) -> None:
+            old = delete(ApiTokenRow).where(col(ApiTokenRow.node_id) == node_id)
+            if keep_valid:
+                old = old.where(col(ApiTokenRow.expires_at) <= now)
+            conn.execute(old)
             conn.execute(insert(ApiTokenRow).values(values))
 
         try:

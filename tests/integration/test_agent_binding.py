@@ -129,7 +129,7 @@ async def test_a_report_cannot_adopt_an_expected_node_with_other_macs(
     token = agent_args((await segment.script(NODE_A))[1])["token"]
     status, text = await segment.call(NODE_A, "POST", "/agent/v1/facts", token=token,
                                       body={"mac": MAC, "facts": host_facts(MAC, "SER-MACS")})
-    assert status == 422 and "known MACs (52:54:00:aa:00:09)" in text
+    assert status == 422 and "enrolled with MACs 52:54:00:aa:00:09" in text
     assert (await segment.store.nodes.get(owner.id)).macs == ("52:54:00:aa:00:09",)
     last = (await segment.store.nodes.history(owner.id))[-1]
     assert last.event == "adopt_refused"

@@ -245,7 +245,9 @@ async def test_callback_refusals(make_rig: MakeRig) -> None:
             async with session.post(f"{rig.url}/agent/v1/callback", json=body,
                                     headers={"Authorization": f"Bearer {token[1]}"}) as reply:
                 assert reply.status == status, await reply.text()
-    assert [h.event for h in await rig.store.nodes.history(node.id)][-1] == "installed"
+    # no deploy waits for it: ignored (a coalesced row), the address not taken from it
+    assert [h.event for h in await rig.store.nodes.history(node.id)][-1] == "callback_ignored"
+    assert "address" not in (await rig.store.nodes.get(node.id)).facts
 
 
 @pytest.mark.parametrize(("rule", "kwargs", "expected"), [

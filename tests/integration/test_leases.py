@@ -14,7 +14,14 @@ import pytest
 from provisioner.domain import NewNode
 from provisioner.errors import ConfigError
 from provisioner.lifecycle.states import NodeState
-from provisioner.store.leases import AddressRange, Holder, Lease, LeaseRepo, LeaseState
+from provisioner.store.leases import (
+    AddressRange,
+    DeclineOutcome,
+    Holder,
+    Lease,
+    LeaseRepo,
+    LeaseState,
+)
 from provisioner.store.store import Store
 
 POOL = AddressRange.parse("10.77.0.100-10.77.0.109", "255.255.255.0")
@@ -155,7 +162,7 @@ async def test_decline_parks_the_address(repo: LeaseRepo, clock: Clock) -> None:
     first = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
     assert first is not None  # a client declines the address it was ACKed (RFC 2131 §3.1)
     assert await repo.bind(Holder(mac(1)), first.ip, POOL, lease_time_s=60) is not None
-    assert await repo.decline(mac(1), first.ip, hold_s=600)
+    assert await repo.decline(mac(1), first.ip, hold_s=600) is DeclineOutcome.DECLINED
     second = await repo.offer(Holder(mac(1)), POOL, hold_s=60)
     assert second is not None and second.ip != first.ip
     parked = [lease for lease in await repo.all() if lease.ip == first.ip]
@@ -163,6 +170,32 @@ async def test_decline_parks_the_address(repo: LeaseRepo, clock: Clock) -> None:
     clock.advance(601)
     assert await repo.expire() >= 1
     assert all(lease.ip != first.ip for lease in await repo.all())
+
+
+async def test_decline_never_takes_a_reservation_or_another_clients_lease(
+        repo: LeaseRepo, lease_store: Store) -> None:
+    """A DECLINE proves nothing about its sender: a known node's reservation stays, and so
+    does a dynamic lease the named client does not hold (another address, another client
+    identifier)."""
+    node = await lease_store.nodes.create(NewNode(state=NodeState.ENROLLED, macs=(mac(2),)),
+                                          actor="test")
+    known = await repo.offer(Holder(mac(2), node.id), POOL, hold_s=60)
+    assert known is not None
+    assert await repo.bind(Holder(mac(2), node.id), known.ip, POOL,
+                           lease_time_s=60) is not None
+    assert await repo.decline(mac(2), known.ip, hold_s=600) is DeclineOutcome.RESERVED
+    kept = await repo.get(mac(2))
+    assert kept is not None and kept.ip == known.ip and kept.state == LeaseState.BOUND
+    dynamic = await repo.offer(Holder(mac(3), client_id="01aa"), POOL, hold_s=60)
+    assert dynamic is not None
+    assert await repo.bind(Holder(mac(3), client_id="01aa"), dynamic.ip, POOL,
+                           lease_time_s=60) is not None
+    assert await repo.decline(mac(3), known.ip, hold_s=600) is DeclineOutcome.NOT_ITS_LEASE
+    assert await repo.decline(mac(3), dynamic.ip, hold_s=600,
+                              client_id="01bb") is DeclineOutcome.NOT_ITS_LEASE
+    assert (await repo.get(mac(3))).state == LeaseState.BOUND  # type: ignore[union-attr]
+    assert await repo.decline(mac(3), dynamic.ip, hold_s=600,
+                              client_id="01aa") is DeclineOutcome.DECLINED
 
 
 async def test_expire_marks_lapsed_leases(repo: LeaseRepo, clock: Clock) -> None:
