@@ -161,10 +161,16 @@ def parts_named(facts: Mapping[str, Any], subject: str) -> tuple[Mapping[str, An
     if wanted.startswith("gpu ") and wanted[4:].strip().isdigit():
         index = int(wanted[4:])
         return (_part(gpus[index]),) if index < len(gpus) else ()
-    short = wanted.removeprefix("0000:")
+    bus = _bus_device(wanted)
     return tuple(_part(g) for g in gpus
-                 if str(g.get("pci_address", "")).lower().removeprefix("0000:")[:7]
-                 == short[:7] and short)
+                 if bus and _bus_device(str(g.get("pci_address", ""))) == bus)
+
+
+def _bus_device(address: str) -> str:
+    """``bus:device`` of a PCI address as XIDs (``0000:18:00``) and facts
+    (``0000:18:00.0``, ``00000000:18:00.0``) write it; "" when it is none."""
+    parts = address.lower().split(".")[0].split(":")
+    return ":".join(parts[-2:]) if len(parts) >= 2 else ""
 
 
 def _part(gpu: Mapping[str, Any]) -> Mapping[str, Any]:
