@@ -25,7 +25,6 @@ from tests.conftest import fake_ports, wait_for_state
 
 S = NodeState
 MANUAL = LifecycleSettings(auto_inspect=False, auto_deploy=False)
-_EMPTY = RepairRecord("gpu", "drain", (), "", "", "", "", (), False, 0.0)
 XID79 = ("NVRM: Xid (PCI:0000:18:00): 79, pid=1234, name=python, GPU has fallen off the "
          "bus.")
 ECC = "NVRM: Xid (PCI:0000:28:00): 48, pid=99, name=train, An uncorrectable double bit error"
@@ -46,6 +45,15 @@ async def active_node(store: Store, world: SimWorld, make_node, serial: str,  # 
     await store.nodes.merge_facts(node.id, simulated_facts(serial, serial))
     await world.ensure(serial, "boot", "power", "on")  # an active node runs
     return node
+
+
+async def until_tried(store: Store, node_id: str) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            record = RepairRecord.from_facts((await store.nodes.get(node_id)).facts)
+            if record is not None and record.tried:
+                return
+            await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -148,10 +156,7 @@ async def test_skip_stop_and_retry(store, world, make_node) -> None:  # type: ig
         await service.skip(node.id, "restart_os", actor="op")  # no ladder open yet
     assert (await service.open(node.id, finding)).started
     await service.skip(node.id, "restart_os", actor="op", reason="reboots do not help here")
-    async with asyncio.timeout(10):  # the reset tried, and its gate failed
-        while not (RepairRecord.from_facts((await store.nodes.get(node.id)).facts)
-                   or _EMPTY).tried:
-            await asyncio.sleep(0.02)
+    await until_tried(store, node.id)  # the reset tried, and its gate failed
     stopped = await service.stop(node.id, actor="op", reason="look first")
     assert stopped.state == S.REPAIR_FAILED and stopped.last_error == "look first"
     await cond.fire(node.id, Event.RETRY, actor="op")
