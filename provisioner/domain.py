@@ -22,6 +22,7 @@ class NodeState(StrEnum):
     INSPECTED = "inspected"
     ACTIVE = "active"
     RETIRED = "retired"
+    SERVICE_REQUIRED = "service_required"  # the repair ladder ran out of rungs: a person
     # in flight
     INSPECTING = "inspecting"
     DEPLOYING = "deploying"
@@ -30,6 +31,7 @@ class NodeState(StrEnum):
     VALIDATING = "validating"
     REGISTERING = "registering"
     RETIRING = "retiring"
+    REPAIRING = "repairing"
     # failed twins (stable)
     INSPECT_FAILED = "inspect_failed"
     DEPLOY_FAILED = "deploy_failed"
@@ -38,6 +40,7 @@ class NodeState(StrEnum):
     VALIDATE_FAILED = "validate_failed"
     REGISTER_FAILED = "register_failed"
     RETIRE_FAILED = "retire_failed"
+    REPAIR_FAILED = "repair_failed"
 
 
 class Role(StrEnum):

@@ -21,6 +21,7 @@ from provisioner.simulation.drivers import (
     FakeInspector,
     FakeInstaller,
     FakeKube,
+    FakeRepairs,
     FakeSlurm,
     FakeValidator,
 )
@@ -55,7 +56,8 @@ def fake_ports(world: SimWorld, *, delay_s: float = 0.0, fail_rate: float = 0.0)
     kw = {"delay_s": delay_s, "fail_rate": fail_rate}
     return Ports(bmc=fake_bmc_factory(world), inspector=FakeInspector(world, **kw),
                  installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
-                 slurm=FakeSlurm(world, **kw), validator=FakeValidator(world, **kw))
+                 slurm=FakeSlurm(world, **kw), validator=FakeValidator(world, **kw),
+                 repairs=FakeRepairs(world, **kw))
 
 
 @pytest.fixture

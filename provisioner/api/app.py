@@ -26,6 +26,7 @@ from provisioner.api import (
     NODES,
     OWNERSHIP,
     PRINCIPAL,
+    REPAIRS,
     ROTATION,
     SESSIONS,
     SETTINGS,
@@ -39,6 +40,7 @@ from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
 from provisioner.api.openapi import Handler, Route, openapi_document
 from provisioner.api.power import ROUTES as POWER_ROUTES
+from provisioner.api.repair import ROUTES as REPAIR_ROUTES
 from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
 from provisioner.api.tokens import ROUTES as TOKEN_ROUTES
 from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
@@ -55,6 +57,7 @@ from provisioner.errors import (
     StoreUnavailable,
 )
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.ownership import OwnershipRepo
@@ -82,8 +85,9 @@ _MAX_TOKEN_CHARS: Final = 512
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
              settings: ApiSettings, topology: LiveTopology | None = None,
              rotation: BmcRotation | None = None,
-             ownership: OwnershipRepo | None = None) -> web.Application:
-    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES,
+             ownership: OwnershipRepo | None = None,
+             repairs: RepairService | None = None) -> web.Application:
+    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *REPAIR_ROUTES, *TOPOLOGY_ROUTES,
               *INSTANCE_ROUTES, *TOKEN_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
@@ -103,6 +107,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[ROTATION] = rotation
     if ownership is not None:
         app[OWNERSHIP] = ownership
+    if repairs is not None:
+        app[REPAIRS] = repairs
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

@@ -23,6 +23,7 @@ from provisioner.cli import (
     nodes,
     power,
     ramdisk,
+    repair,
     serve,
     tokens,
     topology,
@@ -77,10 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_commands(sub)
     config.add_commands(sub)
     tokens.add_commands(sub)
-    power.add_commands(nodes.add_commands(sub))  # node power|bootdev|bmc after node history
+    node_group = nodes.add_commands(sub)
+    power.add_commands(node_group)  # node power|bootdev|bmc after node history
+    repair.add_node_commands(node_group)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)
     ramdisk.add_commands(sub)
     health.add_commands(sub)
+    repair.add_commands(sub)
     return parser

@@ -13,6 +13,7 @@ module per subsystem holds its sections, named like the TOML tables they read:
 - ``install``: ``[install]`` (Ansible)
 - ``deploy``: ``[images.<profile>]``, ``[installers.<profile>]``, ``[deploy]``
 - ``topology``: ``[topology]``
+- ``health``: ``[health]`` (the repair ladder, its circuit breaker)
 - ``validation``: ``[validation]`` and ``[validation.profiles.<profile>]``
 - ``settings``: ``Settings``, the root of them all, and where the environment wins
 - ``load``: ``load_settings`` (one-line errors), ``effective_config`` (secrets masked)

@@ -11,6 +11,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from provisioner.config.bmc import BmcSettings
 from provisioner.config.boot import BootSettings, DhcpSettings, HttpSettings, TftpSettings
 from provisioner.config.deploy import DeploySettings, ImageSettings, InstallerSettings
+from provisioner.config.health import HealthSettings
 from provisioner.config.install import InstallSettings
 from provisioner.config.kube import KubeSettings
 from provisioner.config.runtime import (
@@ -62,6 +63,7 @@ class Settings(BaseSettings):
         default_factory=dict, description="Per profile installed by an installer instead of "
         "an image: [installers.<profile>] method, kernel, initrd, repo_url, ...")
     validation: ValidationSettings = ValidationSettings()
+    health: HealthSettings = HealthSettings()
     log: LogSettings = LogSettings()
     daemon: DaemonSettings = DaemonSettings()
     ha: HaSettings = HaSettings()

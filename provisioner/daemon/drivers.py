@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from provisioner.bmc.base import SoftOff
 from provisioner.bmc.fake import fake_bmc_factory
@@ -25,7 +25,9 @@ from provisioner.lifecycle.ports import (
     Installer,
     KubeJoiner,
     NoBootWait,
+    NoRepairs,
     Ports,
+    Repairer,
     SlurmRegistrar,
     Validator,
 )
@@ -35,6 +37,7 @@ from provisioner.lifecycle.routing import (
     RoutedInspector,
     RoutedInstaller,
     RoutedKube,
+    RoutedRepairs,
     RoutedSlurm,
     RoutedValidator,
 )
@@ -43,6 +46,7 @@ from provisioner.simulation.drivers import (
     FakeInspector,
     FakeInstaller,
     FakeKube,
+    FakeRepairs,
     FakeSlurm,
     FakeValidator,
 )
@@ -75,6 +79,7 @@ class RealDrivers:
     kube: KubeJoiner
     validator: Validator
     slurm: SlurmRegistrar
+    repairs: Repairer = field(default_factory=NoRepairs)
 
 
 def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
@@ -97,6 +102,8 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         validator=RoutedValidator(
             FakeValidator(world, delay_s=delay_s, fail_rate=fail_rate), real.validator),
         slurm=RoutedSlurm(FakeSlurm(world, delay_s=delay_s, fail_rate=fail_rate), real.slurm),
+        repairs=RoutedRepairs(FakeRepairs(world, delay_s=delay_s, fail_rate=fail_rate),
+                              real.repairs),
         boots=boots or NoBootWait(),
         http_boot_uri=http_boot_uris(settings),
         soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),

@@ -39,6 +39,7 @@ from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.power import PowerSync
+from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
@@ -47,6 +48,8 @@ from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
 from provisioner.simulation.rack import simulated_nodes
 from provisioner.simulation.world import SimWorld
+from provisioner.slurm.handoff import SlurmHandoff
+from provisioner.slurm.repair import SiteRepairs
 from provisioner.slurm.sync import SlurmSync
 from provisioner.store.exclusive import lock_sqlite
 from provisioner.store.files import private_dir
@@ -138,9 +141,13 @@ class Daemon:
                 "the daemon over the boot HTTP server)")
             kube, slurm = kube_and_slurm(self._settings, joiner, kube_client, slurm_client,
                                          topology)
+            repairs = SiteRepairs(ansible, kube=joiner,
+                                  handoff=slurm if isinstance(slurm, SlurmHandoff) else None,
+                                  os_up_timeout_s=self._settings.health.os_up_timeout_s)
             real = RealDrivers(
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
-                validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm)
+                validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm,
+                repairs=repairs)
             bmc = self._bmc(stack, world)
             rotation = build_rotation(self._settings.bmc, store, bmc)
             ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
@@ -157,8 +164,9 @@ class Daemon:
             conductor.add_observer(topology.observe)
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
+            repair_service = RepairService(conductor, store.nodes, self._settings.health)
             runner = await start_api(self._settings, store, conductor, metrics, topology,
-                                     rotation)
+                                     rotation, repair_service)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks)

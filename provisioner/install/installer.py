@@ -133,6 +133,28 @@ class AnsibleInstaller:
                        secrets={"provisioner_agent_token": agent_token})
         raise_for(await self._runner.run(spec), f"facts of {node.hostname or node.id}")
 
+    async def reset_gpus(self, node: Node) -> None:
+        """The repair ladder's ``reset_gpu`` rung: ``gpu-reset.yml`` (``nvidia-smi -r`` per
+        GPU, what holds the GPUs stopped around it)."""
+        await self._remedy(node, "gpu-reset.yml", "GPU reset")
+
+    async def restart_os(self, node: Node, timeout_s: float = 900.0) -> None:
+        """The ``restart_os`` rung: ``reboot.yml`` (Ansible's reboot module: returns once
+        the node answers again, within ``timeout_s``)."""
+        await self._remedy(node, "reboot.yml", "OS restart", timeout_s)
+
+    async def wait_os(self, node: Node, timeout_s: float = 900.0) -> None:
+        """After a power cycle: ``wait-os.yml`` (``wait_for_connection``)."""
+        await self._remedy(node, "wait-os.yml", "wait for the OS", timeout_s)
+
+    async def _remedy(self, node: Node, playbook: str, what: str,
+                      timeout_s: float = 900.0) -> None:
+        spec = RunSpec(node_id=node.id, run_id=f"repair-{node.history_seq}-{playbook[:-4]}",
+                       playbook=playbook, inventory=self.inventory(node),
+                       extravars=self.variables(node) | {
+                           "provisioner_os_up_timeout_s": int(timeout_s)})
+        raise_for(await self._runner.run(spec), f"{what} of {node.hostname or node.id}")
+
     async def run_join(self, ticket: JoinCredentials, node: Node) -> None:
         """``kubeadm join`` through ``join.yml`` (the kube join hook, ``RunJoin``)."""
         if not node.hostname:

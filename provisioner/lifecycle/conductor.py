@@ -240,7 +240,7 @@ class Conductor(BmcRequests, StepRunner):
                                f"`provisioner node action {node_id} sku-override --reason …`)")
             target = next_state(node.state, event)
             last_error: str | None = None
-            if target in FAILED:
+            if target in FAILED or target is NodeState.SERVICE_REQUIRED:
                 last_error = reason
             elif target in _SUCCESS:
                 last_error = ""

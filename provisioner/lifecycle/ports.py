@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from provisioner.bmc.base import BmcFactory, SoftOff
 from provisioner.domain import Node
+from provisioner.errors import FatalError
 from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.stagger import PowerOnStagger
 from provisioner.validation.record import ValidationRecord
@@ -48,6 +49,52 @@ class SlurmRegistrar(Protocol):
     async def register(self, node: Node) -> None: ...
 
     async def remove(self, node: Node) -> None: ...
+
+
+class Repairer(Protocol):
+    """The repair ladder's reach into a node (``lifecycle/repair_step.py``); the BMC rung
+    uses ``Ports.bmc``, the reimage rung the deploy step."""
+
+    async def drain(self, node: Node, reason: str, wait_jobs_s: float) -> str:
+        """Drain in Slurm and cordon in Kubernetes with ``reason``, the same text in both;
+        let running jobs end for up to ``wait_jobs_s`` (0: not at all), then evict the
+        pods. Idempotent. Returns "" when no job was left, else what still ran."""
+        ...
+
+    async def undrain(self, node: Node) -> None:
+        """Resume in Slurm, uncordon in Kubernetes (what ``drain`` set, nothing else)."""
+        ...
+
+    async def reset_gpus(self, node: Node) -> None:
+        """``nvidia-smi -r`` of every GPU, over the daemon's channel to the node (Ansible)."""
+        ...
+
+    async def restart_os(self, node: Node) -> None:
+        """Reboot the OS and return once it answers again."""
+        ...
+
+    async def wait_os(self, node: Node) -> None:
+        """Return once the node's OS answers (after a power cycle through the BMC)."""
+        ...
+
+
+class NoRepairs:
+    """Where no repair driver is wired: every rung fails, naming what is missing."""
+
+    async def drain(self, node: Node, reason: str, wait_jobs_s: float) -> str:
+        raise FatalError("no repair driver wired: cannot drain")
+
+    async def undrain(self, node: Node) -> None:
+        raise FatalError("no repair driver wired: cannot undrain")
+
+    async def reset_gpus(self, node: Node) -> None:
+        raise FatalError("no repair driver wired: cannot reset GPUs")
+
+    async def restart_os(self, node: Node) -> None:
+        raise FatalError("no repair driver wired: cannot restart the OS")
+
+    async def wait_os(self, node: Node) -> None:
+        raise FatalError("no repair driver wired: cannot reach the OS")
 
 
 Note = Callable[[str, str], Awaitable[None]]
@@ -194,6 +241,8 @@ class Ports:
     rotate_bmc: Callable[[Node], Awaitable[None]] | None = None
     """Inspection's last sub-step for nodes whose profile opts in (``bmc.profiles.<p>.
     rotate_credentials``): rotate the BMC password. None: never."""
+    repairs: Repairer = field(default_factory=NoRepairs)
+    """The repair ladder's drains and in-band rungs (daemon: Slurm, Kubernetes, Ansible)."""
     http_boot_uri: HttpBootUri = no_http_boot_uri
     """What a ``http`` boot override hands the BMC as ``HttpBootUri`` (daemon: the boot
     HTTP server's first stage for the node's architecture)."""

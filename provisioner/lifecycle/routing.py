@@ -14,6 +14,7 @@ from provisioner.lifecycle.ports import (
     KubeJoiner,
     Note,
     Recollect,
+    Repairer,
     SlurmRegistrar,
     Validator,
 )
@@ -139,3 +140,28 @@ class RoutedValidator:
     async def settle(self, node: Node, record: ValidationRecord, since: datetime,
                      recollect: Recollect, note: Note) -> ValidationRecord:
         return await self._pick(node).settle(node, record, since, recollect, note)
+
+
+class RoutedRepairs:
+    """The repair ladder's drains and rungs: simulated machines, or the real drivers."""
+
+    def __init__(self, simulated: Repairer, real: Repairer) -> None:
+        self._simulated, self._real = simulated, real
+
+    def _pick(self, node: Node) -> Repairer:
+        return self._simulated if is_simulated(node) else self._real
+
+    async def drain(self, node: Node, reason: str, wait_jobs_s: float) -> str:
+        return await self._pick(node).drain(node, reason, wait_jobs_s)
+
+    async def undrain(self, node: Node) -> None:
+        await self._pick(node).undrain(node)
+
+    async def reset_gpus(self, node: Node) -> None:
+        await self._pick(node).reset_gpus(node)
+
+    async def restart_os(self, node: Node) -> None:
+        await self._pick(node).restart_os(node)
+
+    async def wait_os(self, node: Node) -> None:
+        await self._pick(node).wait_os(node)

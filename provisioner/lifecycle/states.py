@@ -23,9 +23,12 @@ class Event(StrEnum):
     DEPLOY = "deploy"
     RETIRE = "retire"
     RETRY = "retry"
+    REPAIR = "repair"      # a health finding (or an operator) starts the repair ladder
     ABORT = "abort"
     DONE = "done"
     FAIL = "fail"
+    ESCALATE = "escalate"  # the repair ladder ran out of rungs: service_required
+    REIMAGE = "reimage"    # the repair ladder's last rung: re-provision (deploying)
 
 
 S, E = NodeState, Event
@@ -39,6 +42,7 @@ FAILED_TWIN: Final[Mapping[NodeState, NodeState]] = {
     S.VALIDATING: S.VALIDATE_FAILED,
     S.REGISTERING: S.REGISTER_FAILED,
     S.RETIRING: S.RETIRE_FAILED,
+    S.REPAIRING: S.REPAIR_FAILED,
 }
 IN_FLIGHT: Final[frozenset[NodeState]] = frozenset(FAILED_TWIN)
 FAILED: Final[frozenset[NodeState]] = frozenset(FAILED_TWIN.values())
@@ -53,11 +57,13 @@ _DONE: Final[Mapping[NodeState, NodeState]] = {
     S.VALIDATING: S.REGISTERING,  # the node and its whole NVLink domain passed
     S.REGISTERING: S.ACTIVE,
     S.RETIRING: S.RETIRED,
+    S.REPAIRING: S.ACTIVE,  # the validation gate passed after a rung: back in service
 }
 
 #: stable states from which an operator may retire a node
 _RETIRABLE: Final[frozenset[NodeState]] = frozenset(
-    {S.DISCOVERED, S.ENROLLED, S.INSPECTED, S.ACTIVE} | (FAILED - {S.RETIRE_FAILED})
+    {S.DISCOVERED, S.ENROLLED, S.INSPECTED, S.ACTIVE, S.SERVICE_REQUIRED}
+    | (FAILED - {S.RETIRE_FAILED})
 )
 
 
@@ -69,6 +75,13 @@ def _build() -> dict[tuple[NodeState, Event], NodeState]:
         (S.RETIRED, E.INSPECT): S.INSPECTING,
         (S.INSPECTED, E.DEPLOY): S.DEPLOYING,
         (S.ACTIVE, E.DEPLOY): S.DEPLOYING,  # re-provision
+        # the repair ladder (provisioner.health.ladder): drain, rungs, the gate after each
+        (S.ACTIVE, E.REPAIR): S.REPAIRING,
+        (S.SERVICE_REQUIRED, E.REPAIR): S.REPAIRING,  # the vendor swapped the part
+        (S.SERVICE_REQUIRED, E.DEPLOY): S.DEPLOYING,
+        (S.REPAIR_FAILED, E.DEPLOY): S.DEPLOYING,
+        (S.REPAIRING, E.ESCALATE): S.SERVICE_REQUIRED,
+        (S.REPAIRING, E.REIMAGE): S.DEPLOYING,
     }
     for in_flight, failed in FAILED_TWIN.items():
         table[in_flight, E.DONE] = _DONE[in_flight]
@@ -83,7 +96,8 @@ def _build() -> dict[tuple[NodeState, Event], NodeState]:
 TRANSITIONS: Final[Mapping[tuple[NodeState, Event], NodeState]] = _build()
 
 #: events only the step runner fires; operators use the others
-INTERNAL_EVENTS: Final[frozenset[Event]] = frozenset({E.DONE, E.FAIL})
+INTERNAL_EVENTS: Final[frozenset[Event]] = frozenset({E.DONE, E.FAIL, E.ESCALATE,
+                                                     E.REIMAGE})
 
 
 def allowed_events(state: NodeState) -> frozenset[Event]:

@@ -16,6 +16,7 @@ from provisioner.ids import NodeId
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.context import RunContext
 from provisioner.lifecycle.leasing import LeasedSteps
+from provisioner.lifecycle.outcome import StepOutcome
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.steps import KEYED_STEPS, WAITING_STEPS, Step
@@ -137,6 +138,8 @@ class StepRunner(LeasedSteps):
                 log.warning("node %s: %s; its %s step stops here", node_id, exc, state)
                 self._fences.pop(node_id, None)
                 return None
+            except StepOutcome as exc:  # a step that chose its own outcome (the ladder)
+                return exc.event, str(exc)
             except ProvisionerError as exc:
                 return Event.FAIL, str(exc)
             except Exception as exc:  # a task boundary: log once, keep the node's reason

@@ -11,6 +11,7 @@ from provisioner.bmc.base import Bmc, BootDevice, PowerState
 from provisioner.domain import Node
 from provisioner.errors import FatalError
 from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.repair_step import repair
 from provisioner.lifecycle.states import NodeState
 from provisioner.validation.record import KEY as VALIDATION_KEY
 from provisioner.validation.record import NODE_CHECKED, ValidationRecord
@@ -241,6 +242,7 @@ STEPS: Final[Mapping[NodeState, Step]] = {
     NodeState.VALIDATING: validate,
     NodeState.REGISTERING: register,
     NodeState.RETIRING: retire,
+    NodeState.REPAIRING: repair,
 }
 
 #: Steps whose drivers key their work by ``run_id`` (the image written, the Ansible run):
@@ -251,4 +253,5 @@ KEYED_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.DEPLOYING,
 #: Steps that wait for other nodes: they bound their own waits (no step timeout) and hold no
 #: in-flight budget slot while they wait (a slot held by a waiting node could starve the very
 #: nodes it waits for).
-WAITING_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.VALIDATING})
+WAITING_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.VALIDATING,
+                                                       NodeState.REPAIRING})

@@ -13,7 +13,7 @@ import random
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from provisioner.domain import Node
 from provisioner.errors import RetryableError
@@ -90,14 +90,57 @@ class FakeSlurm(_Sim):
         await self._world.ensure(machine_key(node), "slurm_remove", "slurm", "")
 
 
+#: a simulated fault (``SimWorld`` attribute ``fault``) names the mildest rung that clears
+#: it: ``reset_gpu``, ``restart_os``, ``power_cycle``; ``never`` (a part to replace)
+FAULT: Final = "fault"
+_CLEARS: Final = {"reset_gpu": ("reset_gpu", "restart_os", "power_cycle"),
+                  "restart_os": ("restart_os", "power_cycle"), "power_cycle": ("power_cycle",)}
+
+
+class FakeRepairs(_Sim):
+    """The repair ladder's reach into a simulated machine: drains and cordons are recorded
+    (``slurm_drain``/``kube_cordon``, the reason as the value); a rung clears the machine's
+    simulated fault when it is strong enough (``FAULT``)."""
+
+    async def drain(self, node: Node, reason: str, wait_jobs_s: float) -> str:
+        key = machine_key(node)
+        await self._world.ensure(key, "slurm_drain", "slurm_reason", reason)
+        await self._world.ensure(key, "kube_cordon", "cordoned", reason)
+        return ""
+
+    async def undrain(self, node: Node) -> None:
+        key = machine_key(node)
+        await self._world.ensure(key, "slurm_resume", "slurm_reason", "")
+        await self._world.ensure(key, "kube_uncordon", "cordoned", "")
+
+    async def reset_gpus(self, node: Node) -> None:
+        await self._rung("reset_gpu", node)
+
+    async def restart_os(self, node: Node) -> None:
+        await self._rung("restart_os", node)
+
+    async def wait_os(self, node: Node) -> None:
+        await self._rung("power_cycle", node)  # called after the BMC's off and on
+
+    async def _rung(self, rung: str, node: Node) -> None:
+        await self._work(rung, node)
+        key = machine_key(node)
+        await self._world.ensure(key, rung, f"last_{rung}", str(uuid.uuid4()))
+        if rung in _CLEARS.get(await self._world.get(key, FAULT), ()):
+            await self._world.ensure(key, "fault_cleared", FAULT, "")
+
+
 class FakeValidator(_Sim):
     """Simulated machines are what their profile asks for: they pass (after the simulated
-    delay, or fail at ``fail_rate`` to rehearse a held node). No NVLink domain: HGX."""
+    delay, or fail at ``fail_rate`` to rehearse a held node), unless a simulated fault is
+    on them (``FAULT``). No NVLink domain: HGX."""
 
     async def check(self, node: Node) -> ValidationRecord:
         await self._work("validation", node)
-        return ValidationRecord(passed=True, at=datetime.now(UTC).isoformat(),
-                                checks=("simulated",))
+        fault = await self._world.get(machine_key(node), FAULT)
+        return ValidationRecord(passed=not fault, at=datetime.now(UTC).isoformat(),
+                                checks=("simulated",),
+                                failures=(f"simulated fault ({fault})",) if fault else ())
 
     async def wait_domain(self, node: Node, record: ValidationRecord,
                           note: Callable[[str, str], Awaitable[None]]) -> None:

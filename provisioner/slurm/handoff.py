@@ -180,6 +180,23 @@ class SlurmHandoff:
             if self._kube is not None:
                 await self._uncordon(name)
 
+    async def drain_for_repair(self, node: Node, reason: str, wait_s: float) -> str:
+        """The repair ladder's drain: cordon (with Slinky's reason), DRAIN in Slurm with the
+        same text, and let running jobs end for up to ``wait_s``; "" when none is left,
+        else what Slurm still reports (the ladder goes on: the node is broken)."""
+        name = slurm_node_name(node)
+        text = self.reason(reason)
+        if self._kube is not None and await self._kube.find_node(name) is not None:
+            await self._cordon(name, text)
+        if await self._slurm.node(name) is None:
+            return ""
+        await self._slurm.drain(name, text)
+        try:
+            await self._wait(name, _drained, "drained", wait_s, missing_ok=True)
+        except SlurmTimeout as exc:
+            return str(exc)
+        return ""
+
     async def wait_drained(self, name: str) -> None:
         """Until Slurm reports the node drained and idle (a node Slurm does not know is)."""
         await self._wait(name, _drained, "drained", self._settings.drain_timeout_s,

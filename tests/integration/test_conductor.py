@@ -221,7 +221,7 @@ async def test_invalid_transition_names_state_and_allowed(store, world, make_nod
     node = await make_node(S.ACTIVE)
     with pytest.raises(InvalidTransition) as info:
         await cond.fire(node.id, E.INSPECT, actor="op")
-    assert info.value.state == "active" and info.value.allowed == ["deploy", "retire"]
+    assert info.value.state == "active" and info.value.allowed == ["deploy", "repair", "retire"]
     assert len(await store.nodes.history(node.id)) == 1  # nothing written
     await cond.stop()
 

@@ -37,9 +37,18 @@ EXPECTED: dict[tuple[NodeState, Event], NodeState] = {
     (S.VALIDATING, E.DONE): S.REGISTERING,
     (S.REGISTERING, E.DONE): S.ACTIVE,
     (S.RETIRING, E.DONE): S.RETIRED,
+    # the repair ladder (issue 24)
+    (S.ACTIVE, E.REPAIR): S.REPAIRING,
+    (S.SERVICE_REQUIRED, E.REPAIR): S.REPAIRING,
+    (S.REPAIRING, E.DONE): S.ACTIVE,
+    (S.REPAIRING, E.ESCALATE): S.SERVICE_REQUIRED,
+    (S.REPAIRING, E.REIMAGE): S.DEPLOYING,
+    (S.SERVICE_REQUIRED, E.DEPLOY): S.DEPLOYING,
+    (S.REPAIR_FAILED, E.DEPLOY): S.DEPLOYING,
     **{(state, E.RETIRE): S.RETIRING for state in (
         S.DISCOVERED, S.ENROLLED, S.INSPECTED, S.ACTIVE, S.INSPECT_FAILED, S.DEPLOY_FAILED,
-        S.CONFIGURE_FAILED, S.JOIN_FAILED, S.VALIDATE_FAILED, S.REGISTER_FAILED)},
+        S.CONFIGURE_FAILED, S.JOIN_FAILED, S.VALIDATE_FAILED, S.REGISTER_FAILED,
+        S.SERVICE_REQUIRED, S.REPAIR_FAILED)},
     **{(flight, E.FAIL): failed for flight, failed in FAILED_TWIN.items()},
     **{(flight, E.ABORT): failed for flight, failed in FAILED_TWIN.items()},
     **{(failed, E.RETRY): flight for flight, failed in FAILED_TWIN.items()},
@@ -63,7 +72,7 @@ def test_refused_pair(state: NodeState, event: Event) -> None:
     with pytest.raises(InvalidTransition) as info:
         next_state(state, event)
     assert info.value.state == state
-    offered = allowed_events(state) - {E.DONE, E.FAIL}
+    offered = allowed_events(state) - {E.DONE, E.FAIL, E.ESCALATE, E.REIMAGE}
     assert set(info.value.allowed) == {str(e) for e in offered}
     assert f"state {str(state)!r}" in str(info.value)
 

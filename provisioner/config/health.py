@@ -1,0 +1,51 @@
+"""``[health]``: the repair ladder's drains and its circuit breaker."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from provisioner.config.section import Section
+
+#: the classes of ``provisioner.health.model.HealthClass`` (config sits below it; a unit
+#: test keeps the two equal)
+HEALTH_CLASSES = ("gpu-lost", "gpu-memory", "gpu", "nvlink", "fabric", "infiniband",
+                  "thermal", "power", "leak", "host-memory", "hardware", "driver",
+                  "application")
+
+
+class HealthSettings(Section):
+    """What a health finding may start on its own (``provisioner.health.ladder``)."""
+
+    auto_repair: bool = Field(
+        True, description="A finding starts the repair ladder of an active node on its own; "
+        "false: findings are recorded, an operator starts each ladder")
+    max_repairing_fraction: float = Field(
+        0.05, ge=0, le=1, description="Circuit breaker: the share of the fleet a ladder may "
+        "have drained at once; past it, automatic drains stop until an operator resets it")
+    max_repairing_fraction_rack: float = Field(
+        0.25, ge=0, le=1, description="Circuit breaker: the same, per rack")
+    max_repairing_fraction_domain: float = Field(
+        0.25, ge=0, le=1, description="Circuit breaker: the same, per NVLink domain")
+    breaker_floor: int = Field(
+        1, ge=0, description="Circuit breaker: nodes always allowed under repair per fleet, "
+        "rack or domain, however small the fraction")
+    cooldown_s: float = Field(
+        6 * 3600.0, ge=0, description="A finding of the class whose ladder ended on the node "
+        "less than this ago does not start it again (a flapping sensor): it is recorded")
+    drain_deadline_s: dict[str, float] = Field(
+        default_factory=dict, description="Per class (gpu-memory = 7200, ...): how long "
+        "running jobs may go on before the first rung; unset: the ladder's default")
+    os_up_timeout_s: float = Field(
+        900.0, gt=0, description="After an OS restart or a power cycle, how long the node's "
+        "SSH may take to answer again before the rung fails")
+
+    @field_validator("drain_deadline_s")
+    @classmethod
+    def _known_classes(cls, value: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(value) - set(HEALTH_CLASSES))
+        if unknown:
+            raise ValueError(f"unknown health class {unknown[0]!r}; known: "
+                             + ", ".join(HEALTH_CLASSES))
+        if any(v < 0 for v in value.values()):
+            raise ValueError("a drain deadline is 0 s or more")
+        return value

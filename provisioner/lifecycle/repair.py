@@ -1,0 +1,261 @@
+"""``RepairService``: where a health finding (or an operator) starts the repair ladder.
+
+``open(node_id, finding)`` is what the findings' intake calls for each new finding; it
+decides, and only the conductor changes the node's state (``Event.REPAIR``):
+
+* nothing to do for the class or action (``none``, ``application``): a history row only;
+* the node already under repair: its evidence joins the open record (no second ladder);
+* not in service (not ``active``), or in maintenance: a history row only;
+* ``[health] auto_repair`` off, a ladder of the same class that ended on the node less than
+  ``cooldown_s`` ago (a flapping sensor), or the circuit breaker: held, with a history row;
+* else the repair record is written into the node's facts and the ladder starts.
+
+The circuit breaker counts the nodes a ladder has drained (``repairing``, ``repair_failed``)
+in the fleet, the candidate's rack and its NVLink domain. Once it trips it stays open: no
+automatic ladder starts, each refused finding is a ``repair_held`` row, until an operator
+resets it (``reset_breaker``). An operator's own ``start`` passes the breaker and the
+cool-down: a person decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Final
+
+from provisioner.config.health import HealthSettings
+from provisioner.domain import Node
+from provisioner.errors import Conflict, InvalidRequest
+from provisioner.health.ladder import RUNGS, BreakerLimits, Peer, breaker, cooling_down, plan
+from provisioner.health.model import Action, Finding, HealthClass, Source
+from provisioner.health.record import KEY, RepairRecord
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.repair_step import drain_reason
+from provisioner.lifecycle.states import Event, NodeState
+from provisioner.store.repo import NodeRepo
+from provisioner.validation.record import ValidationRecord
+
+log = logging.getLogger(__name__)
+
+UNDER_REPAIR: Final = frozenset({NodeState.REPAIRING, NodeState.REPAIR_FAILED})
+#: the nodes the breaker counts: in service or drained by a ladder
+_COUNTED: Final = frozenset({NodeState.ACTIVE}) | UNDER_REPAIR
+HELD_EVENT: Final = "repair_held"
+NOTED_EVENT: Final = "health_finding"
+EVIDENCE_EVENT: Final = "repair_evidence"
+SKIP_EVENT: Final = "repair_skip"
+BREAKER_EVENT: Final = "repair_breaker_reset"
+
+
+@dataclass(frozen=True, slots=True)
+class RepairDecision:
+    """What ``open`` did: ``started``, ``joined`` (evidence added to the open ladder),
+    ``noted`` (nothing to repair), ``not_in_service``, ``held`` (auto_repair off or
+    maintenance), ``cooldown`` or ``breaker``; ``reason`` says why."""
+
+    outcome: str
+    reason: str
+    node: Node
+
+    @property
+    def started(self) -> bool:
+        return self.outcome == "started"
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerState:
+    tripped: bool
+    reason: str
+    since: str
+    held: tuple[str, ...]
+
+
+class RepairService:
+    def __init__(self, conductor: Conductor, repo: NodeRepo, settings: HealthSettings, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._conductor = conductor
+        self._repo = repo
+        self._settings = settings
+        self._clock = clock
+        self._limits = BreakerLimits(settings.max_repairing_fraction,
+                                     settings.max_repairing_fraction_rack,
+                                     settings.max_repairing_fraction_domain,
+                                     settings.breaker_floor)
+        self._lock = asyncio.Lock()  # one decision at a time: the breaker counts them all
+        self._tripped: tuple[str, str] | None = None  # (reason, since)
+        self._held: dict[str, str] = {}  # node id -> the finding the breaker held
+
+    async def open(self, node_id: str, finding: Finding, *, actor: str = "health",
+                   finding_id: str | None = None) -> RepairDecision:
+        """A finding for ``node_id`` (id, hostname, serial or MAC): start its repair ladder
+        if the class has one, the node is in service and nothing holds it."""
+        return await self._open(node_id, finding, actor=actor, finding_id=finding_id,
+                                operator=False)
+
+    async def start(self, node_id: str, finding: Finding | None, *, actor: str,
+                    reason: str = "") -> RepairDecision:
+        """An operator starts a ladder (from ``active`` or ``service_required``): past the
+        breaker and the cool-down. No finding: the class of the node's last repair record."""
+        node = await self._repo.find(node_id)
+        if finding is None:
+            last = RepairRecord.from_facts(node.facts)
+            if last is None:
+                raise InvalidRequest(f"node {node.id} has no repair record: name the class")
+            finding = Finding(last.health_class, Action(last.action) if last.action in
+                              set(Action) else Action.DRAIN,
+                              reason or f"operator {actor}: repair again", Source.KERNEL_LOG,
+                              last.subject)
+        decision = await self._open(node.id, finding, actor=actor, finding_id=None,
+                                    operator=True)
+        if not decision.started:
+            raise Conflict(f"node {node.id}: repair not started: {decision.reason}")
+        return decision
+
+    async def stop(self, node_id: str, *, actor: str, reason: str) -> Node:
+        """Stop the ladder where it is (``repair_failed``; the node stays drained):
+        ``retry`` goes on from the next rung, ``deploy`` reimages, ``retire`` retires."""
+        node = await self._repo.find(node_id)
+        return await self._conductor.fire(node.id, Event.ABORT, actor=actor,
+                                          reason=reason or "repair stopped by an operator",
+                                          expect=NodeState.REPAIRING)
+
+    async def skip(self, node_id: str, rung: str, *, actor: str, reason: str = "") -> Node:
+        """Skip ``rung`` of the node's open ladder (taken when the ladder reaches it)."""
+        if rung not in set(RUNGS):
+            raise InvalidRequest(f"unknown rung {rung!r}; rungs: "
+                                 + ", ".join(str(r) for r in RUNGS))
+        node = await self._repo.find(node_id)
+        record = RepairRecord.from_facts(node.facts)
+        if node.state not in UNDER_REPAIR or record is None or not record.open_now:
+            raise Conflict(f"node {node.id} has no open repair ladder (state {node.state})")
+        if rung not in record.plan:
+            raise Conflict(f"rung {rung} is not in node {node.id}'s ladder: "
+                           + (", ".join(record.plan) or "no rungs"))
+        if record.result_of(rung) is not None:
+            raise Conflict(f"rung {rung} of node {node.id} was already tried")
+        await self._repo.merge_facts(node.id, {KEY: record.with_skip(rung).to_facts()})
+        return await self._conductor.record(node.id, SKIP_EVENT, actor=actor,
+                                            reason=f"{rung}: {reason or 'skip'}")
+
+    def breaker_state(self) -> BreakerState:
+        reason, since = self._tripped or ("", "")
+        return BreakerState(self._tripped is not None, reason, since, tuple(sorted(self._held)))
+
+    async def reset_breaker(self, *, actor: str, reason: str) -> BreakerState:
+        """Close the breaker: automatic ladders may start again (the held findings are
+        not replayed: their sources report them again, or an operator starts them)."""
+        async with self._lock:
+            was, held = self._tripped, dict(self._held)
+            self._tripped, self._held = None, {}
+        if was is not None:
+            log.warning("repair breaker reset by %s: %s (was: %s)", actor, reason, was[0])
+        for node_id in held:
+            await self._conductor.record(node_id, BREAKER_EVENT, actor=actor,
+                                         reason=reason or "breaker reset")
+        return self.breaker_state()
+
+    # -- the decision ------------------------------------------------------------------------
+
+    async def _open(self, node_id: str, finding: Finding, *, actor: str,
+                    finding_id: str | None, operator: bool) -> RepairDecision:
+        async with self._lock:
+            node = await self._repo.find(node_id)
+            ladder = plan(finding.cls, finding.action, deadlines=self._settings.drain_deadline_s)
+            line = f"{finding.cls} {finding.action}: {' '.join(finding.evidence.split())}"
+            if ladder is None:
+                return await self._note(node, "noted", NOTED_EVENT, f"{line} (no repair for "
+                                        f"{finding.cls}/{finding.action})", actor)
+            current = RepairRecord.from_facts(node.facts)
+            if node.state in UNDER_REPAIR and current is not None and current.open_now:
+                await self._repo.merge_facts(node.id, {
+                    KEY: current.with_evidence(finding.evidence).to_facts()})
+                return await self._note(node, "joined", EVIDENCE_EVENT, line, actor)
+            allowed = {NodeState.ACTIVE, NodeState.SERVICE_REQUIRED} if operator \
+                else {NodeState.ACTIVE}
+            if node.state not in allowed:
+                return await self._note(node, "not_in_service", NOTED_EVENT,
+                                        f"{line} (state {node.state}: no ladder)", actor)
+            if not operator and (held := self._holds(node, finding, current)) is not None:
+                outcome, why = held
+                if outcome == "breaker":
+                    self._held[node.id] = line
+                return await self._note(node, outcome, HELD_EVENT, f"{line}: {why}", actor,
+                                        level=logging.WARNING)
+            if not operator and (trip := await self._breaker(node)) is not None:
+                self._trip(trip)
+                self._held[node.id] = line
+                return await self._note(node, "breaker", HELD_EVENT,
+                                        f"{line}: circuit breaker: {trip}", actor,
+                                        level=logging.ERROR)
+            record = RepairRecord.open(finding, ladder, node.facts, serial=node.serial,
+                                       actor=actor, at=datetime.now(UTC),
+                                       finding_id=finding_id)
+            await self._repo.merge_facts(node.id, {KEY: record.to_facts()})
+            self._held.pop(node.id, None)
+            node = await self._conductor.fire(node.id, Event.REPAIR, actor=actor,
+                                              reason=drain_reason(record), expect=node.state)
+            return RepairDecision("started", drain_reason(record), node)
+
+    def _holds(self, node: Node, finding: Finding,
+               last: RepairRecord | None) -> tuple[str, str] | None:
+        if node.maintenance:
+            return "held", f"in maintenance ({node.maintenance_reason})"
+        if not self._settings.auto_repair:
+            return "held", "[health] auto_repair is off: an operator starts the ladder"
+        if last is not None and not last.open_now and cooling_down(
+                last.kind, _epoch(last.ended_at), finding.cls, self._clock(),
+                self._settings.cooldown_s):
+            return "cooldown", (f"a {finding.cls} ladder ended {last.outcome} at "
+                                f"{last.ended_at}: not again within [health] cooldown_s = "
+                                f"{self._settings.cooldown_s:g}")
+        if self._tripped is not None:
+            return "breaker", f"circuit breaker open since {self._tripped[1]}: " \
+                              f"{self._tripped[0]}"
+        return None
+
+    async def _breaker(self, node: Node) -> str | None:
+        peers = [Peer(s.id, s.rack, None, NodeState(s.state) in UNDER_REPAIR)
+                 for s in await self._repo.summaries() if s.state in _COUNTED]
+        clique = _clique(node)
+        if clique is not None:
+            members = {n.id: n for n in await self._repo.naming_clique(clique)
+                       if n.state in _COUNTED}
+            peers = [Peer(p.node_id, p.rack, clique if p.node_id in members else None,
+                          p.repairing) for p in peers]
+        return breaker(Peer(node.id, node.rack, clique, False), peers, self._limits)
+
+    def _trip(self, reason: str) -> None:
+        if self._tripped is None:
+            self._tripped = (reason, datetime.now(UTC).isoformat(timespec="seconds"))
+            log.error("repair circuit breaker tripped: %s; automatic repairs stop until an "
+                      "operator resets it (`provisioner health breaker reset`)", reason)
+
+    async def _note(self, node: Node, outcome: str, event: str, reason: str, actor: str,
+                    level: int = logging.INFO) -> RepairDecision:
+        node = await self._conductor.record(node.id, event, actor=actor, reason=reason,
+                                            level=level)
+        return RepairDecision(outcome, reason, node)
+
+
+def _clique(node: Node) -> str | None:
+    record = ValidationRecord.from_facts(node.facts)
+    return record.clique if record is not None else None
+
+
+def _epoch(text: str) -> float | None:
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        return None
+
+
+def known_class(name: str) -> HealthClass:
+    try:
+        return HealthClass(name)
+    except ValueError:
+        raise InvalidRequest(f"unknown health class {name!r}; classes: "
+                             + ", ".join(str(c) for c in HealthClass)) from None
