@@ -85,7 +85,12 @@ class AnsibleAcceptance:
             if not result.ok:
                 log.warning("fabric acceptance %s of %s: playbook %s (rc %d): %s", run_id,
                             domain, result.status, result.rc, result.stdout_tail[-500:])
-            return await asyncio.to_thread(read_results, results, aliases)
+            runs = await asyncio.to_thread(read_results, results, aliases)
+            if not runs and not result.ok:
+                raise FatalError(f"playbook {PLAYBOOK} {result.status} (rc {result.rc}): "
+                                 + (result.failures[0].summary() if result.failures
+                                    else result.stdout_tail[-300:]))
+            return runs
         finally:
             await asyncio.to_thread(shutil.rmtree, results, True)
 
