@@ -14,6 +14,7 @@ from provisioner.api.events import EventHub
 from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
+from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
@@ -32,6 +33,7 @@ EVENTS: Final = web.AppKey("events", EventHub)
 SESSIONS: Final = web.AppKey("sessions", SessionStore)
 ROTATION: Final = web.AppKey("rotation", BmcRotation)
 OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
+ACCEPTANCE: Final = web.AppKey("acceptance", DomainAcceptance)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

@@ -9,6 +9,10 @@ from pydantic import Field, ValidationInfo, field_validator
 from provisioner.config.section import Section
 
 
+AcceptanceTest = Literal["dcgm", "nvbandwidth", "nccl", "ib_write_bw"]
+DEFAULT_TESTS: tuple[AcceptanceTest, ...] = ("dcgm", "nvbandwidth", "nccl")
+
+
 class AcceptanceProfile(Section):
     """Fabric acceptance of a profile's NVLink domains (issue 26): once every node of a
     domain passed its own checks and before ``registering``, the site's tools run on the
@@ -20,8 +24,8 @@ class AcceptanceProfile(Section):
     fabric_class: str = Field(
         min_length=1, description="The class whose floors apply (hgx-h100, gb200-nvl72, "
         "rail-400g, ...; `provisioner fabric judge --list-classes`)")
-    tests: list[Literal["dcgm", "nvbandwidth", "nccl", "ib_write_bw"]] = Field(
-        default_factory=lambda: ["dcgm", "nvbandwidth", "nccl"], min_length=1,
+    tests: list[AcceptanceTest] = Field(
+        default_factory=lambda: list(DEFAULT_TESTS), min_length=1,
         description="What runs: `dcgmi diag -r <dcgm_level> -j` and `nvbandwidth` on every "
         "node, NCCL `all_reduce_perf` (see nccl_scope), `ib_write_bw` between neighbouring "
         "nodes on each of ib_devices")
