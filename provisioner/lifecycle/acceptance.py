@@ -232,7 +232,8 @@ class DomainAcceptance:
             nodes = await self._repo.get_many(list(latest.node_ids))
         if not nodes:
             raise NotFound("NVLink domain", domain)
-        held = [n for n in nodes if n.state is NodeState.VALIDATE_FAILED]
+        held = sorted((n for n in nodes if n.state is NodeState.VALIDATE_FAILED),
+                      key=lambda n: n.hostname or n.id)
         if not held:
             states = sorted({str(n.state) for n in nodes})
             raise Conflict(f"domain {domain} holds no failed node (states: "

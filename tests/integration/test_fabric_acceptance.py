@@ -30,12 +30,15 @@ from typing import Any
 
 import pytest
 
+from provisioner.api.app import make_app
 from provisioner.config import (
     AcceptanceProfile,
+    ApiSettings,
     LifecycleSettings,
     ValidationProfile,
     ValidationSettings,
 )
+from provisioner.domain import Role
 from provisioner.install.acceptance import AnsibleAcceptance
 from provisioner.install.base import ComposedInstaller
 from provisioner.lifecycle.acceptance import DomainAcceptance
@@ -43,6 +46,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.validation import FactsValidator
+from provisioner.metrics import Metrics
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
@@ -164,10 +168,20 @@ async def settle(store: Store, ids: list[str], states: set[NodeState]) -> dict[s
 
 
 async def test_a_slow_node_holds_its_domain_until_repaired_and_rerun(
-        store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
+        store: Store, world: SimWorld, make_node, aiohttp_client) -> None:  # type: ignore[no-untyped-def]
+    """Held, then rerun through the API (``POST``/``GET /api/v1/fabric/domains/{id}/
+    acceptance``, what ``provisioner fabric accept``/``acceptance`` call)."""
     validation = ValidationSettings(profiles={"nvl": profile()}, domain_poll_interval_s=0.2)
     with short_dir() as work, domain(work, [doubles(), doubles(), doubles(SLOW_NCCL)]) as nodes:
         r = rig(store, world, work, nodes[0], validation)
+        client = await aiohttp_client(make_app(
+            conductor=r.conductor, nodes=store.nodes, tokens=store.tokens, metrics=Metrics(),
+            settings=ApiSettings(), acceptance=r.acceptance))
+        viewer = {"Authorization": f"Bearer {(await store.tokens.create('v', Role.VIEWER))[1]}"}
+        operator = {"Authorization":
+                    f"Bearer {(await store.tokens.create('o', Role.OPERATOR))[1]}"}
+        path = f"/api/v1/fabric/domains/{CLIQUE}/acceptance"
+        assert (await client.get(path, headers=viewer)).status == 404  # never ran
         ids = await enrol(store, make_node, nodes)
         await r.conductor.recover()
         held = await settle(store, ids, {S.VALIDATE_FAILED, S.ACTIVE})
@@ -189,19 +203,32 @@ async def test_a_slow_node_holds_its_domain_until_repaired_and_rerun(
         assert all(f["floor"] == "431GB/s" for f in busbw.values())
         dcgm = [f for fig in figures.values() for f in fig if f["test"] == "dcgmi-diag"]
         assert len(dcgm) == 3 and all(f["passed"] for f in dcgm)
+        shown = await client.get(path, headers=viewer)
+        assert shown.status == 200
+        body = await shown.json()
+        assert body["status"] == "failed" and body["slowest"] == "nvl-03"
+        assert body["nodes"] == ["nvl-01", "nvl-02", "nvl-03"]
+        (slow,) = [f for n in body["results"] if n["node"] == "nvl-03" for f in n["figures"]
+                   if f["figure"] == "busbw"]
+        assert (slow["value"], slow["floor"], slow["passed"]) == ("301.12GB/s", "431GB/s",
+                                                                  False)
+        assert (await client.post(path, headers=viewer)).status == 403
 
         put(nodes[2], "/opt/doubles/all_reduce_perf.out", NCCL)  # the tray is reseated
-        retried = await r.acceptance.rerun(
-            CLIQUE, lambda node_id: r.conductor.fire(node_id, E.RETRY, actor="op"))
-        assert retried == ["nvl-01", "nvl-02", "nvl-03"]
+        rerun = await client.post(path, headers=operator)
+        assert rerun.status == 202, await rerun.text()
+        assert (await rerun.json())["retried"] == ["nvl-01", "nvl-02", "nvl-03"]
         done = await settle(store, ids, {S.ACTIVE, S.VALIDATE_FAILED})
         for node in done.values():
             assert node.state is S.ACTIVE, node.last_error
             assert node.facts["fabric_acceptance"]["passed"] is True
             went = [h.to_state for h in await store.nodes.history(node.id)]
             assert went[-2:] == ["registering", "active"]
-        again = await r.acceptance.latest(CLIQUE)
-        assert again is not None and again.id != run.id and again.status == "passed"
+        again = await (await client.get(path, headers=viewer)).json()
+        assert again["id"] != run.id and again["status"] == "passed"
+        assert again["summary"].startswith(f"fabric acceptance of {CLIQUE} (hgx-h200) passed")
+        refused = await client.post(path, headers=operator)  # nothing held: an active domain
+        assert refused.status == 409 and "maintenance reservation" in await refused.text()
         await r.conductor.stop()
         await r.acceptance.aclose()
         r.pool.shutdown()
