@@ -51,7 +51,9 @@ class NodeResult:
 
     @property
     def passed(self) -> bool:
-        return bool(self.figures) and all(f.passed for f in self.figures)
+        """Every figure passed (a node with no test of its own, under a domain-wide run,
+        has none: the domain's figures judge it)."""
+        return all(f.passed for f in self.figures)
 
     def failures(self) -> list[str]:
         return [f"{f.test} {f.figure} {f.value} (floor {f.floor}): {f.reason}"
@@ -68,7 +70,8 @@ class DomainVerdict:
 
     @property
     def passed(self) -> bool:
-        return bool(self.nodes) and not self.missing and all(n.passed for n in self.nodes)
+        judged = any(n.figures for n in self.nodes)
+        return judged and not self.missing and all(n.passed for n in self.nodes)
 
     def summary(self) -> str:
         """One line: passed, or held with the slowest node and the first failures."""
