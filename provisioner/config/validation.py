@@ -8,7 +8,6 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from provisioner.config.section import Section
 
-
 AcceptanceTest = Literal["dcgm", "nvbandwidth", "nccl", "ib_write_bw"]
 DEFAULT_TESTS: tuple[AcceptanceTest, ...] = ("dcgm", "nvbandwidth", "nccl")
 
