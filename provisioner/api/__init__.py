@@ -14,6 +14,7 @@ from provisioner.api.events import EventHub
 from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
+from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
@@ -34,6 +35,7 @@ SESSIONS: Final = web.AppKey("sessions", SessionStore)
 ROTATION: Final = web.AppKey("rotation", BmcRotation)
 OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
 REPAIRS: Final = web.AppKey("repairs", RepairService)
+ACCEPTANCE: Final = web.AppKey("acceptance", DomainAcceptance)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

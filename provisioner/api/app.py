@@ -20,6 +20,7 @@ from aiohttp import hdrs, web
 from pydantic import ValidationError
 
 from provisioner.api import (
+    ACCEPTANCE,
     CONDUCTOR,
     EVENTS,
     METRICS,
@@ -33,6 +34,7 @@ from provisioner.api import (
     TOKENS,
     TOPOLOGY,
 )
+from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
 from provisioner.api.events import EventHub, stream
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
@@ -56,6 +58,7 @@ from provisioner.errors import (
     ProvisionerError,
     StoreUnavailable,
 )
+from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
@@ -86,9 +89,10 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              settings: ApiSettings, topology: LiveTopology | None = None,
              rotation: BmcRotation | None = None,
              ownership: OwnershipRepo | None = None,
-             repairs: RepairService | None = None) -> web.Application:
+             repairs: RepairService | None = None,
+             acceptance: DomainAcceptance | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *REPAIR_ROUTES, *TOPOLOGY_ROUTES,
-              *INSTANCE_ROUTES, *TOKEN_ROUTES, *_OWN_ROUTES)
+              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
@@ -109,6 +113,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[OWNERSHIP] = ownership
     if repairs is not None:
         app[REPAIRS] = repairs
+    if acceptance is not None:
+        app[ACCEPTANCE] = acceptance
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

@@ -3,6 +3,8 @@ floors (offline: no daemon, no config).
 
     provisioner fabric judge --class CLASS [--tolerance F] FILE...
     provisioner fabric judge --list-classes
+    provisioner fabric accept DOMAIN        (the daemon: rerun a held domain's acceptance)
+    provisioner fabric acceptance DOMAIN    (the daemon: its last result, figure by figure)
 
 Each FILE is nccl-tests stdout, ``nvbandwidth`` stdout, ``dcgmi diag -j`` JSON or an
 ``ib_write_bw`` report (``-`` reads stdin); the kind is recognised from the text. One line per
@@ -15,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import urllib.parse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from provisioner.cli.client import UsageError, add_group
+from provisioner.cli import formatting
+from provisioner.cli.client import API, UsageError, add_group, api_client, api_options
 
 if TYPE_CHECKING:
     from provisioner.cli.client import Subcommands
@@ -40,6 +44,55 @@ def add_commands(sub: Subcommands) -> None:
                        help="tolerance for every floor, 0 to 0.5 (default: the class's)")
     judge.add_argument("files", nargs="*", type=Path, metavar="FILE")
     judge.set_defaults(command=cmd_fabric_judge)
+
+    api = api_options()
+    accept = commands.add_parser(
+        "accept", parents=[api], allow_abbrev=False,
+        help="rerun a held domain's fabric acceptance after a repair (its validate_failed "
+             "nodes are retried; the domain is accepted anew once all passed)")
+    accept.add_argument("domain", metavar="DOMAIN",
+                        help="NVLink domain (ClusterUUID.CliqueId) or a lone node's hostname")
+    accept.add_argument("--json", action="store_true", help="the API's JSON")
+    accept.set_defaults(command=cmd_fabric_accept)
+    show = commands.add_parser("acceptance", parents=[api], allow_abbrev=False,
+                               help="a domain's last fabric acceptance, figure by figure")
+    show.add_argument("domain", metavar="DOMAIN")
+    show.add_argument("--json", action="store_true", help="the API's JSON")
+    show.set_defaults(command=cmd_fabric_acceptance)
+
+
+def _domain_path(domain: str) -> str:
+    return f"{API}/fabric/domains/{urllib.parse.quote(domain, safe='')}/acceptance"
+
+
+def cmd_fabric_accept(args: argparse.Namespace) -> int:
+    reply = api_client(args).post(_domain_path(args.domain))
+    if args.json:
+        print(formatting.dump_json(reply))
+        return 0
+    retried = reply.get("retried") or []
+    print(f"{args.domain}: retried {', '.join(map(str, retried))}; the domain's acceptance "
+          f"runs again once they passed their own checks (provisioner fabric acceptance "
+          f"{args.domain})")
+    return 0
+
+
+def cmd_fabric_acceptance(args: argparse.Namespace) -> int:
+    """Exit 0 when the last run passed, 1 otherwise (running, failed, interrupted)."""
+    reply = api_client(args).get(_domain_path(args.domain))
+    if args.json:
+        print(formatting.dump_json(reply))
+        return 0 if reply.get("status") == "passed" else 1
+    print(f"{reply.get('domain')} ({reply.get('fabric_class')}): {reply.get('status')} "
+          f"run {reply.get('id')} started {reply.get('started_at')}")
+    print(reply.get("summary"))
+    for node in reply.get("results") or []:
+        for figure in node.get("figures") or []:
+            verdict = "PASS" if figure.get("passed") else "FAIL"
+            print(f"{node.get('node')}: {figure.get('test')} {figure.get('figure')} "
+                  f"{figure.get('value')} floor {figure.get('floor')} {verdict} "
+                  f"{figure.get('reason')}")
+    return 0 if reply.get("status") == "passed" else 1
 
 
 def _fraction(text: str) -> float:

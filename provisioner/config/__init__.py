@@ -49,7 +49,7 @@ from provisioner.config.section import parse_host_port
 from provisioner.config.settings import Settings
 from provisioner.config.slurm import SlurmSettings
 from provisioner.config.topology import TopologySettings
-from provisioner.config.validation import ValidationProfile, ValidationSettings
+from provisioner.config.validation import AcceptanceProfile, ValidationProfile, ValidationSettings
 
 __all__ = [
     "DEFAULT_CONFIG_PATH",
@@ -75,6 +75,7 @@ __all__ = [
     "StoreSettings",
     "TftpSettings",
     "TopologySettings",
+    "AcceptanceProfile",
     "ValidationProfile",
     "ValidationSettings",
     "check_installer_url",

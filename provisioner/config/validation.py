@@ -8,6 +8,44 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from provisioner.config.section import Section
 
+AcceptanceTest = Literal["dcgm", "nvbandwidth", "nccl", "ib_write_bw"]
+DEFAULT_TESTS: tuple[AcceptanceTest, ...] = ("dcgm", "nvbandwidth", "nccl")
+
+
+class AcceptanceProfile(Section):
+    """Fabric acceptance of a profile's NVLink domains (issue 26): once every node of a
+    domain passed its own checks and before ``registering``, the site's tools run on the
+    domain's nodes over SSH (``playbooks/acceptance.yml``) and are judged against the fabric
+    class's floors (``provisioner fabric judge --list-classes``). A failed domain is held in
+    ``validate_failed`` naming its slowest node; ``provisioner fabric accept DOMAIN`` reruns
+    it after a repair."""
+
+    fabric_class: str = Field(
+        min_length=1, description="The class whose floors apply (hgx-h100, gb200-nvl72, "
+        "rail-400g, ...; `provisioner fabric judge --list-classes`)")
+    tests: list[AcceptanceTest] = Field(
+        default_factory=lambda: list(DEFAULT_TESTS), min_length=1,
+        description="What runs: `dcgmi diag -r <dcgm_level> -j` and `nvbandwidth` on every "
+        "node, NCCL `all_reduce_perf` (see nccl_scope), `ib_write_bw` between neighbouring "
+        "nodes on each of ib_devices")
+    dcgm_level: int = Field(2, ge=1, le=4, description="`dcgmi diag -r` level")
+    nccl_scope: Literal["node", "domain"] | None = Field(
+        None, description="all_reduce_perf per node (HGX: `mpirun -np <gpus>` on the node) "
+        "or once over every GPU of the domain (`mpirun` over the domain's nodes); unset: "
+        "domain for a class of more than 8 GPUs (NVL72), else node")
+    gpus_per_node: int = Field(8, ge=1, le=64, description="MPI ranks per node for NCCL")
+    ib_devices: list[str] = Field(
+        default_factory=list, description="HCAs (rails) `ib_write_bw` runs on, one "
+        "`-d DEVICE` each, node i serving node i+1's client")
+    test_deadline_s: float = Field(
+        1800.0, gt=0, description="Each test is killed (with everything it started, on every "
+        "node) when still running after this long, and fails")
+    tolerance: float | None = Field(
+        None, ge=0, le=0.5, description="Tolerance for every floor (default: the class's)")
+    floors: dict[Literal["nccl_busbw", "nvbw_host", "nvbw_p2p", "ib_bw"], float] = Field(
+        default_factory=dict, description="Floor values that replace the class's: "
+        "nccl_busbw and nvbw_* in GB/s, ib_bw in Gb/s")
+
 
 class ValidationProfile(Section):
     """What a node of one profile must show before it goes to Slurm (the ``validating``
@@ -47,6 +85,9 @@ class ValidationProfile(Section):
     nvlink_accept_degraded_bandwidth: bool = Field(
         False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
         "summary Limited Capacity); unset, such a node is held like an unhealthy one")
+    acceptance: AcceptanceProfile | None = Field(
+        None, description="Fabric acceptance of the node's NVLink domain (or of the node "
+        "alone when it names none) before registering; unset: none")
 
     @field_validator("nvlink_domain_nodes")
     @classmethod

@@ -20,10 +20,12 @@ from provisioner.config import BmcProfile, BmcSettings, Settings
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.domain import Node
 from provisioner.lifecycle.ports import (
+    Acceptance,
     BootWaiter,
     Inspector,
     Installer,
     KubeJoiner,
+    NoAcceptance,
     NoBootWait,
     NoRepairs,
     Ports,
@@ -80,6 +82,9 @@ class RealDrivers:
     validator: Validator
     slurm: SlurmRegistrar
     repairs: Repairer = field(default_factory=NoRepairs)
+    acceptance: Acceptance = field(default_factory=NoAcceptance)
+    """Fabric acceptance of NVLink domains (``lifecycle/acceptance.py``); simulated nodes'
+    profiles ask for none."""
 
 
 def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
@@ -108,6 +113,7 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         http_boot_uri=http_boot_uris(settings),
         soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
         rotate_bmc=None if rotation is None else rotate_if_opted_in(settings.bmc, rotation),
+        acceptance=real.acceptance,
     )
 
 

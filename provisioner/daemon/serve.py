@@ -30,10 +30,12 @@ from provisioner.daemon.hooks import ansible_to_history, maintenance_from
 from provisioner.daemon.servers import start_api, start_boot
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.errors import ConfigError, Conflict, SchemaError
+from provisioner.install.acceptance import AnsibleAcceptance
 from provisioner.install.base import ComposedInstaller
 from provisioner.install.images import AgentJobs
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync
+from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
@@ -144,10 +146,16 @@ class Daemon:
             repairs = SiteRepairs(ansible, kube=joiner,
                                   handoff=slurm if isinstance(slurm, SlurmHandoff) else None,
                                   os_up_timeout_s=self._settings.health.os_up_timeout_s)
+            acceptance = DomainAcceptance(
+                store.nodes, store.acceptance,
+                AnsibleAcceptance(ansible, self._settings.install,
+                                  results_dir=self._settings.state_dir / "acceptance"),
+                self._settings.validation, instance=store.instance)  # ConfigError: exit 2
+            stack.push_async_callback(acceptance.aclose)  # after the conductor stopped
             real = RealDrivers(
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
                 validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm,
-                repairs=repairs)
+                repairs=repairs, acceptance=acceptance)
             bmc = self._bmc(stack, world)
             rotation = build_rotation(self._settings.bmc, store, bmc)
             ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
@@ -166,7 +174,7 @@ class Daemon:
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             repair_service = RepairService(conductor, store.nodes, self._settings.health)
             runner = await start_api(self._settings, store, conductor, metrics, topology,
-                                     rotation, repair_service)
+                                     rotation, repair_service, acceptance)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks)

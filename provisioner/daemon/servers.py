@@ -15,6 +15,7 @@ from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
 from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.images import AgentJobs
+from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
@@ -29,11 +30,13 @@ from provisioner.topology_live.live import LiveTopology
 
 async def start_api(settings: Settings, store: Store, conductor: Conductor, metrics: Metrics,
                     topology: LiveTopology, rotation: BmcRotation,
-                    repairs: RepairService | None = None) -> web.AppRunner:
+                    repairs: RepairService | None = None,
+                    acceptance: DomainAcceptance | None = None) -> web.AppRunner:
     """The API, listening (behind the HTTP guard) before READY=1."""
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings.api, topology=topology,
-                   rotation=rotation, ownership=store.ownership, repairs=repairs)
+                   rotation=rotation, ownership=store.ownership, repairs=repairs,
+                   acceptance=acceptance)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
     runner = guarded_runner(app, limits, name="API")

@@ -288,12 +288,17 @@ class AnsibleRunner:
     def __init__(self, options: RunnerOptions, pool: Executor,
                  on_event: OnEvent | None = None) -> None:
         self._options = options
+        self._pool = pool
         self._watchdog = Watchdog(pool, name="install", slots=options.pool_slots)
         self._on_event = on_event
 
     @property
     def options(self) -> RunnerOptions:
         return self._options
+
+    @property
+    def pool(self) -> Executor:
+        return self._pool
 
     @property
     def hung_runs(self) -> int:

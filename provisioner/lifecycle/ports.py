@@ -145,6 +145,35 @@ class AcceptAll:
         return record
 
 
+@dataclass(frozen=True, slots=True)
+class AcceptanceOutcome:
+    """A domain's fabric acceptance as one of its nodes sees it."""
+
+    run_id: str
+    domain: str
+    passed: bool
+    summary: str
+
+
+class Acceptance(Protocol):
+    """Fabric acceptance of a node's NVLink domain, after the domain gate and before
+    ``registering`` (``lifecycle/acceptance.py``)."""
+
+    async def accept(self, node: Node, record: ValidationRecord,
+                     note: Note) -> AcceptanceOutcome | None:
+        """Run (or join, or reuse) the acceptance of the node's domain and return its
+        result; None: the node's profile asks for none."""
+        ...
+
+
+class NoAcceptance:
+    """No profile asks for acceptance: the default where none is wired."""
+
+    async def accept(self, node: Node, record: ValidationRecord,
+                     note: Note) -> AcceptanceOutcome | None:
+        return None
+
+
 class BootWaiter(Protocol):
     """Waits for a deployed OS to report that it is up (``lifecycle/callbacks.py``)."""
 
@@ -236,6 +265,8 @@ class Ports:
     """The deployed OS's "booted"/"installed" callback (``BootCallbacks`` in the daemon)."""
     validator: Validator = field(default_factory=AcceptAll)
     """The validation gate; the default passes every node."""
+    acceptance: Acceptance = field(default_factory=NoAcceptance)
+    """Fabric acceptance of a domain before ``registering``; the default runs none."""
     soft_off: Callable[[Node], SoftOff] = default_soft_off
     """How a node's soft power-off may end (daemon: ``bmc.profiles``)."""
     rotate_bmc: Callable[[Node], Awaitable[None]] | None = None

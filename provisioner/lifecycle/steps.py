@@ -21,6 +21,8 @@ from provisioner.validation.sku import KEY as SKU_KEY
 from provisioner.validation.sku import NOTE_EVENT as SKU_NOTE
 
 DOMAIN_COMPLETE: Final = "nvlink-domain-complete"
+FABRIC_ACCEPTED: Final = "fabric-accepted"
+ACCEPTANCE_KEY: Final = "fabric_acceptance"
 SETTLE_SINCE: Final = "fabric-settle-since:"
 
 
@@ -187,6 +189,26 @@ async def validate(ctx: StepContext) -> None:
     if record is not None and record.clique is not None and not ctx.finished(DOMAIN_COMPLETE):
         await ctx.ports.validator.wait_domain(ctx.node, record, ctx.record)
         await ctx.substep(DOMAIN_COMPLETE, _nothing)
+    if record is not None and not ctx.finished(FABRIC_ACCEPTED):
+        await _accept(ctx, record)
+
+
+async def _accept(ctx: StepContext, record: ValidationRecord) -> None:
+    """Fabric acceptance of the whole domain (``Ports.acceptance``): a wait like the domain
+    gate's, outside a sub-step; its result is kept in the node's facts and checkpointed. A
+    failed domain fails every node of it, each with the result naming the slowest node."""
+    outcome = await ctx.ports.acceptance.accept(ctx.node, record, ctx.record)
+    if outcome is None:
+        return
+
+    async def keep() -> None:
+        await ctx.merge_facts({ACCEPTANCE_KEY: {
+            "run_id": outcome.run_id, "domain": outcome.domain, "passed": outcome.passed,
+            "summary": outcome.summary}})
+        if not outcome.passed:
+            raise FatalError(outcome.summary)
+
+    await ctx.substep(FABRIC_ACCEPTED, keep)
 
 
 async def _nothing() -> None:

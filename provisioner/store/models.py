@@ -141,3 +141,25 @@ class SingletonRow(SQLModel, table=True):
     owner: str | None = Field(default=None, max_length=128)
     fence: int = Field(default=0)
     expires_at: datetime | None = None
+
+
+class FabricAcceptanceRow(SQLModel, table=True):
+    """One fabric acceptance run of a domain (issue 26): its nodes, state and judged result
+    (per node and for the domain, JSON). The latest row of a domain is its standing."""
+
+    __tablename__ = "fabric_acceptance"
+    __table_args__ = (Index("ix_fabric_acceptance_domain_started", "domain", "started_at"),)
+
+    id: str = Field(primary_key=True, max_length=36)
+    domain: str = Field(max_length=128)
+    fabric_class: str = Field(max_length=64)
+    status: str = Field(max_length=16)  # running, passed, failed, interrupted
+    nodes: str = Field(sa_column=Column(Text, nullable=False))  # JSON: [[id, name], ...]
+    summary: str = Field(default="", max_length=4096)
+    slowest: str | None = Field(default=None, max_length=253)
+    result: str = Field(sa_column=Column(Text, nullable=False))  # JSON: DomainVerdict
+    requested_by: str = Field(default="", max_length=128)
+    instance: str | None = Field(default=None, max_length=128)
+    started_at: datetime = Field(default_factory=utcnow)
+    deadline_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None

@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 from provisioner.config import Settings
 from provisioner.errors import ConfigError
 from provisioner.store import db
+from provisioner.store.acceptance import AcceptanceRepo
 from provisioner.store.bmc_secrets import BmcSecretRepo
 from provisioner.store.files import private_dir
 from provisioner.store.models import NodeRow
@@ -43,6 +44,7 @@ class Store:
     topology: TopologyRepo
     bmc_secrets: BmcSecretRepo
     ownership: OwnershipRepo
+    acceptance: AcceptanceRepo
 
     @property
     def instance(self) -> str:
@@ -102,7 +104,8 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                  nodes=NodeRepo(engine, pool, box, instance=me),
                  tokens=TokenRepo(engine, pool), boot_tokens=TokenRepo(engine, boot_pool),
                  topology=TopologyRepo(engine, pool),
-                 bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership)
+                 bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership,
+                 acceptance=AcceptanceRepo(engine, pool))
 
 
 def _secrets_stored(engine: Engine) -> int:

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Runs one fabric acceptance test on a node for playbooks/acceptance.yml (standard library
+only: it runs on the node with Ansible's python3).
+
+    acceptance_tool.py run DIR NAME DEADLINE_S RUN_ID -- TOOL ARG...
+    acceptance_tool.py cleanup RUN_ID
+    acceptance_tool.py collect DIR
+
+``run``: TOOL in a session of its own, with PROVISIONER_ACCEPTANCE_RUN=RUN_ID in its
+environment (``mpirun -x`` passes it to remote ranks); at DEADLINE_S its whole session is
+sent SIGTERM, then SIGKILL 10 s later. Writes DIR/NAME.json: rc (127: the tool is missing),
+stdout, stderr, timed_out, elapsed_s. ``cleanup``: SIGKILL every process whose environment
+names RUN_ID (what a killed mpirun left on this node). ``collect``: DIR/*.json as one JSON
+object on DIR/result.json.
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+MARKER = "PROVISIONER_ACCEPTANCE_RUN"
+KEEP = 4 * 1024 * 1024  # bytes of each stream kept
+
+
+def run(out_dir, name, deadline_s, run_id, argv):
+    os.makedirs(out_dir, mode=0o700, exist_ok=True)
+    result = {"rc": 127, "stdout": "", "stderr": "", "timed_out": False, "elapsed_s": 0.0,
+              "deadline_s": deadline_s, "command": argv}
+    if not argv or shutil.which(argv[0]) is None:
+        result["stderr"] = "%s: command not found" % (argv[0] if argv else "(none)")
+    else:
+        env = dict(os.environ, **{MARKER: run_id})
+        started = time.monotonic()
+        out_path, err_path = (os.path.join(out_dir, name + ext) for ext in (".out", ".err"))
+        with open(out_path, "wb") as out, open(err_path, "wb") as err:
+            proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+            try:
+                result["rc"] = proc.wait(timeout=deadline_s)
+            except subprocess.TimeoutExpired:
+                result["timed_out"] = True
+                _kill_session(proc)
+                result["rc"] = proc.returncode
+        result["elapsed_s"] = round(time.monotonic() - started, 3)
+        result["stdout"], result["stderr"] = _tail(out_path), _tail(err_path)
+    with open(os.path.join(out_dir, name + ".json"), "w") as handle:
+        json.dump(result, handle)
+
+
+def _kill_session(proc):
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _tail(path):
+    with open(path, "rb") as handle:
+        handle.seek(0, os.SEEK_END)
+        handle.seek(max(0, handle.tell() - KEEP))
+        return handle.read().decode("utf-8", "replace")
+
+
+def cleanup(run_id):
+    needle = ("%s=%s" % (MARKER, run_id)).encode() + b"\0"
+    killed = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open("/proc/%s/environ" % entry, "rb") as handle:
+                if needle not in handle.read() + b"\0":
+                    continue
+            os.kill(int(entry), signal.SIGKILL)
+            killed.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    print(json.dumps({"killed": killed}))
+
+
+def collect(out_dir):
+    results = {}
+    for name in sorted(os.listdir(out_dir)):
+        if name.endswith(".json") and name != "result.json":
+            with open(os.path.join(out_dir, name)) as handle:
+                results[name[:-5]] = json.load(handle)
+    with open(os.path.join(out_dir, "result.json"), "w") as handle:
+        json.dump(results, handle)
+
+
+def main(argv):
+    if argv[:1] == ["run"] and "--" in argv:
+        cut = argv.index("--")
+        out_dir, name, deadline, run_id = argv[1:cut]
+        run(out_dir, name, float(deadline), run_id, argv[cut + 1:])
+    elif argv[:1] == ["cleanup"] and len(argv) == 2:
+        cleanup(argv[1])
+    elif argv[:1] == ["collect"] and len(argv) == 2:
+        collect(argv[1])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

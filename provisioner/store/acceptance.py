@@ -1,0 +1,104 @@
+"""AcceptanceRepo: fabric acceptance runs (table ``fabric_acceptance``), one row per run of a
+domain; the latest row of a domain is its standing. Blocking work runs in the ``store`` pool.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlmodel import Session, col, select
+
+from provisioner.store.models import FabricAcceptanceRow, utcnow
+from provisioner.store.session import SessionRepo
+
+RUNNING: Final = "running"
+PASSED: Final = "passed"
+FAILED: Final = "failed"
+INTERRUPTED: Final = "interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceRun:
+    id: str
+    domain: str
+    fabric_class: str
+    status: str
+    nodes: tuple[tuple[str, str], ...]  # (node id, name)
+    summary: str
+    slowest: str | None
+    result: Mapping[str, Any]
+    requested_by: str
+    instance: str | None
+    started_at: datetime
+    deadline_at: datetime
+    finished_at: datetime | None
+
+    @property
+    def node_ids(self) -> tuple[str, ...]:
+        return tuple(node_id for node_id, _ in self.nodes)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # SQLite
+
+
+def _run(row: FabricAcceptanceRow) -> AcceptanceRun:
+    return AcceptanceRun(
+        id=row.id, domain=row.domain, fabric_class=row.fabric_class, status=row.status,
+        nodes=tuple((str(i), str(n)) for i, n in json.loads(row.nodes)), summary=row.summary,
+        slowest=row.slowest, result=json.loads(row.result), requested_by=row.requested_by,
+        instance=row.instance, started_at=_aware(row.started_at),
+        deadline_at=_aware(row.deadline_at),
+        finished_at=_aware(row.finished_at) if row.finished_at else None)
+
+
+class AcceptanceRepo(SessionRepo):
+    async def start(self, run_id: str, domain: str, fabric_class: str,
+                    nodes: Sequence[tuple[str, str]], *, deadline_at: datetime,
+                    requested_by: str, instance: str | None) -> AcceptanceRun:
+        def work(s: Session) -> AcceptanceRun:
+            row = FabricAcceptanceRow(
+                id=run_id, domain=domain, fabric_class=fabric_class, status=RUNNING,
+                nodes=json.dumps([list(n) for n in nodes]), result="{}",
+                requested_by=requested_by[:128], instance=instance, deadline_at=deadline_at)
+            s.add(row)
+            s.commit()
+            return _run(row)
+
+        return await self._run(work)
+
+    async def finish(self, run_id: str, status: str, *, summary: str, slowest: str | None,
+                     result: Mapping[str, Any]) -> AcceptanceRun:
+        def work(s: Session) -> AcceptanceRun:
+            row = s.get(FabricAcceptanceRow, run_id)
+            if row is None:
+                raise LookupError(run_id)
+            row.status, row.summary, row.slowest = status, summary[:4096], slowest
+            row.result = json.dumps(result, sort_keys=True)
+            row.finished_at = utcnow()
+            s.add(row)
+            s.commit()
+            return _run(row)
+
+        return await self._run(work)
+
+    async def latest(self, domain: str) -> AcceptanceRun | None:
+        def work(s: Session) -> AcceptanceRun | None:
+            row = s.exec(select(FabricAcceptanceRow)
+                         .where(FabricAcceptanceRow.domain == domain)
+                         .order_by(col(FabricAcceptanceRow.started_at).desc())
+                         .limit(1)).first()
+            return _run(row) if row is not None else None
+
+        return await self._run(work)
+
+    async def get(self, run_id: str) -> AcceptanceRun | None:
+        def work(s: Session) -> AcceptanceRun | None:
+            row = s.get(FabricAcceptanceRow, run_id)
+            return _run(row) if row is not None else None
+
+        return await self._run(work)
