@@ -32,6 +32,8 @@ class HealthClass(StrEnum):
     HARDWARE = "hardware"            # other critical BMC events (processor, chassis, drive)
     DRIVER = "driver"                # driver, firmware or configuration: fixed by software
     APPLICATION = "application"      # faults of one application; the node stays healthy
+    UNRESPONSIVE = "unresponsive"    # slurmd or kubelet not answering (Slurm DOWN, NotReady)
+    REPORTED = "reported"            # an outside tool's verdict we cannot place (NHC, NPD)
 
 
 class Action(StrEnum):

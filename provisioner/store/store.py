@@ -17,6 +17,7 @@ from provisioner.errors import ConfigError
 from provisioner.store import db
 from provisioner.store.bmc_secrets import BmcSecretRepo
 from provisioner.store.files import private_dir
+from provisioner.store.findings import FindingRepo
 from provisioner.store.models import NodeRow
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
@@ -43,6 +44,7 @@ class Store:
     topology: TopologyRepo
     bmc_secrets: BmcSecretRepo
     ownership: OwnershipRepo
+    findings: FindingRepo
 
     @property
     def instance(self) -> str:
@@ -102,7 +104,8 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                  nodes=NodeRepo(engine, pool, box, instance=me),
                  tokens=TokenRepo(engine, pool), boot_tokens=TokenRepo(engine, boot_pool),
                  topology=TopologyRepo(engine, pool),
-                 bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership)
+                 bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership,
+                 findings=FindingRepo(engine, pool))
 
 
 def _secrets_stored(engine: Engine) -> int:
