@@ -15,6 +15,7 @@ from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
 from provisioner.store.ownership import OwnershipRepo
@@ -32,6 +33,7 @@ EVENTS: Final = web.AppKey("events", EventHub)
 SESSIONS: Final = web.AppKey("sessions", SessionStore)
 ROTATION: Final = web.AppKey("rotation", BmcRotation)
 OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
+HEALTH: Final = web.AppKey("health", HealthFindings)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

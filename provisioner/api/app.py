@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from provisioner.api import (
     CONDUCTOR,
     EVENTS,
+    HEALTH,
     METRICS,
     NODES,
     OWNERSHIP,
@@ -33,6 +34,7 @@ from provisioner.api import (
     TOPOLOGY,
 )
 from provisioner.api.events import EventHub, stream
+from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
@@ -55,6 +57,7 @@ from provisioner.errors import (
     StoreUnavailable,
 )
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.store.ownership import OwnershipRepo
@@ -82,9 +85,10 @@ _MAX_TOKEN_CHARS: Final = 512
 def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metrics: Metrics,
              settings: ApiSettings, topology: LiveTopology | None = None,
              rotation: BmcRotation | None = None,
-             ownership: OwnershipRepo | None = None) -> web.Application:
+             ownership: OwnershipRepo | None = None,
+             health: HealthFindings | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *TOPOLOGY_ROUTES,
-              *INSTANCE_ROUTES, *TOKEN_ROUTES, *_OWN_ROUTES)
+              *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
@@ -103,6 +107,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[ROTATION] = rotation
     if ownership is not None:
         app[OWNERSHIP] = ownership
+    if health is not None:
+        app[HEALTH] = health
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
@@ -123,6 +129,8 @@ async def healthz(request: web.Request) -> web.Response:
 async def metrics_text(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     await metrics.refresh(request.app[NODES])
+    if (health := request.app.get(HEALTH)) is not None:
+        await metrics.refresh_health(health.repo)
     return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
 

@@ -19,6 +19,7 @@ from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
 from provisioner.store.notify import Listener, NodeChanged
@@ -27,11 +28,12 @@ from provisioner.topology_live.live import LiveTopology
 
 
 async def start_api(settings: Settings, store: Store, conductor: Conductor, metrics: Metrics,
-                    topology: LiveTopology, rotation: BmcRotation) -> web.AppRunner:
+                    topology: LiveTopology, rotation: BmcRotation,
+                    health: HealthFindings | None = None) -> web.AppRunner:
     """The API, listening (behind the HTTP guard) before READY=1."""
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings.api, topology=topology,
-                   rotation=rotation, ownership=store.ownership)
+                   rotation=rotation, ownership=store.ownership, health=health)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
     runner = guarded_runner(app, limits, name="API")

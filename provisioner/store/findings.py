@@ -166,6 +166,20 @@ class FindingRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def nodes_named(self, hostnames: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """hostname -> (node id, state) of the nodes with those hostnames (one query)."""
+        names = sorted(set(hostnames))
+
+        def work(s: Session) -> dict[str, tuple[str, str]]:
+            found: dict[str, tuple[str, str]] = {}
+            for start in range(0, len(names), 500):
+                rows = s.exec(select(NodeRow.hostname, NodeRow.id, NodeRow.state).where(
+                    col(NodeRow.hostname).in_(names[start:start + 500]))).all()
+                found.update({h: (i, st) for h, i, st in rows if h is not None})
+            return found
+
+        return await self._run(work)
+
     async def open_counts(self) -> dict[str, int]:
         """Open, unsilenced findings per class (the ``provisioner_health_findings`` gauge)."""
         def work(s: Session) -> dict[str, int]:
@@ -175,7 +189,9 @@ class FindingRepo(SessionRepo):
                 (col(HealthFindingRow.silenced_until).is_(None))
                 | (col(HealthFindingRow.silenced_until) <= now))
                 .group_by(col(HealthFindingRow.cls))).all()
-            return {cls: int(count) for cls, count in rows}
+            counts = {str(cls): 0 for cls in HealthClass}  # every class: a drop to 0 shows
+            counts.update({cls: int(count) for cls, count in rows})
+            return counts
 
         return await self._run(work)
 
