@@ -5,7 +5,8 @@ Each alert names its node by the label ``node``, else ``instance`` (``host:port`
 ``class`` when it names one of ours, else the alert name's words (dcgm-exporter metric names
 such as ``DCGM_FI_DEV_XID_ERRORS``, ``..._ECC_DBE_...``, ``..._NVLINK_...``, ``..._GPU_TEMP``
 are words too), with an XID number (label ``xid``/``err_code``, or in the name) looked up in
-the catalogue. The action is the label ``action`` when it names one of ours, the XID's, else
+the catalogue. The action is the label ``action`` when it names one of ours or one of
+NVIDIA's resolutions (``RESTART_BM``, ``RESET_GPU``...), else the XID's, else
 ``drain`` for a ``critical`` (or ``page``, ``error``) alert and ``none`` below. Evidence is
 the alert name, severity, summary and description. ``resolved`` clears the finding.
 
@@ -22,7 +23,7 @@ from provisioner.errors import InvalidRequest
 from provisioner.health.model import Action, HealthClass
 from provisioner.health.records import Report
 from provisioner.health.sources import by_words
-from provisioner.health.xid import lookup
+from provisioner.health.xid import RESOLUTION_ACTIONS, lookup
 
 C = HealthClass
 MAX_ALERTS = 1000
@@ -65,8 +66,11 @@ def alert_report(labels: Mapping[str, str], annotations: Mapping[str, str]) -> R
     name = labels.get("alertname", "") or "unnamed alert"
     severity = labels.get("severity", "").lower()
     cls, action = _class(name, labels)
-    if (named := labels.get("action", "").lower()) in Action.__members__.values():
-        action = Action(named)
+    named = labels.get("action", "")
+    if named.lower() in Action.__members__.values():
+        action = Action(named.lower())
+    elif named.upper() in RESOLUTION_ACTIONS:  # NVIDIA's names: RESTART_BM, RESET_GPU...
+        action = RESOLUTION_ACTIONS[named.upper()]
     elif action is None:
         action = Action.DRAIN if severity in _DRAIN_SEVERITIES else Action.NONE
     parts = [name + (f" ({severity})" if severity else "")]
