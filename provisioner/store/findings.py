@@ -27,6 +27,8 @@ from provisioner.health.records import Change, FindingRecord, Origin, Outcome, R
 from provisioner.store.models import HealthFindingRow, HealthSilenceRow, NodeRow, utcnow
 from provisioner.store.session import SessionRepo
 
+_KEY = ["node_id", "origin", "health_class", "subject"]
+
 
 @dataclass(frozen=True, slots=True)
 class FindingFilter:
@@ -45,7 +47,8 @@ def _utc(moment: datetime | None) -> datetime | None:
 def to_record(row: HealthFindingRow, hostname: str | None = None) -> FindingRecord:
     assert row.id is not None
     return FindingRecord(
-        id=row.id, node_id=row.node_id, origin=Origin(row.origin), cls=HealthClass(row.cls),
+        id=row.id, node_id=row.node_id, origin=Origin(row.origin),
+        cls=HealthClass(row.health_class),
         action=Action(row.action), evidence=row.evidence, subject=row.subject,
         first_seen=_utc(row.first_seen) or utcnow(), last_seen=_utc(row.last_seen) or utcnow(),
         count=row.count, cleared_at=_utc(row.cleared_at),
@@ -71,7 +74,7 @@ class FindingRepo(SessionRepo):
             keep = {report.key for report in clipped}
             now = utcnow()
             for row in self._open_rows(s, node_id, origin):
-                if (row.cls, row.subject) not in keep:
+                if (row.health_class, row.subject) not in keep:
                     row.cleared_at = now
                     s.add(row)
                     outcomes.append(Outcome(to_record(row), Change.CLEARED))
@@ -117,9 +120,9 @@ class FindingRepo(SessionRepo):
                 query = query.where(col(HealthFindingRow.id) == finding_id)
             else:
                 assert cls is not None
-                query = query.where(col(HealthFindingRow.cls) == str(cls))
+                query = query.where(col(HealthFindingRow.health_class) == str(cls))
                 silence = s.get(HealthSilenceRow, (node_id, str(cls))) or HealthSilenceRow(
-                    node_id=node_id, cls=str(cls), until=until)
+                    node_id=node_id, health_class=str(cls), until=until)
                 silence.until, silence.reason, silence.actor = until, reason, actor
                 s.add(silence)
             rows = s.exec(query).all()
@@ -155,7 +158,7 @@ class FindingRepo(SessionRepo):
     async def open_keys(self, origin: Origin) -> dict[str, set[tuple[str, str]]]:
         """node id -> (class, subject) of its open findings from ``origin``."""
         def work(s: Session) -> dict[str, set[tuple[str, str]]]:
-            rows = s.exec(select(HealthFindingRow.node_id, HealthFindingRow.cls,
+            rows = s.exec(select(HealthFindingRow.node_id, HealthFindingRow.health_class,
                                  HealthFindingRow.subject).where(
                 col(HealthFindingRow.origin) == str(origin),
                 col(HealthFindingRow.cleared_at).is_(None))).all()
@@ -184,11 +187,11 @@ class FindingRepo(SessionRepo):
         """Open, unsilenced findings per class (the ``provisioner_health_findings`` gauge)."""
         def work(s: Session) -> dict[str, int]:
             now = utcnow()
-            rows = s.exec(select(HealthFindingRow.cls, func.count()).where(
+            rows = s.exec(select(HealthFindingRow.health_class, func.count()).where(
                 col(HealthFindingRow.cleared_at).is_(None),
                 (col(HealthFindingRow.silenced_until).is_(None))
                 | (col(HealthFindingRow.silenced_until) <= now))
-                .group_by(col(HealthFindingRow.cls))).all()
+                .group_by(col(HealthFindingRow.health_class))).all()
             counts = {str(cls): 0 for cls in HealthClass}  # every class: a drop to 0 shows
             counts.update({cls: int(count) for cls, count in rows})
             return counts
@@ -199,17 +202,17 @@ class FindingRepo(SessionRepo):
 
     def _observe(self, s: Session, node_id: str, origin: Origin, report: Report, *,
                  commit: bool = True) -> Outcome:
-        now = utcnow()
         change = Change.SEEN
         row = self._row(s, node_id, origin, str(report.cls), report.subject, lock=True)
+        now = utcnow()  # once the row is ours: the last writer's time is the latest
         if row is None:  # insert unless another daemon just did: no rollback either way
             insert = (pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert)
             inserted = s.execute(insert(HealthFindingRow).values(
-                node_id=node_id, origin=str(origin), cls=str(report.cls),
+                node_id=node_id, origin=str(origin), health_class=str(report.cls),
                 subject=report.subject, action=str(report.action), evidence=report.evidence,
                 first_seen=now, last_seen=now, count=0, silence_reason="", silenced_by="",
-            ).on_conflict_do_nothing(index_elements=["node_id", "origin", "cls", "subject"]))
-            change = Change.OPENED if inserted.rowcount == 1 else Change.SEEN  # type: ignore[attr-defined]
+            ).on_conflict_do_nothing(index_elements=_KEY).returning(col(HealthFindingRow.id))).first()
+            change = Change.OPENED if inserted is not None else Change.SEEN
             row = self._row(s, node_id, origin, str(report.cls), report.subject, lock=True)
             assert row is not None
             if change is Change.OPENED:
@@ -229,7 +232,7 @@ class FindingRepo(SessionRepo):
 
     @staticmethod
     def _inherit_silence(s: Session, row: HealthFindingRow, now: datetime) -> None:
-        silence = s.get(HealthSilenceRow, (row.node_id, row.cls))
+        silence = s.get(HealthSilenceRow, (row.node_id, row.health_class))
         if silence is not None and (_utc(silence.until) or now) > now:
             row.silenced_until, row.silence_reason = silence.until, silence.reason
             row.silenced_by = silence.actor
@@ -239,7 +242,7 @@ class FindingRepo(SessionRepo):
              lock: bool = False) -> HealthFindingRow | None:
         query = select(HealthFindingRow).where(
             col(HealthFindingRow.node_id) == node_id,
-            col(HealthFindingRow.origin) == str(origin), col(HealthFindingRow.cls) == cls,
+            col(HealthFindingRow.origin) == str(origin), col(HealthFindingRow.health_class) == cls,
             col(HealthFindingRow.subject) == subject)
         return s.exec(query.with_for_update() if lock else query).first()
 
@@ -256,7 +259,7 @@ def _conditions(where: FindingFilter) -> builtins.list[Any]:
     if where.node_id is not None:
         conditions.append(col(HealthFindingRow.node_id) == where.node_id)
     if where.cls is not None:
-        conditions.append(col(HealthFindingRow.cls) == where.cls)
+        conditions.append(col(HealthFindingRow.health_class) == where.cls)
     if where.origin is not None:
         conditions.append(col(HealthFindingRow.origin) == where.origin)
     if where.open_only:

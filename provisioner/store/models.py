@@ -149,14 +149,15 @@ class HealthFindingRow(SQLModel, table=True):
 
     __tablename__ = "health_finding"
     __table_args__ = (
-        UniqueConstraint("node_id", "origin", "cls", "subject", name="uq_health_finding_key"),
-        Index("ix_health_finding_open", "cleared_at", "cls"),
+        UniqueConstraint("node_id", "origin", "health_class", "subject",
+                         name="uq_health_finding_key"),
+        Index("ix_health_finding_open", "cleared_at", "health_class"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
     node_id: str = Field(foreign_key="node.id", index=True, ondelete="CASCADE", max_length=36)
     origin: str = Field(max_length=16)
-    cls: str = Field(max_length=32)
+    health_class: str = Field(max_length=32)
     subject: str = Field(default="", max_length=128)
     action: str = Field(max_length=32)
     evidence: str = Field(default="", max_length=2048)
@@ -177,7 +178,7 @@ class HealthSilenceRow(SQLModel, table=True):
 
     node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE",
                          max_length=36)
-    cls: str = Field(primary_key=True, max_length=32)
+    health_class: str = Field(primary_key=True, max_length=32)
     until: datetime
     reason: str = Field(default="", max_length=1024)
     actor: str = Field(default="", max_length=128)

@@ -23,7 +23,7 @@ def upgrade() -> None:
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("node_id", sa.String(length=36), nullable=False),
         sa.Column("origin", sa.String(length=16), nullable=False),
-        sa.Column("cls", sa.String(length=32), nullable=False),
+        sa.Column("health_class", sa.String(length=32), nullable=False),
         sa.Column("subject", sa.String(length=128), nullable=False),
         sa.Column("action", sa.String(length=32), nullable=False),
         sa.Column("evidence", sa.String(length=2048), nullable=False),
@@ -36,20 +36,20 @@ def upgrade() -> None:
         sa.Column("silenced_by", sa.String(length=128), nullable=False),
         sa.ForeignKeyConstraint(["node_id"], ["node.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("id"),
-        sa.UniqueConstraint("node_id", "origin", "cls", "subject",
+        sa.UniqueConstraint("node_id", "origin", "health_class", "subject",
                             name="uq_health_finding_key"),
     )
     op.create_index("ix_health_finding_node_id", "health_finding", ["node_id"])
-    op.create_index("ix_health_finding_open", "health_finding", ["cleared_at", "cls"])
+    op.create_index("ix_health_finding_open", "health_finding", ["cleared_at", "health_class"])
     op.create_table(
         "health_silence",
         sa.Column("node_id", sa.String(length=36), nullable=False),
-        sa.Column("cls", sa.String(length=32), nullable=False),
+        sa.Column("health_class", sa.String(length=32), nullable=False),
         sa.Column("until", sa.DateTime(timezone=True), nullable=False),
         sa.Column("reason", sa.String(length=1024), nullable=False),
         sa.Column("actor", sa.String(length=128), nullable=False),
         sa.ForeignKeyConstraint(["node_id"], ["node.id"], ondelete="CASCADE"),
-        sa.PrimaryKeyConstraint("node_id", "cls"),
+        sa.PrimaryKeyConstraint("node_id", "health_class"),
     )
 
 
