@@ -77,7 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_commands(sub)
     config.add_commands(sub)
     tokens.add_commands(sub)
-    power.add_commands(nodes.add_commands(sub))  # node power|bootdev|bmc after node history
+    node = nodes.add_commands(sub)
+    power.add_commands(node)  # node power|bootdev|bmc after node history
+    health.add_node_commands(node)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)

@@ -5,6 +5,7 @@ and the ``provisioner_health_findings`` gauge."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.cli.entry import main
 from provisioner.domain import Role
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
@@ -137,3 +139,24 @@ async def test_openapi_documents_the_health_routes(api: Api) -> None:
     for path in (FINDINGS, ALERTMANAGER, "/api/v1/nodes/{id}/health",
                  "/api/v1/nodes/{id}/health/silence"):
         assert path in paths, path
+
+
+async def test_cli_lists_and_silences(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    await api.enroll(hostname="gpu-001")
+    await api.post(FINDINGS, {"node": "gpu-001", "findings": [XID]})
+    url = str(api.client.server.make_url("/"))
+
+    def cli(*args: str, role: Role = Role.OPERATOR) -> tuple[int, str]:
+        code = main([*args, "--url", url, "--token", api.tokens[role]])
+        return code, capsys.readouterr().out
+
+    code, out = await asyncio.to_thread(cli, "node", "health", "gpu-001", role=Role.VIEWER)
+    header, row = out.splitlines()
+    assert code == 0 and header.split()[:4] == ["ID", "NODE", "CLASS", "ACTION"]
+    assert row.split()[1:6] == ["gpu-001", "gpu-lost", "restart_os", "external", "0000:3b:00.0"]
+    code, out = await asyncio.to_thread(cli, "health", "silence", "gpu-001", "--class",
+                                        "gpu-lost", "--for", "2h", "--reason", "RMA 4411")
+    assert code == 0 and out.startswith("gpu-001: silenced until ") and "(1 findings" in out
+    code, out = await asyncio.to_thread(cli, "health", "list", "--class", "gpu-lost",
+                                        role=Role.VIEWER)
+    assert code == 0 and "silenced until" in out.splitlines()[1]
