@@ -150,3 +150,18 @@ def test_alert_class_label_and_xid_label_win() -> None:
 def test_not_a_webhook_is_refused(payload: object) -> None:
     with pytest.raises(InvalidRequest):
         parse_webhook(payload)
+
+
+def test_kube_sync_reads_conditions_allocatable_and_gpu_count() -> None:
+    from provisioner.kube.model import Condition, NodeInfo
+    from provisioner.kube.sync import health_reports
+
+    info = NodeInfo(name="gpu-001", resource_version="1",
+                    labels={"nvidia.com/gpu.count": "8"},
+                    allocatable={"nvidia.com/gpu": "6", "cpu": "96"},
+                    conditions=(Condition("Ready", "True", "KubeletReady"),
+                                Condition("GpuXidError", "True", "XidCriticalError",
+                                          "XID 79 on GPU 0000:3b:00.0"),))
+    assert classes(health_reports(info, NOW, 60)) == [
+        (H.GPU_LOST, A.RESTART_OS, "condition/GpuXidError"),
+        (H.GPU_LOST, A.RESET_GPU, "nvidia.com/gpu")]
