@@ -44,6 +44,31 @@ class _NodeCollector:
                                 labels=["state"])
 
 
+class FindingCounter(Protocol):
+    """What the health gauge needs from the store (``FindingRepo`` has it)."""
+
+    async def open_counts(self) -> dict[str, int]: ...
+
+
+class _FindingCollector:
+    """``provisioner_health_findings{class}``: open, unsilenced findings per class, from the
+    counts of the last ``refresh_health``; no series before the first."""
+
+    _NAME, _HELP = "provisioner_health_findings", "Open (unsilenced) health findings per class"
+
+    def __init__(self) -> None:
+        self.counts: Mapping[str, int] | None = None
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(self._NAME, self._HELP, labels=["class"])
+        for cls, count in sorted((self.counts or {}).items()):
+            family.add_metric([cls], float(count))
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(self._NAME, self._HELP, labels=["class"])
+
+
 class _HungCollector:
     """``provisioner_hung_threads{pool}``: threads of a bounded pool held by blocking library
     calls past their watchdog deadline (``provisioner.watchdog``), read at each scrape."""
@@ -78,6 +103,8 @@ class Metrics:
         self._registry.register(self._nodes)
         self._hung = _HungCollector()
         self._registry.register(self._hung)
+        self._findings = _FindingCollector()
+        self._registry.register(self._findings)
 
     def watch_pool(self, pool: str, hung: Callable[[], int]) -> None:
         """Export ``hung()`` (a watchdog's abandoned threads) as ``provisioner_hung_threads``:
@@ -95,6 +122,10 @@ class Metrics:
     async def refresh(self, repo: StateCounter) -> None:
         """Re-read the node counts; call before ``render``."""
         self._nodes.counts = dict(await repo.count_by_state())
+
+    async def refresh_health(self, repo: FindingCounter) -> None:
+        """Re-read the open findings per class; call before ``render``."""
+        self._findings.counts = dict(await repo.open_counts())
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self._registry)

@@ -16,6 +16,7 @@ from provisioner.config import ApiSettings
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
@@ -36,6 +37,7 @@ ROTATION: Final = web.AppKey("rotation", BmcRotation)
 OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
 REPAIRS: Final = web.AppKey("repairs", RepairService)
 ACCEPTANCE: Final = web.AppKey("acceptance", DomainAcceptance)
+HEALTH: Final = web.AppKey("health", HealthFindings)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

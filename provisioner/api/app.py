@@ -23,6 +23,7 @@ from provisioner.api import (
     ACCEPTANCE,
     CONDUCTOR,
     EVENTS,
+    HEALTH,
     METRICS,
     NODES,
     OWNERSHIP,
@@ -36,6 +37,7 @@ from provisioner.api import (
 )
 from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
 from provisioner.api.events import EventHub, stream
+from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
@@ -60,6 +62,7 @@ from provisioner.errors import (
 )
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
@@ -90,9 +93,11 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              rotation: BmcRotation | None = None,
              ownership: OwnershipRepo | None = None,
              repairs: RepairService | None = None,
-             acceptance: DomainAcceptance | None = None) -> web.Application:
+             acceptance: DomainAcceptance | None = None,
+             health: HealthFindings | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *REPAIR_ROUTES, *TOPOLOGY_ROUTES,
-              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *_OWN_ROUTES)
+              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
+              *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
@@ -115,6 +120,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[REPAIRS] = repairs
     if acceptance is not None:
         app[ACCEPTANCE] = acceptance
+    if health is not None:
+        app[HEALTH] = health
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
@@ -135,6 +142,8 @@ async def healthz(request: web.Request) -> web.Response:
 async def metrics_text(request: web.Request) -> web.Response:
     metrics = request.app[METRICS]
     await metrics.refresh(request.app[NODES])
+    if (health := request.app.get(HEALTH)) is not None:
+        await metrics.refresh_health(health.repo)
     return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
 

@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_group = nodes.add_commands(sub)
     power.add_commands(node_group)  # node power|bootdev|bmc after node history
     repair.add_node_commands(node_group)
+    health.add_node_commands(node_group)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)

@@ -3,10 +3,15 @@ history rows, a cordon or drain made there as the maintenance flag."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
 from provisioner.errors import NotFound
+from provisioner.health.records import Origin, Report
 from provisioner.install.base import InstallEvent, OnEvent
 from provisioner.kube.sync import OnChange
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.store.store import Store
 
 
@@ -33,3 +38,25 @@ def maintenance_from(actor: str, store: Store, conductor: Conductor) -> OnChange
                                         propagate=False)
 
     return on_change
+
+
+def findings_from(health: HealthFindings,
+                  origin: Origin) -> Callable[[dict[str, list[Report]]], Awaitable[int]]:
+    """A sync's pass (hostname -> what it reports now) -> health findings of ``origin``."""
+
+    async def on_findings(by_hostname: dict[str, list[Report]]) -> int:
+        return await health.sync(origin, by_hostname)
+
+    return on_findings
+
+
+def fresh(health: HealthFindings, origin: Origin,
+          run: Callable[[], Awaitable[None]]) -> Callable[[], Coroutine[Any, Any, None]]:
+    """``run`` after forgetting what ``origin`` last reported: each time this daemon takes
+    the fleet lead, its first pass reconciles with the store (another daemon led meanwhile)."""
+
+    async def work() -> None:
+        health.forget(origin)
+        await run()
+
+    return work

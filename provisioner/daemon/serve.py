@@ -26,10 +26,16 @@ from provisioner.daemon.drivers import (
     build_rotation,
     settle_rotations,
 )
-from provisioner.daemon.hooks import ansible_to_history, maintenance_from
+from provisioner.daemon.hooks import (
+    ansible_to_history,
+    findings_from,
+    fresh,
+    maintenance_from,
+)
 from provisioner.daemon.servers import start_api, start_boot
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.errors import ConfigError, Conflict, SchemaError
+from provisioner.health.records import Origin
 from provisioner.install.acceptance import AnsibleAcceptance
 from provisioner.install.base import ComposedInstaller
 from provisioner.install.images import AgentJobs
@@ -40,8 +46,9 @@ from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.power import PowerSync
-from provisioner.lifecycle.repair import RepairService
+from provisioner.lifecycle.repair import RepairService, ladder_listener
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
@@ -173,8 +180,10 @@ class Daemon:
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             repair_service = RepairService(conductor, store.nodes, self._settings.health)
+            health = HealthFindings(store.findings, conductor)
+            health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             runner = await start_api(self._settings, store, conductor, metrics, topology,
-                                     rotation, repair_service, acceptance)
+                                     rotation, repair_service, acceptance, health)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks)
@@ -193,14 +202,16 @@ class Daemon:
                 if kube_client is not None:
                     sync = KubeSync(kube_client, maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
-                                    interval_s=self._settings.kube.sync_interval_s)
-                    works.append(("kube-sync", sync.run))
+                                    interval_s=self._settings.kube.sync_interval_s,
+                                    on_findings=findings_from(health, Origin.KUBERNETES))
+                    works.append(("kube-sync", fresh(health, Origin.KUBERNETES, sync.run)))
                 if slurm_client is not None and self._settings.slurm.sync_interval_s > 0:
                     from_slurm = maintenance_from("slurm", store, conductor)
                     slurm_sync = SlurmSync(slurm_client, from_slurm,
                                            interval_s=self._settings.slurm.sync_interval_s,
-                                           reason_prefix=self._settings.slurm.reason_prefix)
-                    works.append(("slurm-sync", slurm_sync.run))
+                                           reason_prefix=self._settings.slurm.reason_prefix,
+                                           on_findings=findings_from(health, Origin.SLURM))
+                    works.append(("slurm-sync", fresh(health, Origin.SLURM, slurm_sync.run)))
                 works.append(("topology", topology.run))
                 sweeps = ExpirySweeps(LeaseRepo(store.engine, store.boot_pool), store.tokens,
                                       interval_s=store.ownership.lease_s,

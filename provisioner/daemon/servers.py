@@ -20,6 +20,7 @@ from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
@@ -31,12 +32,13 @@ from provisioner.topology_live.live import LiveTopology
 async def start_api(settings: Settings, store: Store, conductor: Conductor, metrics: Metrics,
                     topology: LiveTopology, rotation: BmcRotation,
                     repairs: RepairService | None = None,
-                    acceptance: DomainAcceptance | None = None) -> web.AppRunner:
+                    acceptance: DomainAcceptance | None = None,
+                    health: HealthFindings | None = None) -> web.AppRunner:
     """The API, listening (behind the HTTP guard) before READY=1."""
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings.api, topology=topology,
                    rotation=rotation, ownership=store.ownership, repairs=repairs,
-                   acceptance=acceptance)
+                   acceptance=acceptance, health=health)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
     runner = guarded_runner(app, limits, name="API")

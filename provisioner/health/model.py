@@ -32,6 +32,8 @@ class HealthClass(StrEnum):
     HARDWARE = "hardware"            # other critical BMC events (processor, chassis, drive)
     DRIVER = "driver"                # driver, firmware or configuration: fixed by software
     APPLICATION = "application"      # faults of one application; the node stays healthy
+    UNRESPONSIVE = "unresponsive"    # slurmd or kubelet not answering (Slurm DOWN, NotReady)
+    REPORTED = "reported"            # an outside tool's verdict we cannot place (NHC, NPD)
 
 
 class Action(StrEnum):
@@ -68,7 +70,7 @@ class Finding:
     cls: HealthClass
     action: Action
     evidence: str
-    source: Source
+    source: Source | str  # what ``classify`` read, or a stored finding's origin
     subject: str = ""   # what it is about: a PCI address, "GPU 3", "mlx5_0/1", a sensor
 
     def line(self) -> str:

@@ -59,6 +59,9 @@ _RESOLUTION: dict[str, Action] = {
     "CONTACT_SUPPORT": Action.SERVICE_REQUIRED,
 }
 
+#: NVIDIA's resolution names as actions (an alert's ``action`` label may use them)
+RESOLUTION_ACTIONS = _RESOLUTION
+
 # XIDs whose sheet row has no immediate resolution (162-172): our reading of the description
 _OURS: dict[int, Action] = {
     162: Action.NONE, 163: Action.NONE, 164: Action.NONE,  # power smoothing: informational

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -33,6 +33,7 @@ from provisioner.errors import Conflict, InvalidRequest
 from provisioner.health.ladder import RUNGS, BreakerLimits, Peer, breaker, cooling_down, plan
 from provisioner.health.model import Action, Finding, HealthClass, Source
 from provisioner.health.record import KEY, RepairRecord
+from provisioner.health.records import Change, FindingRecord
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.repair_step import drain_reason
 from provisioner.lifecycle.states import Event, NodeState
@@ -259,3 +260,29 @@ def known_class(name: str) -> HealthClass:
     except ValueError:
         raise InvalidRequest(f"unknown health class {name!r}; classes: "
                              + ", ".join(str(c) for c in HealthClass)) from None
+
+
+def ladder_listener(repairs: RepairService) -> Callable[[FindingRecord, Change],
+                                                           Awaitable[None]]:
+    """The findings' intake (``lifecycle.health.HealthFindings.add_listener``) → the ladder:
+    an opened or reopened finding that no operator silenced goes to ``RepairService.open``
+    (which holds it when ``[health] auto_repair`` is off, in a cool-down or past the breaker).
+    An error is logged, never raised into the intake: the finding is stored either way."""
+
+    async def opened(record: FindingRecord, change: Change) -> None:
+        if change not in (Change.OPENED, Change.REOPENED) or record.silenced(datetime.now(UTC)):
+            return
+        finding = Finding(record.cls, record.action, record.evidence, str(record.origin),
+                          record.subject)
+        try:
+            decision = await repairs.open(record.node_id, finding,
+                                          actor=f"health:{record.origin}",
+                                          finding_id=str(record.id))
+        except (Conflict, InvalidRequest) as exc:
+            log.warning("node %s: finding %s not taken by the repair ladder: %s",
+                        record.node_id, record.id, exc)
+            return
+        log.info("node %s: finding %s (%s): repair %s", record.node_id, record.id,
+                 record.cls, decision.outcome)
+
+    return opened

@@ -5,6 +5,10 @@ Drains whose reason starts with our prefix (``provisioner: ``) are the daemon's 
 starting ``slurm-operator:`` are Slinky mirroring a Kubernetes cordon, which kube/sync.py
 already reports. Edge-triggered like ``KubeSync``: each change is reported once, and a node
 seen undrained at the first pass is not reported.
+
+Each pass also hands what it read to ``on_findings`` as health reports (``DOWN``,
+``NOT_RESPONDING``, a drain by someone else, with its reason: ``health/sources.py``), every
+node every pass: the receiver writes only what changed.
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from provisioner.errors import ProvisionerError
+from provisioner.health.records import Report
+from provisioner.health.sources import slurm_reports
 from provisioner.slurm.handoff import SLINKY_REASON_PREFIX
 from provisioner.slurm.model import SlurmClient, SlurmNode
 
 log = logging.getLogger(__name__)
 OnChange = Callable[[str, bool, str], Awaitable[None]]
+OnFindings = Callable[[dict[str, list[Report]]], Awaitable[object]]
 
 
 def foreign_drain(node: SlurmNode, own_prefixes: tuple[str, ...]) -> str | None:
@@ -31,10 +38,11 @@ def foreign_drain(node: SlurmNode, own_prefixes: tuple[str, ...]) -> str | None:
 
 class SlurmSync:
     def __init__(self, slurm: SlurmClient, on_change: OnChange, *, interval_s: float,
-                 reason_prefix: str,
+                 reason_prefix: str, on_findings: OnFindings | None = None,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self._slurm = slurm
         self._on_change = on_change
+        self._on_findings = on_findings
         self._interval_s = interval_s
         self._own = (reason_prefix, SLINKY_REASON_PREFIX)
         self._sleep = sleep
@@ -50,7 +58,12 @@ class SlurmSync:
             await self._sleep(self._interval_s)
 
     async def sync_once(self) -> None:
-        for node in await self._slurm.nodes():
+        nodes = await self._slurm.nodes()
+        if self._on_findings is not None:
+            await self._on_findings({
+                node.name: slurm_reports(node.state, node.flags, node.reason,
+                                         node.reason_user, self._own) for node in nodes})
+        for node in nodes:
             reason = foreign_drain(node, self._own)
             first = node.name not in self._reported
             previous = self._reported.get(node.name)

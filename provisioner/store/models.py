@@ -163,3 +163,44 @@ class FabricAcceptanceRow(SQLModel, table=True):
     started_at: datetime = Field(default_factory=utcnow)
     deadline_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+
+
+class HealthFindingRow(SQLModel, table=True):
+    """A health finding of a node: one row per (node, origin, class, subject); a repeat
+    updates ``last_seen`` and ``count``, a return after ``cleared_at`` reopens the row."""
+
+    __tablename__ = "health_finding"
+    __table_args__ = (
+        UniqueConstraint("node_id", "origin", "health_class", "subject",
+                         name="uq_health_finding_key"),
+        Index("ix_health_finding_open", "cleared_at", "health_class"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    node_id: str = Field(foreign_key="node.id", index=True, ondelete="CASCADE", max_length=36)
+    origin: str = Field(max_length=16)
+    health_class: str = Field(max_length=32)
+    subject: str = Field(default="", max_length=128)
+    action: str = Field(max_length=32)
+    evidence: str = Field(default="", max_length=2048)
+    first_seen: datetime = Field(default_factory=utcnow)
+    last_seen: datetime = Field(default_factory=utcnow)
+    count: int = Field(default=1)
+    cleared_at: datetime | None = None
+    silenced_until: datetime | None = None
+    silence_reason: str = Field(default="", max_length=1024)
+    silenced_by: str = Field(default="", max_length=128)
+
+
+class HealthSilenceRow(SQLModel, table=True):
+    """An operator's silence of one class of findings on one node, until a time: findings
+    of that class opened meanwhile start silenced."""
+
+    __tablename__ = "health_silence"
+
+    node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE",
+                         max_length=36)
+    health_class: str = Field(primary_key=True, max_length=32)
+    until: datetime
+    reason: str = Field(default="", max_length=1024)
+    actor: str = Field(default="", max_length=128)

@@ -18,6 +18,7 @@ from provisioner.store import db
 from provisioner.store.acceptance import AcceptanceRepo
 from provisioner.store.bmc_secrets import BmcSecretRepo
 from provisioner.store.files import private_dir
+from provisioner.store.findings import FindingRepo
 from provisioner.store.models import NodeRow
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
@@ -45,6 +46,7 @@ class Store:
     bmc_secrets: BmcSecretRepo
     ownership: OwnershipRepo
     acceptance: AcceptanceRepo
+    findings: FindingRepo
 
     @property
     def instance(self) -> str:
@@ -105,7 +107,8 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                  tokens=TokenRepo(engine, pool), boot_tokens=TokenRepo(engine, boot_pool),
                  topology=TopologyRepo(engine, pool),
                  bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership,
-                 acceptance=AcceptanceRepo(engine, pool))
+                 acceptance=AcceptanceRepo(engine, pool),
+                 findings=FindingRepo(engine, pool))
 
 
 def _secrets_stored(engine: Engine) -> int:

@@ -20,6 +20,7 @@ from provisioner.api.app import make_app
 from provisioner.config import ApiSettings, LifecycleSettings
 from provisioner.domain import Role
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import NodeState
 from provisioner.metrics import Metrics
@@ -92,7 +93,8 @@ async def running_api(aiohttp_client: Any, store: Store, world: SimWorld, *,
     conductor = Conductor(store.nodes, ports or fake_ports(world, delay_s=delay_s), lifecycle,
                           observer=metrics.observe_transition)
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
-                   metrics=metrics, settings=settings or ApiSettings(), topology=topology)
+                   metrics=metrics, settings=settings or ApiSettings(), topology=topology,
+                   health=HealthFindings(store.findings, conductor))
     client = await aiohttp_client(app)
     tokens = {role: (await store.tokens.create(f"{role}-tok", role))[1]
               for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.AGENT)}

@@ -14,9 +14,11 @@ from provisioner.domain import BmcEndpoint
 from provisioner.errors import Conflict
 from provisioner.health.model import Action, Finding, HealthClass, Source
 from provisioner.health.record import RepairRecord
+from provisioner.health.records import Origin, Report
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.repair import RepairService
-from provisioner.lifecycle.repair_step import DRAINED, gate_step, rung_step
+from provisioner.lifecycle.health import HealthFindings
+from provisioner.lifecycle.repair import RepairService, ladder_listener
+from provisioner.lifecycle.repair_step import DRAINED, PASSED, gate_step, rung_step
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.simulation.drivers import FAULT, simulated_facts
 from provisioner.simulation.world import SimWorld
@@ -205,3 +207,28 @@ async def test_resume_at_the_rung_it_was_on(store, world, make_node) -> None:  #
     closed = RepairRecord.from_facts(done.facts)
     assert closed is not None and [r.rung for r in closed.tried] == ["reset_gpu", "restart_os"]
     await second.stop()
+
+
+async def test_a_finding_from_the_intake_walks_the_ladder(  # type: ignore[no-untyped-def]
+        store, world, make_node, service) -> None:
+    """``HealthFindings`` (the API, Alertmanager, the Slurm and Kubernetes syncs) → the
+    ladder, as the daemon wires them (``ladder_listener``): an opened finding starts it, a
+    repeat of the open one does not start a second, a silenced class starts none."""
+    health = HealthFindings(store.findings, service._conductor)
+    health.add_listener(ladder_listener(service))
+    node = await active_node(store, world, make_node, "L9")
+    quiet = await active_node(store, world, make_node, "L10")
+    await world.ensure("L9", "inject", FAULT, "reset_gpu")
+    ecc = Report(HealthClass.GPU_MEMORY, Action.RESET_GPU, ECC, "0000:28:00")
+    await health.report(node.id, Origin.ALERTMANAGER, [ecc], actor="test")
+    await health.report(node.id, Origin.ALERTMANAGER, [ecc], actor="test")  # a repeat
+    done = await wait_for_state(store, node.id, S.ACTIVE)
+    record = RepairRecord.from_facts(done.facts)
+    assert record is not None and record.outcome == PASSED, record
+    assert effects(world, "L9")["reset_gpu"] == 1  # one ladder, one reset
+    await health.silence(quiet.id, 3600, reason="vendor on site", actor="test",
+                         cls=HealthClass.GPU_MEMORY)
+    await health.report(quiet.id, Origin.ALERTMANAGER, [ecc], actor="test")
+    await asyncio.sleep(0.2)
+    assert (await store.nodes.get(quiet.id)).state == S.ACTIVE
+    assert "slurm_drain" not in effects(world, "L10")
