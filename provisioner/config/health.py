@@ -10,7 +10,7 @@ from provisioner.config.section import Section
 #: test keeps the two equal)
 HEALTH_CLASSES = ("gpu-lost", "gpu-memory", "gpu", "nvlink", "fabric", "infiniband",
                   "thermal", "power", "leak", "host-memory", "hardware", "driver",
-                  "application")
+                  "application", "unresponsive", "reported")
 
 
 class HealthSettings(Section):

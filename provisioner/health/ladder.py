@@ -70,6 +70,10 @@ LADDERS: Final[Mapping[HealthClass, ClassLadder]] = {
     H.HOST_MEMORY: _after_jobs(4 * _HOUR),
     H.HARDWARE: _after_jobs(4 * _HOUR, A.POWER_CYCLE),
     H.DRIVER: _after_jobs(4 * _HOUR, A.RESTART_OS, A.REIMAGE),
+    # slurmd or the kubelet stopped answering: its jobs are lost already
+    H.UNRESPONSIVE: _at_once(A.RESTART_OS, A.POWER_CYCLE),
+    # an outside verdict naming no class (NHC's drain reason): drained, an operator decides
+    H.REPORTED: _after_jobs(4 * _HOUR),
 }
 
 
