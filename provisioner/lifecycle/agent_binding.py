@@ -58,23 +58,30 @@ def canonical_ip(text: str | None) -> str | None:
 
 class RefusalLog:
     """Which refusals get a history row: the first from a (node, event, source), then one per
-    ``interval_s`` that counts those refused in between. A flood of refused calls costs the
-    store one write per interval, and no refusal goes unaccounted for."""
+    interval that counts those refused in between. The interval starts at ``interval_s`` and
+    doubles while the refusals go on, up to ``max_interval_s`` (back to the start after a
+    quiet interval): a source that never stops costs a few dozen rows a day, not one every
+    ``interval_s``, and no refusal goes unaccounted for."""
 
-    def __init__(self, *, interval_s: float = 10.0, max_keys: int = 10_000,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self._interval_s, self._max_keys, self._clock = interval_s, max_keys, clock
-        self._seen: OrderedDict[tuple[str, str, str], tuple[float, int]] = OrderedDict()
+    def __init__(self, *, interval_s: float = 10.0, max_interval_s: float = 3600.0,
+                 max_keys: int = 10_000, clock: Callable[[], float] = time.monotonic) -> None:
+        self._interval_s, self._max_interval_s = interval_s, max_interval_s
+        self._max_keys, self._clock = max_keys, clock
+        # key -> (time of the last row, refusals since, the interval now)
+        self._seen: OrderedDict[tuple[str, str, str], tuple[float, int, float]] = OrderedDict()
 
     def note(self, node_id: str, event: str, source: str) -> int | None:
         """None: no row now (counted for the next one); else how many were refused since
         the previous row."""
         key, now = (node_id, event, source), self._clock()
         last = self._seen.pop(key, None)
-        if last is not None and now - last[0] < self._interval_s:
-            self._seen[key] = (last[0], last[1] + 1)
+        if last is not None and now - last[0] < last[2]:
+            self._seen[key] = (last[0], last[1] + 1, last[2])
             return None
-        self._seen[key] = (now, 0)
+        interval = self._interval_s
+        if last is not None and last[1] and now - last[0] < 2 * last[2]:  # it went on
+            interval = min(self._max_interval_s, 2 * last[2])
+        self._seen[key] = (now, 0, interval)
         while len(self._seen) > self._max_keys:
             self._seen.popitem(last=False)
         return last[1] if last is not None else 0

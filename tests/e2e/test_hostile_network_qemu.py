@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -121,7 +122,7 @@ def test_a_node_onboards_while_the_network_attacks_it(tmp_path: Path) -> None:
     result = json.loads(out.read_text())
     node_id, macs, facts = _node(db, HOSTNAME)
     history = _node_history(db, node_id)
-    assert result["rounds"] >= 10, result  # the attacks ran all along
+    assert result["rounds"] >= 40, result  # the attacks ran all along
     booted = [why for event, why in history if event == "booted"]
     assert len(booted) == 1, (history, _logs(tmp_path))
     vm_address = _leased(db, VM.mac)
@@ -134,7 +135,10 @@ def test_a_node_onboards_while_the_network_attacks_it(tmp_path: Path) -> None:
     assert node_id not in held.values(), (held, result["tokens"])
     for other in {n for n in held.values() if n is not None}:
         assert VM.mac not in _node_macs(db, other)  # the attacker's node never got it
-        assert len(_node_history(db, other)) <= 20  # its history stays bounded too
+        # its history stays bounded too: each kind of bad input, however many rounds it
+        # came in, adds a burst and then rows ever further apart (lifecycle/row_budget.py)
+        kinds = Counter(event for event, _ in _node_history(db, other))
+        assert max(kinds.values()) <= 12, kinds
     assert result["tftp_replies"] == 0, result
     assert not Path("/tmp/pv-hostile-pwned").exists()
     lines = (tmp_path / "daemon.log").read_text(errors="replace").splitlines()

@@ -12,6 +12,7 @@ import pytest
 from provisioner.boot.http import MAX_JSON_DEPTH, json_depth
 from provisioner.boot.tftp_packets import answerable, error_packet
 from provisioner.boot.tftp_service import DropLog
+from provisioner.lifecycle.agent_binding import RefusalLog
 from provisioner.lifecycle.row_budget import RowBudget, with_skipped
 
 
@@ -40,6 +41,38 @@ def test_row_budget_allows_a_burst_then_counts_what_it_leaves_out(
     assert with_skipped("hostname 'x'", 200).endswith("(200 more since the last row, over "
                                                       "the history budget)")
     assert with_skipped("hostname 'x'", 0) == "hostname 'x'"
+
+
+def test_a_loop_that_never_stops_adds_a_few_dozen_rows_a_day() -> None:
+    """One call a second for a day: the burst, then rows ever further apart (12 s, 24 s...
+    up to an hour), every call counted; after a quiet spell the burst again."""
+    clock = Clock()
+    rows = RowBudget(clock=clock)
+    written, counted = 0, 0
+    for _ in range(86_400):
+        clock.now += 1
+        left_out = rows.admit("n1", "callback_ignored")
+        if left_out is not None:
+            written, counted = written + 1, counted + 1 + left_out
+    assert 5 < written <= 40, written
+    pending = rows._buckets[("n1", "callback_ignored")][2]
+    assert counted + pending == 86_400
+    clock.now += 3 * 3600  # quiet: the burst again, the first row counting what was left
+    assert [rows.admit("n1", "callback_ignored") for _ in range(5)] == [pending, 0, 0, 0, 0]
+
+
+def test_refusals_that_go_on_get_rows_ever_further_apart() -> None:
+    clock = Clock()
+    refusals = RefusalLog(interval_s=10, max_interval_s=3600, clock=clock)
+    rows = 0
+    for _ in range(86_400):
+        clock.now += 1
+        rows += refusals.note("n1", "boot_refused", "10.0.0.66") is not None
+    assert 5 < rows <= 40, rows
+    clock.now += 3 * 3600
+    assert refusals.note("n1", "boot_refused", "10.0.0.66") is not None
+    clock.now += 11  # one more after the first interval: back to every 10 s
+    assert refusals.note("n1", "boot_refused", "10.0.0.66") == 0
 
 
 def test_row_budget_remembers_a_bounded_number_of_keys() -> None:
