@@ -62,7 +62,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 log "wheel of $SRC"
 "$VPY" -m pip wheel -q --no-deps -w "$WORK/wheel" "$WORK/src"
 log "pip install (dependencies: ${PIP_FIND_LINKS:-PyPI})"
-"$VPY" -m pip install -q --no-compile "$WORK"/wheel/provisioner-*.whl
+WHEEL=$(echo "$WORK"/wheel/provisioner-*.whl)
+"$VPY" -m pip install -q --no-compile "provisioner[postgres] @ file://$WHEEL"   # database_url too
 # dpkg owns this tree: nothing pip-installs into it, and nothing imports setuptools at run time
 "$VPY" -m pip uninstall -q -y setuptools pip
 SITE=$STAGE$VENV/lib/python$PYVER/site-packages

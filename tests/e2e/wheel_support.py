@@ -60,10 +60,16 @@ def build_wheel(out: Path, source: Path | None = None) -> Path:
     return wheel
 
 
-def _key() -> str:
+def _requirements() -> list[str]:
+    """The dependencies, the ``postgres`` extra's (the Debian package carries it) and the
+    build backend."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    text = "\n".join([*project["dependencies"], *BUILD_REQUIRES, sys.version,
-                      platform.machine()])
+    return [*project["dependencies"], *project["optional-dependencies"]["postgres"],
+            *BUILD_REQUIRES]
+
+
+def _key() -> str:
+    text = "\n".join([*_requirements(), sys.version, platform.machine()])
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
@@ -78,9 +84,8 @@ def wheelhouse() -> Path:
             return house
         building = house.with_name(f"{house.name}.tmp-{os.getpid()}")
         shutil.rmtree(building, ignore_errors=True)
-        project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
         subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "-w", str(building),
-                        *project["dependencies"], *BUILD_REQUIRES],
+                        *_requirements()],
                        check=True, env=pip_env(), timeout=_TIMEOUT_S, capture_output=True)
         (building / ".complete").write_text(_key() + "\n")
         shutil.rmtree(house, ignore_errors=True)
