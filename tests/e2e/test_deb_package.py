@@ -170,3 +170,94 @@ def test_install_boot_serve_remove_purge(deb: Path, tmp_path: Path) -> None:
         assert not (box.merged / "etc/provisioner").exists()
 
 
+
+
+#: main just before migration 0006 (issue 13's merge, 871d5bf): upgrading from it migrates
+PREVIOUS_RELEASE = "afde308"
+SLOW_DROP_IN = DROP_IN.replace("STEP_DELAY_S=0.05", "STEP_DELAY_S=1.0")
+
+
+def previous_release(dest: Path) -> Path:
+    if not (ROOT / ".git").exists() or subprocess.run(
+            ["git", "-C", str(ROOT), "cat-file", "-e", PREVIOUS_RELEASE],
+            capture_output=True, check=False).returncode != 0:
+        pytest.skip(f"needs the git history ({PREVIOUS_RELEASE})")
+    dest.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", PREVIOUS_RELEASE],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    return dest
+
+
+def nodes(box: BootedRoot, secret: str) -> dict[str, dict[str, object]]:
+    """Every node by hostname, with its history."""
+    code, page = get(box, "/api/v1/nodes?limit=1000", secret)
+    assert code == 200, page
+    found = {}
+    for item in page["items"]:  # type: ignore[union-attr]
+        code, detail = get(box, f"/api/v1/nodes/{item['id']}", secret)
+        assert code == 200, detail
+        found[str(item["hostname"])] = detail
+    return found
+
+
+def steps(node: dict[str, object]) -> list[tuple[object, ...]]:
+    return [(row["seq"], row["event"], row["from_state"], row["to_state"])  # type: ignore[index]
+            for row in node["history"]]  # type: ignore[attr-defined]
+
+
+def test_upgrade_with_nodes_in_flight_then_a_downgrade_is_refused(deb: Path,
+                                                                 tmp_path: Path) -> None:
+    old = build_deb(tmp_path / "old", source=previous_release(tmp_path / "previous"),
+                    version=f"0.1.0~{PREVIOUS_RELEASE}")
+    shutil.copy(old, deb.parent / old.name)  # beside the new one: the container's /mnt/dist
+    box = booted(deb, tmp_path / "box")
+    (box.work / "upper/etc/systemd/system/provisioner.service.d/test.conf").write_text(
+        SLOW_DROP_IN)
+    with box:
+        first = apt(box, "install", "--no-install-recommends", f"/mnt/dist/{old.name}")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "upgraded from empty to 0005" in first.stdout, first.stdout
+        secret = token(box)
+        deadline = time.monotonic() + 120
+        before: dict[str, dict[str, object]] = {}
+        while time.monotonic() < deadline:  # part way: some nodes moved, not all active
+            before = nodes(box, secret)
+            moved = [n for n in before.values() if n["state"] != "enrolled"]
+            if len(before) == NODES and len(moved) >= 2:
+                break
+            time.sleep(0.5)
+        in_flight = sorted(str(n["state"]) for n in before.values())
+        assert len(before) == NODES and in_flight.count("enrolled") <= NODES - 2, in_flight
+        assert in_flight.count("active") < NODES, in_flight
+        print(f"upgrading {PREVIOUS_RELEASE} -> {deb.name} with nodes in {in_flight}")
+        old_pid = unit(box)["MainPID"]
+
+        upgraded = apt(box, "install", "--no-install-recommends", f"/mnt/dist/{deb.name}")
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert "upgraded from 0005" in upgraded.stdout and "to 0006" in upgraded.stdout
+        state = unit(box)
+        assert state["ActiveState"] == "active" and state["MainPID"] != old_pid, state
+        assert wait_active_nodes(box, secret, NODES, timeout_s=240) == NODES, box.run(
+            "journalctl", "-u", "provisioner", "-n", "60", "--no-pager", check=False).stdout
+        after = nodes(box, secret)
+        assert set(after) == set(before)
+        for name, node in after.items():
+            old_rows, new_rows = steps(before[name]), steps(node)
+            assert new_rows[:len(old_rows)] == old_rows, name  # history kept whole
+            assert [row[0] for row in new_rows] == sorted({row[0] for row in new_rows})
+            assert new_rows[-1][3] == "active", (name, new_rows)
+
+        downgrade = apt(box, "install", "--no-install-recommends", "--allow-downgrades",
+                        f"/mnt/dist/{old.name}")
+        said = downgrade.stdout + downgrade.stderr
+        assert downgrade.returncode != 0, said
+        assert "is newer than this provisioner" in said, said
+        assert "older than the schema of its database" in said, said
+        print("downgrade refused:", [line for line in said.splitlines() if "newer" in line])
+        assert box.run("systemctl", "is-active", "provisioner.service",
+                       check=False).stdout.strip() != "active"
+        started = box.run("systemctl", "start", "provisioner.service", check=False)
+        assert started.returncode != 0  # the daemon itself refuses that schema too
+        journal = box.run("journalctl", "-u", "provisioner", "--no-pager", check=False).stdout
+        assert "is newer than this provisioner" in journal, journal[-2000:]
