@@ -31,7 +31,7 @@ sed -e "s|^state_dir = .*|state_dir = \"$DEMO/state\"|" \
     -e "s|^nodes = .*|nodes = $NODES|" "$ROOT/examples/demo.toml" > "$DEMO/provisioner.toml"
 CFG=(--config "$DEMO/provisioner.toml")
 
-"$PV" "${CFG[@]}" db upgrade >&2
+"$PV" "${CFG[@]}" db upgrade >>"$DEMO/setup.log" 2>&1 || { cat "$DEMO/setup.log" >&2; exit 1; }
 export PROVISIONER_TOKEN
 PROVISIONER_TOKEN=$("$PV" "${CFG[@]}" token create --role admin --name demo 2>/dev/null | tail -1)
 "$PV" "${CFG[@]}" serve 2>"$DEMO/daemon.log" &
