@@ -4,7 +4,9 @@
 #   1. bootstraps a clean Debian 12 root (debootstrap --variant=minbase bookworm);
 #   2. bind-mounts this checkout at /repo inside it, with /proc, /sys, /dev and a private /run;
 #   3. runs scripts/setup.sh there as root (every Debian package, the virtualenv, ...);
-#   4. runs a short list of tests there: qemu boot tests (x86 and arm64) and real-peer tests.
+#   4. builds the Debian package there (scripts/build-deb.sh, into the root's /tmp) and checks
+#      it with dpkg-deb;
+#   5. runs a short list of tests there: qemu boot tests (x86 and arm64) and real-peer tests.
 # Usage (root):  bash scripts/fresh-check.sh [PYTEST_ARGS...]
 #   FRESH_DIR=DIR    where the root goes (default /var/tmp/provisioner-fresh); removed first
 #   FRESH_KEEP=1     keep the root afterwards (to look around: chroot DIR/root)
@@ -24,6 +26,7 @@ DEFAULT_TESTS=(
   tests/integration/test_tftp.py                  # tftp-hpa and atftp clients
   tests/integration/test_dhcp_clients.py          # dhclient and udhcpc in namespaces
   tests/integration/test_postgres_peer.py         # a real PostgreSQL 15
+  tests/e2e/test_wheel_install.py                 # the wheel in a clean venv serves the demo
 )
 
 log() { printf 'fresh-check: %s\n' "$*" >&2; }
@@ -83,6 +86,10 @@ log "setup.sh + pytest ${tests[*]} inside the fresh root"
 rc=0
 chroot "$CHROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
   CI=true bash -c 'cd /repo && VENV=$(bash scripts/setup.sh | tail -1) &&
+    deb=$(PROVISIONER_DEB_OUT=/tmp/dist bash scripts/build-deb.sh) &&
+    dpkg-deb --info "$deb" >/dev/null && dpkg-deb --contents "$deb" \
+      | grep -q " ./lib/systemd/system/provisioner.service$" &&
+    echo "fresh-check: built $(basename "$deb")" >&2 &&
     "$VENV/bin/python" -m pytest -q -ra -p no:cacheprovider "$@"' fresh-check "${tests[@]}" \
   || rc=$?
 log "finished in $(($(date +%s) - started)) s with exit code $rc"

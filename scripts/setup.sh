@@ -10,6 +10,7 @@ set -euo pipefail
 APT_PACKAGES=(
   postgresql-15    # server binaries under /usr/lib/postgresql/15/bin (PEERS.md §11)
   systemd          # systemd-analyze, systemd-sysusers, systemd-tmpfiles
+  systemd-container # systemd-nspawn --boot: the Debian package booted under systemd (tests/e2e/test_deb_package.py)
   iproute2
   curl
   ca-certificates

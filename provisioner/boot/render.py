@@ -8,20 +8,17 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 
 import jinja2
 
+from provisioner import shipped
 from provisioner.boot.policy import grub_url
 
 
 def default_templates_dir() -> Path:
-    """``pxe/`` of a source checkout, else the installed ``share/provisioner/pxe``."""
-    checkout = Path(__file__).resolve().parents[2] / "pxe"
-    if checkout.is_dir():
-        return checkout
-    return Path(sys.prefix) / "share" / "provisioner" / "pxe"
+    """``pxe/`` of a source checkout, else the wheel's package data (``provisioner.shipped``)."""
+    return shipped.find("pxe", "boot.ipxe.j2")
 
 
 def grub_quote(value: object) -> str:

@@ -15,12 +15,12 @@ import logging
 import os
 import re
 import shutil
-import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner import shipped
 from provisioner.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -34,10 +34,9 @@ _SOCKET_PATH_MAX = 100  # sun_path is 108 bytes; ssh appends "/" + a 40-characte
 
 def shipped_playbooks_candidates() -> list[Path]:
     """Where the playbooks shipped with provisioner live: next to the package (a source
-    checkout or editable install), then the data dirs of an installed package."""
-    package_root = Path(__file__).resolve().parents[2]
-    return [package_root / "playbooks", Path(sys.prefix) / "share" / "provisioner" / "playbooks",
-            Path("/usr/share/provisioner/playbooks")]
+    checkout or editable install), the wheel's package data, the data dirs of an install
+    (``provisioner.shipped``)."""
+    return shipped.candidates("playbooks")
 
 
 def find_playbooks(configured: Path | None) -> Path:

@@ -17,11 +17,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from provisioner import shipped
 from provisioner.ramdisk.sysroot import (
     PYTHON_VERSION,
     Arch,
@@ -53,12 +53,9 @@ for name, mod in sorted(sys.modules.items()):
 
 
 def ramdisk_sources() -> Path:
-    """``pxe/ramdisk`` (init, udhcpc.script) of a checkout, else the installed copy (where
-    ``boot/render.py`` finds the templates)."""
-    checkout = PACKAGE.parent / "pxe" / "ramdisk"
-    if checkout.is_dir():
-        return checkout
-    return Path(sys.prefix) / "share" / "provisioner" / "pxe" / "ramdisk"
+    """``pxe/ramdisk`` (init, udhcpc.script) of a checkout, else the wheel's package data
+    (where ``boot/render.py`` finds the templates: ``provisioner.shipped``)."""
+    return shipped.find("pxe", "ramdisk/init") / "ramdisk"
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,7 +103,7 @@ def test_unit_has_the_expected_settings() -> None:
     service = {key: values[-1] for key, values in unit["Service"].items()}
     assert {key: service.get(key) for key in EXPECTED_SERVICE} == EXPECTED_SERVICE
     assert service["ExecStart"] == (
-        "/usr/local/bin/provisioner --config /etc/provisioner/provisioner.toml serve"
+        "/usr/bin/provisioner --config /etc/provisioner/provisioner.toml serve"
     )
     assert unit["Install"]["WantedBy"] == ["multi-user.target"]
 

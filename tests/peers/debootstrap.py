@@ -58,13 +58,13 @@ def debootstrap_unavailable_reason() -> str | None:
     return None
 
 
-def _wanted(suite: str) -> dict[str, object]:
-    return {"suite": suite, "variant": VARIANT, "packages": sorted(PACKAGES)}
+def _wanted(suite: str, packages: tuple[str, ...]) -> dict[str, object]:
+    return {"suite": suite, "variant": VARIANT, "packages": sorted(packages)}
 
 
-def _stamp_ok(root: Path, suite: str) -> bool:
+def _stamp_ok(root: Path, suite: str, packages: tuple[str, ...]) -> bool:
     try:
-        return bool(json.loads((root / _STAMP).read_text()) == _wanted(suite))
+        return bool(json.loads((root / _STAMP).read_text()) == _wanted(suite, packages))
     except (OSError, ValueError):
         return False
 
@@ -96,21 +96,23 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def ensure_debian_root(suite: str = SUITE) -> DebianRoot:
-    """The cached root for ``suite``, built first if missing or stale."""
-    root = cache_dir() / f"debootstrap-{suite}"
-    if _stamp_ok(root, suite):
+def ensure_debian_root(suite: str = SUITE, packages: tuple[str, ...] = PACKAGES,
+                       name: str = "") -> DebianRoot:
+    """The cached root for ``suite`` with ``packages`` (another set: another ``name``, a
+    root of its own, ``debootstrap-<suite>-<name>``), built first if missing or stale."""
+    root = cache_dir() / (f"debootstrap-{suite}-{name}" if name else f"debootstrap-{suite}")
+    if _stamp_ok(root, suite, packages):
         return DebianRoot(root, None)
     with _locked(root.with_name(root.name + ".lock")):
-        if _stamp_ok(root, suite):  # another worker built it while we waited
+        if _stamp_ok(root, suite, packages):  # another worker built it while we waited
             return DebianRoot(root, None)
         for stale in root.parent.glob(root.name + ".tmp-*"):
             _remove(stale)
         started = time.monotonic()
         building = root.with_name(f"{root.name}.tmp-{os.getpid()}")
         try:
-            _debootstrap(suite, building)
-            (building / _STAMP).write_text(json.dumps(_wanted(suite)))
+            _debootstrap(suite, building, packages)
+            (building / _STAMP).write_text(json.dumps(_wanted(suite, packages)))
         except BaseException:
             _remove(building)
             raise
@@ -119,9 +121,9 @@ def ensure_debian_root(suite: str = SUITE) -> DebianRoot:
         return DebianRoot(root, time.monotonic() - started)
 
 
-def _debootstrap(suite: str, target: Path) -> None:
+def _debootstrap(suite: str, target: Path, packages: tuple[str, ...]) -> None:
     log = target.with_name(target.name + ".log")
-    cmd = ["debootstrap", f"--variant={VARIANT}", "--include=" + ",".join(PACKAGES), suite,
+    cmd = ["debootstrap", f"--variant={VARIANT}", "--include=" + ",".join(packages), suite,
            str(target), MIRROR]
     with log.open("wb") as out:
         result = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT,
