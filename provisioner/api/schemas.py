@@ -137,12 +137,20 @@ class ActionRequest(_Request):
     reason: Reason = ""
 
 
-class NodeListQuery(_Request):
-    """Query parameters of ``GET /nodes``; ``q`` matches part of a hostname, serial or MAC."""
+def _many(value: object) -> object:
+    return (value,) if isinstance(value, str) else value
 
-    state: NodeState | None = None
-    rack: Rack | None = None
-    profile: Profile | None = None
+
+class NodeListQuery(_Request):
+    """Query parameters of ``GET /nodes``; ``q`` matches part of a hostname, serial or MAC.
+    ``state``, ``rack`` and ``profile`` may repeat: a node matches any of their values."""
+
+    state: Annotated[tuple[NodeState, ...], BeforeValidator(_many),
+                     Field(min_length=1, max_length=64)] | None = None
+    rack: Annotated[tuple[Rack, ...], BeforeValidator(_many),
+                    Field(min_length=1, max_length=64)] | None = None
+    profile: Annotated[tuple[Profile, ...], BeforeValidator(_many),
+                       Field(min_length=1, max_length=64)] | None = None
     maintenance: bool | None = None
     q: Annotated[str, _text(253)] | None = None
     limit: int = Field(100, ge=1, description="Page size (at most the configured maximum)")
