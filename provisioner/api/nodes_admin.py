@@ -94,7 +94,8 @@ _ID: Final = ("id", "node id, hostname, serial or MAC address")
 ROUTES: Final = (
     Route("POST", f"{PREFIX}/nodes/actions", bulk_action,
           "One action on every node a filter matches (each node's refusal in ``failed``); "
-          "dry_run previews (200), max caps (409 and nothing done when more match)", Role.OPERATOR, BulkActionResult, status=202,
+          "dry_run previews (200), max caps (409 and nothing done when more match)",
+          Role.OPERATOR, BulkActionResult, status=202,
           body=BulkActionRequest, errors=(400, 409, 413, 422)),
     Route("PATCH", f"{PREFIX}/nodes/{{id}}", edit_node,
           "Edit hostname, rack, position or profile (history rows with the actor); 409 when "
