@@ -141,9 +141,11 @@ class HistoryEntry:
 
 @dataclass(frozen=True, slots=True)
 class NodeFilter:
-    state: str | None = None
-    rack: str | None = None
-    profile: str | None = None
+    """Nodes matching every field given; a tuple matches any of its values."""
+
+    state: str | tuple[str, ...] | None = None
+    rack: str | tuple[str, ...] | None = None
+    profile: str | tuple[str, ...] | None = None
     maintenance: bool | None = None
     query: str | None = None
 

@@ -42,6 +42,7 @@ from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
 from provisioner.api.nodes import PREFIX
 from provisioner.api.nodes import ROUTES as NODE_ROUTES
+from provisioner.api.nodes_admin import ROUTES as NODE_ADMIN_ROUTES
 from provisioner.api.openapi import Handler, Route, openapi_document
 from provisioner.api.power import ROUTES as POWER_ROUTES
 from provisioner.api.repair import ROUTES as REPAIR_ROUTES
@@ -95,7 +96,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              repairs: RepairService | None = None,
              acceptance: DomainAcceptance | None = None,
              health: HealthFindings | None = None) -> web.Application:
-    routes = (*NODE_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES, *REPAIR_ROUTES, *TOPOLOGY_ROUTES,
+    routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
+              *REPAIR_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
               *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,

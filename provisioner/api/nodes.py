@@ -33,6 +33,8 @@ from provisioner.lifecycle.states import Event, NodeState
 from provisioner.validation.sku import held_reasons
 
 PREFIX: Final = "/api/v1"
+#: list filters that may repeat (``?state=a&state=b``: either)
+MULTI: Final = frozenset({"state", "rack", "profile"})
 
 #: action name -> lifecycle event
 EVENT_ACTIONS: Final[Mapping[str, Event]] = {
@@ -55,13 +57,29 @@ ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE, ADOPT)
 
 async def list_nodes(request: web.Request) -> web.Response:
     context = {"page_size_max": request.app[SETTINGS].page_size_max}
-    query = NodeListQuery.model_validate(dict(request.query), context=context)
+    query = NodeListQuery.model_validate(query_params(request, MULTI), context=context)
     flt = NodeFilter(state=query.state, rack=query.rack, profile=query.profile,
                      maintenance=query.maintenance, query=query.q)
     found, total = await request.app[NODES].list(flt, limit=query.limit, offset=query.offset)
     status = request.app[CONDUCTOR].step_status
     items = [node_out(node, status(node.id)) for node in found]
     return respond(NodePage(items=items, total=total, limit=query.limit, offset=query.offset))
+
+
+def query_params(request: web.Request, multi: frozenset[str]) -> dict[str, object]:
+    """The query as a dict: every value of a ``multi`` parameter, else the only one (a
+    repeated single-valued parameter is a 422, never silently its first value)."""
+    params: dict[str, object] = {}
+    for key in request.query:
+        values = request.query.getall(key)
+        if key in multi:
+            params[key] = values
+        elif len(values) > 1:
+            raise InvalidRequest(f"query parameter {key!r} given {len(values)} times; "
+                                 "it takes one value")
+        else:
+            params[key] = values[0]
+    return params
 
 
 async def show_node(request: web.Request) -> web.Response:

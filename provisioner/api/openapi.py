@@ -22,7 +22,7 @@ from provisioner.api.schemas import Problem
 from provisioner.domain import Role
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Method = Literal["GET", "POST", "DELETE"]
+Method = Literal["GET", "POST", "PATCH", "DELETE"]
 
 _REF: Final = "#/components/schemas/{model}"
 _Refs = Mapping[Any, dict[str, Any]]  # (model, mode) -> {"$ref": ...}

@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from provisioner.api.hardware import hardware_summary
 from provisioner.domain import HistoryEntry, Node
 from provisioner.errors import InvalidRequest
 from provisioner.ids import normalize_mac
@@ -137,12 +138,20 @@ class ActionRequest(_Request):
     reason: Reason = ""
 
 
-class NodeListQuery(_Request):
-    """Query parameters of ``GET /nodes``; ``q`` matches part of a hostname, serial or MAC."""
+def _many(value: object) -> object:
+    return (value,) if isinstance(value, str) else value
 
-    state: NodeState | None = None
-    rack: Rack | None = None
-    profile: Profile | None = None
+
+class NodeListQuery(_Request):
+    """Query parameters of ``GET /nodes``; ``q`` matches part of a hostname, serial or MAC.
+    ``state``, ``rack`` and ``profile`` may repeat: a node matches any of their values."""
+
+    state: Annotated[tuple[NodeState, ...], BeforeValidator(_many),
+                     Field(min_length=1, max_length=64)] | None = None
+    rack: Annotated[tuple[Rack, ...], BeforeValidator(_many),
+                    Field(min_length=1, max_length=64)] | None = None
+    profile: Annotated[tuple[Profile, ...], BeforeValidator(_many),
+                       Field(min_length=1, max_length=64)] | None = None
     maintenance: bool | None = None
     q: Annotated[str, _text(253)] | None = None
     limit: int = Field(100, ge=1, description="Page size (at most the configured maximum)")
@@ -217,6 +226,9 @@ class NodeOut(BaseModel):
     power_state: Literal["on", "off"] | None = Field(
         description="Last power state the daemon set or read from the BMC (steps, operator "
                     "requests, the periodic power sync); null before the first")
+    hardware: str = Field("", description="What the inspected facts say the machine is "
+                                          "(GPUs, InfiniBand, CPU, memory, disks); empty "
+                                          "before the first inspection")
     created_at: datetime
     updated_at: datetime
 
@@ -326,6 +338,7 @@ def _node_fields(node: Node, step_status: str | None) -> dict[str, object]:
             "rack": node.rack, "position": node.position, "step_status": step_status,
             "last_error": node.last_error, "bmc": bmc,
             "power_state": node.power_state if node.power_state in ("on", "off") else None,
+            "hardware": hardware_summary(node.facts),
             "created_at": _utc(node.created_at),
             "updated_at": _utc(node.updated_at)}
 

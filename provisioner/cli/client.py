@@ -32,7 +32,7 @@ PROG = "provisioner"
 API = "/api/v1"
 #: JSON as it comes off the wire; the CLI looks at it, it never crosses into the daemon.
 Json = Any
-ParamValue = str | int | bool | None
+ParamValue = str | int | bool | list[str] | None
 
 
 class UsageError(Exception):
@@ -68,6 +68,12 @@ class ApiClient:
     def post_raw(self, path: str, data: bytes, content_type: str) -> Json:
         return self._request("POST", path, data, content_type)
 
+    def patch(self, path: str, body: Mapping[str, Json]) -> Json:
+        return self._request("PATCH", path, json.dumps(body).encode(), "application/json")
+
+    def delete(self, path: str) -> Json:
+        return self._request("DELETE", path, None, None)
+
     def _request(
         self, method: str, path: str, data: bytes | None, content_type: str | None
     ) -> Json:
@@ -102,6 +108,8 @@ def _query(params: Mapping[str, ParamValue]) -> str:
             continue
         if isinstance(value, bool):
             pairs.append((key, "true" if value else "false"))
+        elif isinstance(value, list):  # a repeatable filter: ?state=a&state=b
+            pairs.extend((key, item) for item in value)
         else:
             pairs.append((key, str(value)))
     return "?" + urllib.parse.urlencode(pairs) if pairs else ""

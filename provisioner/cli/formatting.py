@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -24,24 +25,50 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-NODE_HEADERS = ("ID", "HOSTNAME", "SERIAL", "STATE", "STEP", "MAINT", "RACK", "PROFILE")
+#: column name -> the API field it shows (``node list --columns``, ``--sort``)
+NODE_COLUMNS: dict[str, str] = {
+    "id": "id", "hostname": "hostname", "serial": "serial", "state": "state",
+    "step": "step_status", "maint": "maintenance", "power": "power_state", "rack": "rack",
+    "position": "position", "profile": "profile", "hardware": "hardware",
+    "error": "last_error", "macs": "macs", "updated": "updated_at",
+}
+DEFAULT_COLUMNS = ("id", "hostname", "serial", "state", "step", "maint", "power", "rack",
+                   "profile", "hardware", "error")
+ERROR_WIDTH = 60
 
 
-def node_table(nodes: Iterable[Mapping[str, Json]]) -> str:
-    rows = [
-        (
-            str(node.get("id") or "")[:8],
-            text(node.get("hostname")),
-            text(node.get("serial")),
-            text(node.get("state")),
-            text(node.get("step_status")),
-            "yes" if node.get("maintenance") else "no",
-            text(node.get("rack")),
-            text(node.get("profile")),
-        )
-        for node in nodes
-    ]
-    return table(NODE_HEADERS, rows)
+def node_table(nodes: Iterable[Mapping[str, Json]],
+               columns: Sequence[str] = DEFAULT_COLUMNS) -> str:
+    rows = [tuple(_cell(name, node) for name in columns) for node in nodes]
+    return table([name.upper() for name in columns], rows)
+
+
+def _cell(column: str, node: Mapping[str, Json]) -> str:
+    value = node.get(NODE_COLUMNS[column])
+    if column == "id":
+        return str(value or "")[:8]
+    if column == "updated":
+        return timestamp(value)
+    if column == "error":
+        out = text(" ".join(str(value or "").split()))
+        return out if len(out) <= ERROR_WIDTH else out[: ERROR_WIDTH - 3] + "..."
+    return text(value)
+
+
+def sort_nodes(nodes: Sequence[Mapping[str, Json]], key: str) -> list[Mapping[str, Json]]:
+    """By a column (``-column``: descending); nodes without a value last."""
+    column = key.removeprefix("-")
+    field = NODE_COLUMNS[column]
+    present = [node for node in nodes if node.get(field) not in (None, "")]
+    missing = [node for node in nodes if node.get(field) in (None, "")]
+    present.sort(key=lambda node: _natural(str(node.get(field))), reverse=key.startswith("-"))
+    return present + missing
+
+
+def _natural(value: str) -> list[tuple[int, int | str]]:
+    """``gpu-2`` before ``gpu-10``."""
+    return [(0, int(part)) if part.isdigit() else (1, part.lower())
+            for part in re.split(r"(\d+)", value) if part]
 
 
 HISTORY_HEADERS = ("SEQ", "AT", "EVENT", "FROM", "TO", "ACTOR", "REASON")
@@ -65,7 +92,8 @@ def history_table(entries: Iterable[Mapping[str, Json]]) -> str:
 
 _DETAIL_FIELDS = (
     "id", "hostname", "serial", "macs", "state", "step_status", "last_error", "maintenance",
-    "maintenance_reason", "profile", "rack", "position", "bmc", "allowed_actions",
+    "maintenance_reason", "power_state", "hardware", "profile", "rack", "position", "bmc",
+    "allowed_actions",
     "checkpoint", "created_at", "updated_at",
 )
 
@@ -104,10 +132,21 @@ def _summarise(value: Json) -> str:
         if all(not isinstance(v, Mapping | list) for v in value):
             out = ", ".join(text(v) for v in value)
         else:
-            out = f"{len(value)} item" + ("" if len(value) == 1 else "s")
+            out = _counted_items(value)
     else:
         out = text(value)
     return out if len(out) <= FACT_WIDTH else out[: FACT_WIDTH - 3] + "..."
+
+
+def _counted_items(items: list[Json]) -> str:
+    """``8× NVIDIA H100 80GB HBM3`` for items with a name (or model), else ``N items``."""
+    names: dict[str, int] = {}
+    for item in items:
+        name = item.get("name") or item.get("model") if isinstance(item, Mapping) else None
+        if not isinstance(name, str) or not name:
+            return f"{len(items)} item" + ("" if len(items) == 1 else "s")
+        names[name] = names.get(name, 0) + 1
+    return ", ".join(f"{count}× {name}" for name, count in names.items())
 
 
 def _field(name: str, value: Json) -> str:

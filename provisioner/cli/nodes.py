@@ -1,4 +1,5 @@
-"""``provisioner node list|show|enroll|action|history``: nodes through the API."""
+"""``provisioner node list|show|enroll|action|history``: nodes through the API (edit, delete,
+replace and bulk actions: ``node_admin``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from provisioner.cli import formatting
+from provisioner.cli import formatting, node_admin
 from provisioner.cli.client import (
     API,
     Json,
+    ParamValue,
     UsageError,
     add_group,
     api_client,
@@ -42,9 +44,9 @@ def add_commands(sub: Subcommands) -> Subcommands:
     node = add_group(sub, "node", "nodes (through the API)")
     api = api_options()
     ls = node.add_parser("list", parents=[api], help="list nodes", allow_abbrev=False)
-    ls.add_argument("--state")
-    ls.add_argument("--rack")
-    ls.add_argument("--profile")
+    for name in ("state", "rack", "profile"):
+        ls.add_argument(f"--{name}", action="append", metavar=name.upper(),
+                        help="repeat, or separate with commas, to match any of several")
     ls.add_argument("--maintenance", action=argparse.BooleanOptionalAction, default=None,
                     help="only nodes in (or out of) maintenance")
     ls.add_argument("-q", dest="query", metavar="TEXT", help="search hostname, serial, MAC")
@@ -52,6 +54,12 @@ def add_commands(sub: Subcommands) -> Subcommands:
     ls.add_argument("--offset", type=_int_in(0))
     ls.add_argument("--all", action="store_true", help="follow pagination to the end")
     ls.add_argument("--json", action="store_true", help="a JSON array of the nodes")
+    ls.add_argument("--columns", type=_columns, default=formatting.DEFAULT_COLUMNS,
+                    metavar="C,C", help="columns to show, from: "
+                    + ", ".join(formatting.NODE_COLUMNS) + " (default: "
+                    + ",".join(formatting.DEFAULT_COLUMNS) + ")")
+    ls.add_argument("--sort", type=_sort_key, metavar="[-]COLUMN",
+                    help="sort the rows listed by a column (- for descending)")
     ls.set_defaults(command=cmd_node_list)
 
     show = node.add_parser("show", parents=[api], help="one node, with facts and history",
@@ -81,9 +89,11 @@ def add_commands(sub: Subcommands) -> Subcommands:
 
     action = node.add_parser("action", parents=[api], help="request a lifecycle action",
                              allow_abbrev=False)
-    action.add_argument("node", metavar="NODE")
+    action.add_argument("node", metavar="NODE", nargs="?",
+                        help="the node (leave out with --filter)")
     action.add_argument("action", choices=ACTIONS, metavar="ACTION",
                         help=", ".join(ACTIONS))
+    node_admin.add_bulk_options(action)
     action.add_argument("--reason", default=None, help="recorded in the node's history")
     action.add_argument("--json", action="store_true", help="the API's JSON")
     action.set_defaults(command=cmd_node_action)
@@ -93,7 +103,31 @@ def add_commands(sub: Subcommands) -> Subcommands:
     history.add_argument("node", metavar="NODE")
     history.add_argument("--json", action="store_true", help="a JSON array of the entries")
     history.set_defaults(command=cmd_node_history)
+    node_admin.add_commands(node)
     return node
+
+
+def _columns(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip().lower() for name in text.split(",") if name.strip())
+    unknown = [name for name in names if name not in formatting.NODE_COLUMNS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown column(s) {', '.join(unknown) or text!r}; "
+                                         "from: " + ", ".join(formatting.NODE_COLUMNS))
+    return names
+
+
+def _sort_key(text: str) -> str:
+    if text.removeprefix("-").lower() not in formatting.NODE_COLUMNS:
+        raise argparse.ArgumentTypeError(f"unknown column {text!r}; from: "
+                                         + ", ".join(formatting.NODE_COLUMNS))
+    return text.lower()
+
+
+def _many(values: list[str] | None) -> list[str] | None:
+    """``--state a,b --state c`` → [a, b, c]."""
+    if values is None:
+        return None
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
 
 
 def _int_in(low: int, high: int = 2**63) -> Callable[[str], int]:
@@ -108,8 +142,8 @@ def _int_in(low: int, high: int = 2**63) -> Callable[[str], int]:
 
 def cmd_node_list(args: argparse.Namespace) -> int:
     api = api_client(args)
-    params: dict[str, str | int | bool | None] = {
-        "state": args.state, "rack": args.rack, "profile": args.profile,
+    params: dict[str, ParamValue] = {
+        "state": _many(args.state), "rack": _many(args.rack), "profile": _many(args.profile),
         "maintenance": args.maintenance, "q": args.query, "limit": args.limit,
         "offset": args.offset,
     }
@@ -124,7 +158,9 @@ def cmd_node_list(args: argparse.Namespace) -> int:
     if args.json:
         print(formatting.dump_json(items))
         return 0
-    print(formatting.node_table(items))
+    if args.sort:
+        items = formatting.sort_nodes(items, args.sort)
+    print(formatting.node_table(items, args.columns))
     if offset + len(items) < total or offset:
         print(f"({len(items)} of {total} nodes from offset {offset}; --all lists every one)",
               file=sys.stderr)
@@ -173,6 +209,12 @@ def _bmc_body(args: argparse.Namespace) -> dict[str, Json] | None:
 
 
 def cmd_node_action(args: argparse.Namespace) -> int:
+    if args.filters:
+        return node_admin.cmd_bulk_action(args)
+    if args.node is None:
+        raise UsageError("give the NODE, or --filter to act on every node it matches")
+    if args.dry_run or args.max is not None:
+        raise UsageError("--dry-run and --max go with --filter")
     body = {"reason": args.reason} if args.reason is not None else None
     node = api_client(args).post(node_path(args.node, "actions", args.action), body)
     if args.json:

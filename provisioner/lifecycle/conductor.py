@@ -4,7 +4,8 @@ Every transition goes through ``_transition`` under a per-node lock, as one comp
 plus a history row. Steps run outside the lock; their outcome comes back as ``done``/``fail``.
 Mixins, one job each: ``StepRunner`` (``step_runner.py``) runs the steps, ``LeasedSteps``
 (``leasing.py``) holds the leases of in-flight nodes, ``BmcRequests`` (``bmc_requests.py``)
-serves an operator's BMC requests outside the steps.
+serves an operator's BMC requests outside the steps, ``NodeEdits`` (``node_edits.py``)
+edits, deletes and replaces node records.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from provisioner.errors import (
 from provisioner.lifecycle.bmc_requests import BmcRequests
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.leasing import WAITING
+from provisioner.lifecycle.node_edits import NodeEdits
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import (
     FAILED,
@@ -55,7 +57,7 @@ _WORK_EVENTS: Final = frozenset({Event.INSPECT, Event.DEPLOY, Event.RETRY})
 POLICY_ACTOR: Final = "policy"
 
 
-class Conductor(BmcRequests, StepRunner):
+class Conductor(BmcRequests, NodeEdits, StepRunner):
     def __init__(
         self,
         repo: NodeRepo,

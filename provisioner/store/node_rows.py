@@ -75,12 +75,12 @@ def find_row(s: Session, key: str) -> NodeRow:
 
 
 def filtered(query: Any, flt: NodeFilter) -> Any:
-    if flt.state is not None:
-        query = query.where(col(NodeRow.state) == flt.state)
-    if flt.rack is not None:
-        query = query.where(col(NodeRow.rack) == flt.rack)
-    if flt.profile is not None:
-        query = query.where(col(NodeRow.profile) == flt.profile)
+    for column, wanted in ((NodeRow.state, flt.state), (NodeRow.rack, flt.rack),
+                           (NodeRow.profile, flt.profile)):
+        if isinstance(wanted, str):
+            query = query.where(col(column) == wanted)
+        elif wanted is not None:
+            query = query.where(col(column).in_(wanted))
     if flt.maintenance is not None:
         query = query.where(col(NodeRow.maintenance) == flt.maintenance)
     if flt.query:

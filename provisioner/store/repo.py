@@ -32,7 +32,7 @@ from provisioner.store.models import (
     TransitionRow,
     utcnow,
 )
-from provisioner.store.node_reads import NodeReads
+from provisioner.store.node_admin import NodeAdmin
 from provisioner.store.node_rows import apply_bmc, commit_unique, get_row, macs_for, to_node
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,9 @@ class NodeChange:
     address other than the one it was entered for."""
 
 
-class NodeRepo(NodeReads):
-    """Reads (``NodeReads``) and every write of node rows."""
+class NodeRepo(NodeAdmin):
+    """Reads (``NodeReads``), an operator's edits (``NodeAdmin``) and every write of node
+    rows."""
 
     def _check_fence(self, s: Session, node_id: str, fence: int | None) -> None:
         """Refuse the write unless we still hold the node's lease with ``fence``. The row

@@ -176,8 +176,8 @@ def test_enroll_human_output(cli: Any) -> None:
 
 def test_node_list_table_and_json(cli: Any, enrolled: dict[str, Any]) -> None:
     table = cli("node", "list").stdout.splitlines()
-    assert table[0].split() == ["ID", "HOSTNAME", "SERIAL", "STATE", "STEP", "MAINT", "RACK",
-                                "PROFILE"]
+    assert table[0].split() == ["ID", "HOSTNAME", "SERIAL", "STATE", "STEP", "MAINT", "POWER",
+                                "RACK", "PROFILE", "HARDWARE", "ERROR"]
     row = next(line for line in table if "gpu-e2e-01" in line)
     assert row.split()[:4] == [enrolled["id"][:8], "gpu-e2e-01", "E2E0001", "enrolled"]
 

@@ -286,10 +286,23 @@ NODE = {
 
 def test_node_table_is_aligned() -> None:
     lines = formatting.node_table([NODE, {**NODE, "id": "x", "hostname": "h"}]).splitlines()
-    assert lines[0].split() == list(formatting.NODE_HEADERS)
-    assert lines[1].split() == ["0f1e2d3c", "gpu-001", "SER1", "inspected", "-", "yes", "r1",
-                                "-"]
+    assert lines[0].split() == [name.upper() for name in formatting.DEFAULT_COLUMNS]
+    assert lines[1].split() == ["0f1e2d3c", "gpu-001", "SER1", "inspected", "-", "yes", "-",
+                                "r1", "-", "-", "-"]
     assert lines[0].index("STATE") == lines[1].index("inspected") == lines[2].index("inspected")
+
+
+def test_node_table_columns_and_sort() -> None:
+    nodes = [{**NODE, "hostname": "gpu-10", "power_state": "on", "last_error": "bmc\nlost"},
+             {**NODE, "hostname": "gpu-2", "power_state": "off"},
+             {**NODE, "hostname": None}]
+    ordered = formatting.sort_nodes(nodes, "hostname")
+    out = formatting.node_table(ordered, ("hostname", "power", "error")).splitlines()
+    assert [line.split() for line in out] == [["HOSTNAME", "POWER", "ERROR"],
+                                              ["gpu-2", "off", "-"],
+                                              ["gpu-10", "on", "bmc", "lost"], ["-", "-", "-"]]
+    assert [n["hostname"] for n in formatting.sort_nodes(nodes, "-hostname")] == \
+        ["gpu-10", "gpu-2", None]
 
 
 def test_node_detail_summarises_facts_and_history() -> None:
