@@ -29,6 +29,8 @@ from provisioner.lifecycle.bmc_requests import BmcRequests
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.leasing import WAITING
 from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.service_record import KEY as SERVICE_KEY
+from provisioner.lifecycle.service_record import ONBOARDING, ServiceRecord
 from provisioner.lifecycle.states import (
     FAILED,
     IN_FLIGHT,
@@ -99,6 +101,8 @@ class Conductor(BmcRequests, StepRunner):
     async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "",
                    expect: NodeState | None = None) -> Node:
         """``expect``: only from that state (else Conflict): a policy decided on it."""
+        if event is Event.DEPLOY:
+            event = await self._onboarding(node_id, event, actor)
         node = await self._transition(node_id, event, actor=actor, reason=reason,
                                       expect=expect)
         if node is None:
@@ -107,6 +111,20 @@ class Conductor(BmcRequests, StepRunner):
             running[1].cancel()
         await self._follow_up(node)
         return node
+
+    async def _onboarding(self, node_id: str, event: Event, actor: str) -> Event:
+        """``deploy`` of an inspected node whose profile has an onboarding runbook that has
+        not passed on it yet: the runbook first (``servicing``), then ``deploying``."""
+        node = await self._repo.get(node_id)
+        runbook = self._ports.servicing.onboarding(node)
+        last = ServiceRecord.from_facts(node.facts)
+        if node.state is not NodeState.INSPECTED or runbook is None or (
+                last is not None and last.onboarded(runbook)):
+            return event
+        record = ServiceRecord.open(runbook, self._ports.servicing.runbook(runbook),
+                                    ONBOARDING, actor)
+        await self._repo.merge_facts(node_id, {SERVICE_KEY: record.to_facts()})
+        return Event.SERVICE
 
     async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str,
                               propagate: bool = True) -> Node:
