@@ -28,8 +28,14 @@ from provisioner.bmc.redfish import JsonObject, RedfishClient, RedfishDriver, _c
 from provisioner.config.servicing import ServicingSettings
 from provisioner.domain import BmcCredentials, Node
 from provisioner.errors import InvalidRequest
-from provisioner.lifecycle.service_ports import Baseline, ServiceBmc, TaskLimits, TaskState
-from provisioner.validation.baseline import BiosValue, Component, Wanted
+from provisioner.validation.baseline import (
+    Baseline,
+    BiosValue,
+    Component,
+    TaskLimits,
+    TaskState,
+    Wanted,
+)
 
 NO_UPDATE_SERVICE: Final = "this BMC has no Redfish UpdateService"
 
@@ -197,7 +203,7 @@ class SiteServicing:
         return TaskLimits(s.task_timeout_s, s.task_poll_s, s.task_stall_s, s.bmc_good_reads,
                           s.drain_deadline_s)
 
-    async def bmc(self, node: Node) -> ServiceBmc:
+    async def bmc(self, node: Node) -> RedfishService:
         endpoint = node.bmc
         if endpoint is None or endpoint.driver != "redfish":
             driver = endpoint.driver if endpoint is not None else "no BMC"

@@ -5,30 +5,19 @@ runbooks and baselines. The daemon's implementation is ``provisioner.bmc.redfish
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from provisioner.domain import Node
 from provisioner.errors import FatalError, InvalidRequest
-from provisioner.validation.baseline import BiosValue, Component, Wanted
+from provisioner.validation.baseline import (
+    Baseline,
+    BiosValue,
+    Component,
+    TaskLimits,
+    TaskState,
+)
 
-
-@dataclass(frozen=True, slots=True)
-class TaskState:
-    """A Redfish Task as its monitor reports it; ``gone``: the BMC answered 404."""
-
-    state: str
-    percent: int | None = None
-    messages: tuple[str, ...] = ()
-    gone: bool = False
-
-    @property
-    def finished(self) -> bool:
-        return self.gone or self.state in ("Completed", "Exception", "Killed", "Cancelled")
-
-    @property
-    def ok(self) -> bool:
-        return self.state == "Completed"
+__all__ = ["Baseline", "NoServicing", "ServiceBmc", "Servicing", "TaskLimits", "TaskState"]
 
 
 class ServiceBmc(Protocol):
@@ -53,21 +42,6 @@ class ServiceBmc(Protocol):
     async def task(self, uri: str) -> TaskState: ...
 
     async def aclose(self) -> None: ...
-
-
-@dataclass(frozen=True, slots=True)
-class Baseline:
-    bios: Mapping[str, BiosValue] = field(default_factory=dict)
-    firmware: tuple[Wanted, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class TaskLimits:
-    timeout_s: float = 3600.0
-    poll_s: float = 5.0
-    stall_s: float = 900.0
-    good_reads: int = 3
-    drain_deadline_s: float = 3600.0
 
 
 class Servicing(Protocol):

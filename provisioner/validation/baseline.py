@@ -11,7 +11,7 @@ library only.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
 BiosValue = str | int | bool
@@ -157,3 +157,39 @@ def bios_changes(wanted: Mapping[str, BiosValue],
                  current: Mapping[str, object]) -> dict[str, BiosValue]:
     """The attributes whose current value differs from the wanted one."""
     return {name: value for name, value in wanted.items() if current.get(name) != value}
+
+
+# -- servicing values the BMC side and the lifecycle share -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """A Redfish Task as its monitor reports it; ``gone``: the BMC answered 404."""
+
+    state: str
+    percent: int | None = None
+    messages: tuple[str, ...] = ()
+    gone: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.gone or self.state in ("Completed", "Exception", "Killed", "Cancelled")
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "Completed"
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    bios: Mapping[str, BiosValue] = field(default_factory=dict)
+    firmware: tuple[Wanted, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLimits:
+    timeout_s: float = 3600.0
+    poll_s: float = 5.0
+    stall_s: float = 900.0
+    good_reads: int = 3
+    drain_deadline_s: float = 3600.0
