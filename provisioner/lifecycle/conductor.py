@@ -29,6 +29,8 @@ from provisioner.lifecycle.bmc_requests import BmcRequests
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.leasing import WAITING
 from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.service_ports import Servicing
+from provisioner.lifecycle.service_record import ACTIVE as SERVICE_ACTIVE
 from provisioner.lifecycle.service_record import KEY as SERVICE_KEY
 from provisioner.lifecycle.service_record import ONBOARDING, ServiceRecord
 from provisioner.lifecycle.states import (
@@ -125,6 +127,29 @@ class Conductor(BmcRequests, StepRunner):
                                     ONBOARDING, actor)
         await self._repo.merge_facts(node_id, {SERVICE_KEY: record.to_facts()})
         return Event.SERVICE
+
+    @property
+    def servicing(self) -> Servicing:
+        return self._ports.servicing
+
+    async def service(self, node_id: str, runbook: str, *, actor: str,
+                      reason: str = "") -> Node:
+        """Start ``runbook`` on an inspected node (then ``deploying``) or an active one
+        (drained first, back to ``active`` through the validation gate)."""
+        node = await self._repo.find(node_id)
+        steps = self._ports.servicing.runbook(runbook)  # InvalidRequest when unknown
+        if node.state not in (NodeState.INSPECTED, NodeState.ACTIVE):
+            raise Conflict(f"node {node.id} is {node.state}: runbooks run on inspected or "
+                           "active nodes")
+        if node.maintenance:
+            raise Conflict(f"node {node.id} is in maintenance ({node.maintenance_reason}); "
+                           "turn maintenance off first")
+        origin = SERVICE_ACTIVE if node.state is NodeState.ACTIVE else ONBOARDING
+        record = ServiceRecord.open(runbook, steps, origin, actor)
+        await self._repo.merge_facts(node.id, {SERVICE_KEY: record.to_facts()})
+        return await self.fire(node.id, Event.SERVICE, actor=actor,
+                               reason=reason or f"runbook {runbook}: {', '.join(steps)}",
+                               expect=node.state)
 
     async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str,
                               propagate: bool = True) -> Node:
