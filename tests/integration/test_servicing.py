@@ -23,6 +23,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.service_record import ServiceRecord
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.steps import STEPS, StepContext
+from provisioner.simulation.drivers import simulated_facts
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
@@ -81,6 +82,15 @@ async def new_node(make_node: Any, url: str, driver_name: str = "redfish") -> No
                                  bmc=BmcEndpoint(driver=driver_name, address=url,
                                                  username="admin"))
     return node
+
+
+async def until_started(store: Store, node_id: str, component: str) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            if any(item.endswith(f":{component}:started")
+                   for item in (await store.nodes.get(node_id)).checkpoint):
+                return
+            await asyncio.sleep(0.02)
 
 
 async def test_onboarding_runbook_between_inspected_and_deploying(  # type: ignore[no-untyped-def]
@@ -183,10 +193,7 @@ async def test_stopped_during_a_firmware_task_resumes_it_without_a_second_update
     node = await new_node(make_node, url)
     first = conductor(store, world, driver, settings(["firmware_inventory", "firmware_update"]))
     await first.fire(node.id, Event.DEPLOY, actor="op")
-    async with asyncio.timeout(10):
-        while not any(item.endswith(":BIOS:started")
-                      for item in (await store.nodes.get(node.id)).checkpoint):
-            await asyncio.sleep(0.02)
+    await until_started(store, node.id, "BIOS")
     await first.stop()  # the daemon goes away while the BMC's task runs
     killed = await store.nodes.get(node.id)
     assert killed.state == S.SERVICING and len(sim.updates) == 1
@@ -203,3 +210,26 @@ async def test_stopped_during_a_firmware_task_resumes_it_without_a_second_update
     history = await store.nodes.history(node.id)
     assert sum(1 for h in history if h.reason.startswith("firmware_inventory:")) == 1
     await second.stop()
+
+
+async def test_active_node_is_drained_serviced_and_back_through_the_gate(  # type: ignore[no-untyped-def]
+        store, world, make_node, bmc_sim, driver) -> None:
+    sim, url = bmc_sim
+    node = await make_node(S.ACTIVE, serial="A1", profile="gpu", bmc_password="password",
+                           bmc=BmcEndpoint(driver="redfish", address=url, username="admin"))
+    await store.nodes.merge_facts(node.id, simulated_facts("A1", "A1"))
+    await world.ensure("A1", "boot", "power", "on")
+    cond = conductor(store, world, driver, settings(ALL_STEPS))
+    started = await cond.service(node.id, "fw", actor="op", reason="baseline")
+    assert started.state == S.SERVICING
+    done = await wait_for_state(store, node.id, S.ACTIVE)
+    ledger = {op: eff for (k, op), (_c, eff) in world.ledger_blocking().items() if k == "A1"}
+    assert ledger["slurm_drain"] == 1 and ledger["kube_cordon"] == 1
+    assert ledger["slurm_resume"] == 1 and ledger["kube_uncordon"] == 1
+    assert sim.versions["BIOS"] == "1.2.0"
+    record = ServiceRecord.from_facts(done.facts)
+    assert record is not None and record.drains and record.outcome == "passed"
+    history = await store.nodes.history(node.id)
+    reasons = [h.reason for h in history if h.event in ("service_drain", "service_step")]
+    assert reasons[0].startswith("servicing: runbook fw") and "validation passed" in reasons
+    await cond.stop()
