@@ -32,6 +32,7 @@ class NodeState(StrEnum):
     REGISTERING = "registering"
     RETIRING = "retiring"
     REPAIRING = "repairing"
+    SERVICING = "servicing"  # a runbook (firmware, BIOS): onboarding or on a drained node
     # failed twins (stable)
     INSPECT_FAILED = "inspect_failed"
     DEPLOY_FAILED = "deploy_failed"
@@ -41,6 +42,7 @@ class NodeState(StrEnum):
     REGISTER_FAILED = "register_failed"
     RETIRE_FAILED = "retire_failed"
     REPAIR_FAILED = "repair_failed"
+    SERVICE_FAILED = "service_failed"
 
 
 class Role(StrEnum):

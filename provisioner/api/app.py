@@ -47,6 +47,7 @@ from provisioner.api.openapi import Handler, Route, openapi_document
 from provisioner.api.power import ROUTES as POWER_ROUTES
 from provisioner.api.repair import ROUTES as REPAIR_ROUTES
 from provisioner.api.schemas import Health, InvalidRows, Problem, error_items, respond
+from provisioner.api.servicing import ROUTES as SERVICING_ROUTES
 from provisioner.api.tokens import ROUTES as TOKEN_ROUTES
 from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
 from provisioner.api.ui import routes as ui
@@ -97,7 +98,7 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              acceptance: DomainAcceptance | None = None,
              health: HealthFindings | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
-              *REPAIR_ROUTES, *TOPOLOGY_ROUTES,
+              *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
               *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,

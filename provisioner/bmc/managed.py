@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar
 
 from provisioner.bmc.base import (
     Bmc,
+    BmcFactory,
     BmcTimeout,
     BmcUnsupported,
     BootDevice,
@@ -78,6 +79,10 @@ class BmcManager:
                                   password=given.password)
         return BmcCredentials(username=given.username or self._settings.default_username,
                               password=default_password.get_secret_value(), site_default=True)
+
+    def driver(self, name: str) -> BmcFactory | None:
+        """The registry's driver ``name`` itself (servicing talks Redfish beyond ``Bmc``)."""
+        return self._registry.driver(name)
 
     def breaker(self, key: str) -> CircuitBreaker:
         breaker = self._breakers.get(key)

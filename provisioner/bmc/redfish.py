@@ -133,16 +133,26 @@ class RedfishClient:
     async def request(self, method: str, path: str, body: JsonObject | None = None, *,
                       etag: str | None = None) -> tuple[JsonObject, str | None]:
         """(JSON body or {}, ETag). Logs in first if needed; re-logs in once on a 401."""
+        status, data, headers = await self.exchange(method, path, body, etag=etag)
+        _check(status, data, self.url, f"{method} {path}")
+        return data, headers.get("ETag")
+
+    async def exchange(self, method: str, path: str, body: JsonObject | None = None, *,
+                       etag: str | None = None) -> tuple[int, JsonObject, Mapping[str, str]]:
+        """(status, body, headers) for a caller that judges the status itself (a task
+        monitor's 202 and 404, an action's Location header); errors above 500 map."""
         with map_http_errors(self.url, f"{method} {path}", self._driver.timeout_s):
             await self._ensure_login()
             token = self._token
-            status, data, tag = await self._send(method, path, body, etag)
+            extra = {"If-Match": etag} if etag else {}
+            status, data, headers = await self._raw(method, path, body, headers=extra)
             if status == 401 and not self._basic:
                 log.info("redfish %s: session expired; logging in again", self.url)
                 await self._login(stale=token)
-                status, data, tag = await self._send(method, path, body, etag)
-            _check(status, data, self.url, f"{method} {path}")
-            return data, tag
+                status, data, headers = await self._raw(method, path, body, headers=extra)
+            if status in (401, 403) or status >= 500:
+                _check(status, data, self.url, f"{method} {path}")
+            return status, data, headers
 
     async def system(self) -> _System:
         if self._system is None:
@@ -262,6 +272,10 @@ class RedfishClient:
 class RedfishBmc:
     def __init__(self, client: RedfishClient) -> None:
         self._client = client
+
+    @property
+    def client(self) -> RedfishClient:
+        return self._client
 
     async def power_state(self) -> PowerState:
         resource = await self._resource()

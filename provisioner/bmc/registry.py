@@ -20,6 +20,9 @@ class BmcRegistry:
     def names(self) -> frozenset[str]:
         return frozenset(self._drivers)
 
+    def driver(self, name: str) -> BmcFactory | None:
+        return self._drivers.get(name)
+
     def __call__(self, node_id: str, endpoint: BmcEndpoint, credentials: BmcCredentials) -> Bmc:
         factory = self._drivers.get(endpoint.driver)
         if factory is None:

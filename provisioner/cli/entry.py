@@ -25,6 +25,7 @@ from provisioner.cli import (
     ramdisk,
     repair,
     serve,
+    servicing,
     tokens,
     topology,
 )
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     node_group = nodes.add_commands(sub)
     power.add_commands(node_group)  # node power|bootdev|bmc after node history
     repair.add_node_commands(node_group)
+    servicing.add_node_commands(node_group)
     health.add_node_commands(node_group)
     inventory.add_commands(sub)
     topology.add_commands(sub)

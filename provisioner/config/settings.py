@@ -23,6 +23,7 @@ from provisioner.config.runtime import (
     SimulationSettings,
     StoreSettings,
 )
+from provisioner.config.servicing import ServicingSettings
 from provisioner.config.slurm import SlurmSettings
 from provisioner.config.topology import TopologySettings
 from provisioner.config.validation import ValidationSettings
@@ -64,6 +65,7 @@ class Settings(BaseSettings):
         "an image: [installers.<profile>] method, kernel, initrd, repo_url, ...")
     validation: ValidationSettings = ValidationSettings()
     health: HealthSettings = HealthSettings()
+    servicing: ServicingSettings = ServicingSettings()
     log: LogSettings = LogSettings()
     daemon: DaemonSettings = DaemonSettings()
     ha: HaSettings = HaSettings()

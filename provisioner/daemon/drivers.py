@@ -14,11 +14,12 @@ from provisioner.bmc.ipmi import IpmiDriver
 from provisioner.bmc.ipmi_pool import IpmiWorkers
 from provisioner.bmc.managed import BmcManager
 from provisioner.bmc.redfish import RedfishDriver
+from provisioner.bmc.redfish_service import SiteServicing
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import http_boot_uris
 from provisioner.config import BmcProfile, BmcSettings, Settings
 from provisioner.daemon.store_retry import while_store_away
-from provisioner.domain import Node
+from provisioner.domain import BmcCredentials, Node
 from provisioner.lifecycle.ports import (
     Acceptance,
     BootWaiter,
@@ -43,6 +44,7 @@ from provisioner.lifecycle.routing import (
     RoutedSlurm,
     RoutedValidator,
 )
+from provisioner.lifecycle.service_ports import NoServicing, Servicing
 from provisioner.lifecycle.stagger import PowerOnStagger
 from provisioner.simulation.drivers import (
     FakeInspector,
@@ -85,6 +87,21 @@ class RealDrivers:
     acceptance: Acceptance = field(default_factory=NoAcceptance)
     """Fabric acceptance of NVLink domains (``lifecycle/acceptance.py``); simulated nodes'
     profiles ask for none."""
+    servicing: Servicing = field(default_factory=NoServicing)
+    """Runbooks over Redfish (``bmc/redfish_service.py``)."""
+
+
+def build_servicing(settings: Settings, bmc: BmcManager, store: Store) -> Servicing:
+    """``[servicing]`` over the ``redfish`` driver's sessions, with each node's credentials
+    (the site's defaults filled in)."""
+    redfish = bmc.driver("redfish")
+    if not isinstance(redfish, RedfishDriver):
+        return NoServicing()
+
+    async def credentials(node: Node) -> BmcCredentials:
+        return bmc.credentials_for(await store.nodes.credentials(node.id))
+
+    return SiteServicing(settings.servicing, redfish, credentials)
 
 
 def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,
@@ -114,6 +131,7 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
         rotate_bmc=None if rotation is None else rotate_if_opted_in(settings.bmc, rotation),
         acceptance=real.acceptance,
+        servicing=real.servicing,
     )
 
 

@@ -24,6 +24,7 @@ from provisioner.daemon.drivers import (
     build_bmc,
     build_ports,
     build_rotation,
+    build_servicing,
     settle_rotations,
 )
 from provisioner.daemon.hooks import (
@@ -159,11 +160,12 @@ class Daemon:
                                   results_dir=self._settings.state_dir / "acceptance"),
                 self._settings.validation, instance=store.instance)  # ConfigError: exit 2
             stack.push_async_callback(acceptance.aclose)  # after the conductor stopped
+            bmc = self._bmc(stack, world)
             real = RealDrivers(
                 inspector=mailbox, installer=ComposedInstaller(images, ansible), kube=kube,
                 validator=FactsValidator(store.nodes, self._settings.validation), slurm=slurm,
-                repairs=repairs, acceptance=acceptance)
-            bmc = self._bmc(stack, world)
+                repairs=repairs, acceptance=acceptance,
+                servicing=build_servicing(self._settings, bmc, store))
             rotation = build_rotation(self._settings.bmc, store, bmc)
             ports = build_ports(self._settings, world, bmc, real, callbacks, rotation)
             conductor = Conductor(store.nodes, ports, self._settings.lifecycle,

@@ -31,6 +31,10 @@ from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.leasing import WAITING
 from provisioner.lifecycle.node_edits import NodeEdits
 from provisioner.lifecycle.ports import Ports
+from provisioner.lifecycle.service_ports import Servicing
+from provisioner.lifecycle.service_record import ACTIVE as SERVICE_ACTIVE
+from provisioner.lifecycle.service_record import KEY as SERVICE_KEY
+from provisioner.lifecycle.service_record import ONBOARDING, ServiceRecord
 from provisioner.lifecycle.states import (
     FAILED,
     IN_FLIGHT,
@@ -101,6 +105,8 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
     async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "",
                    expect: NodeState | None = None) -> Node:
         """``expect``: only from that state (else Conflict): a policy decided on it."""
+        if event is Event.DEPLOY:
+            event = await self._onboarding(node_id, event, actor)
         node = await self._transition(node_id, event, actor=actor, reason=reason,
                                       expect=expect)
         if node is None:
@@ -109,6 +115,43 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
             running[1].cancel()
         await self._follow_up(node)
         return node
+
+    async def _onboarding(self, node_id: str, event: Event, actor: str) -> Event:
+        """``deploy`` of an inspected node whose profile has an onboarding runbook that has
+        not passed on it yet: the runbook first (``servicing``), then ``deploying``."""
+        node = await self._repo.get(node_id)
+        runbook = self._ports.servicing.onboarding(node)
+        last = ServiceRecord.from_facts(node.facts)
+        if node.state is not NodeState.INSPECTED or runbook is None or (
+                last is not None and last.onboarded(runbook)):
+            return event
+        record = ServiceRecord.open(runbook, self._ports.servicing.runbook(runbook),
+                                    ONBOARDING, actor)
+        await self._repo.merge_facts(node_id, {SERVICE_KEY: record.to_facts()})
+        return Event.SERVICE
+
+    @property
+    def servicing(self) -> Servicing:
+        return self._ports.servicing
+
+    async def service(self, node_id: str, runbook: str, *, actor: str,
+                      reason: str = "") -> Node:
+        """Start ``runbook`` on an inspected node (then ``deploying``) or an active one
+        (drained first, back to ``active`` through the validation gate)."""
+        node = await self._repo.find(node_id)
+        steps = self._ports.servicing.runbook(runbook)  # InvalidRequest when unknown
+        if node.state not in (NodeState.INSPECTED, NodeState.ACTIVE):
+            raise Conflict(f"node {node.id} is {node.state}: runbooks run on inspected or "
+                           "active nodes")
+        if node.maintenance:
+            raise Conflict(f"node {node.id} is in maintenance ({node.maintenance_reason}); "
+                           "turn maintenance off first")
+        origin = SERVICE_ACTIVE if node.state is NodeState.ACTIVE else ONBOARDING
+        record = ServiceRecord.open(runbook, steps, origin, actor)
+        await self._repo.merge_facts(node.id, {SERVICE_KEY: record.to_facts()})
+        return await self.fire(node.id, Event.SERVICE, actor=actor,
+                               reason=reason or f"runbook {runbook}: {', '.join(steps)}",
+                               expect=node.state)
 
     async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str,
                               propagate: bool = True) -> Node:

@@ -11,6 +11,7 @@ from provisioner.bmc.base import BmcFactory, SoftOff
 from provisioner.domain import Node
 from provisioner.errors import FatalError
 from provisioner.lifecycle.rack_limit import RackBmcLimit
+from provisioner.lifecycle.service_ports import NoServicing, Servicing
 from provisioner.lifecycle.stagger import PowerOnStagger
 from provisioner.validation.record import ValidationRecord
 
@@ -274,6 +275,8 @@ class Ports:
     rotate_credentials``): rotate the BMC password. None: never."""
     repairs: Repairer = field(default_factory=NoRepairs)
     """The repair ladder's drains and in-band rungs (daemon: Slurm, Kubernetes, Ansible)."""
+    servicing: Servicing = field(default_factory=NoServicing)
+    """Runbooks, baselines and the BMC's servicing side (daemon: ``[servicing]``, Redfish)."""
     http_boot_uri: HttpBootUri = no_http_boot_uri
     """What a ``http`` boot override hands the BMC as ``HttpBootUri`` (daemon: the boot
     HTTP server's first stage for the node's architecture)."""

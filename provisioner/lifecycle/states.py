@@ -29,6 +29,8 @@ class Event(StrEnum):
     FAIL = "fail"
     ESCALATE = "escalate"  # the repair ladder ran out of rungs: service_required
     REIMAGE = "reimage"    # the repair ladder's last rung: re-provision (deploying)
+    SERVICE = "service"    # run a runbook (provisioner.lifecycle.service_step)
+    ONBOARDED = "onboarded"  # a new node's onboarding runbook passed: on to deploying
 
 
 S, E = NodeState, Event
@@ -43,6 +45,7 @@ FAILED_TWIN: Final[Mapping[NodeState, NodeState]] = {
     S.REGISTERING: S.REGISTER_FAILED,
     S.RETIRING: S.RETIRE_FAILED,
     S.REPAIRING: S.REPAIR_FAILED,
+    S.SERVICING: S.SERVICE_FAILED,
 }
 IN_FLIGHT: Final[frozenset[NodeState]] = frozenset(FAILED_TWIN)
 FAILED: Final[frozenset[NodeState]] = frozenset(FAILED_TWIN.values())
@@ -58,6 +61,7 @@ _DONE: Final[Mapping[NodeState, NodeState]] = {
     S.REGISTERING: S.ACTIVE,
     S.RETIRING: S.RETIRED,
     S.REPAIRING: S.ACTIVE,  # the validation gate passed after a rung: back in service
+    S.SERVICING: S.ACTIVE,  # a drained node's runbook and the validation gate passed
 }
 
 #: stable states from which an operator may retire a node
@@ -82,6 +86,11 @@ def _build() -> dict[tuple[NodeState, Event], NodeState]:
         (S.REPAIR_FAILED, E.DEPLOY): S.DEPLOYING,
         (S.REPAIRING, E.ESCALATE): S.SERVICE_REQUIRED,
         (S.REPAIRING, E.REIMAGE): S.DEPLOYING,
+        # runbooks: a new node's onboarding (then deploying), or a drained active node's
+        (S.INSPECTED, E.SERVICE): S.SERVICING,
+        (S.ACTIVE, E.SERVICE): S.SERVICING,
+        (S.SERVICING, E.ONBOARDED): S.DEPLOYING,
+        (S.SERVICE_FAILED, E.DEPLOY): S.DEPLOYING,
     }
     for in_flight, failed in FAILED_TWIN.items():
         table[in_flight, E.DONE] = _DONE[in_flight]
@@ -97,7 +106,8 @@ TRANSITIONS: Final[Mapping[tuple[NodeState, Event], NodeState]] = _build()
 
 #: events only the step runner fires; operators use the others
 INTERNAL_EVENTS: Final[frozenset[Event]] = frozenset({E.DONE, E.FAIL, E.ESCALATE,
-                                                     E.REIMAGE})
+                                                     E.REIMAGE, E.ONBOARDED,
+                                                     E.SERVICE})
 
 
 def allowed_events(state: NodeState) -> frozenset[Event]:

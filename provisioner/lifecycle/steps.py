@@ -12,6 +12,7 @@ from provisioner.domain import Node
 from provisioner.errors import FatalError
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.repair_step import repair
+from provisioner.lifecycle.service_step import service
 from provisioner.lifecycle.states import NodeState
 from provisioner.validation.record import KEY as VALIDATION_KEY
 from provisioner.validation.record import NODE_CHECKED, ValidationRecord
@@ -265,6 +266,7 @@ STEPS: Final[Mapping[NodeState, Step]] = {
     NodeState.REGISTERING: register,
     NodeState.RETIRING: retire,
     NodeState.REPAIRING: repair,
+    NodeState.SERVICING: service,
 }
 
 #: Steps whose drivers key their work by ``run_id`` (the image written, the Ansible run):
@@ -276,4 +278,5 @@ KEYED_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.DEPLOYING,
 #: in-flight budget slot while they wait (a slot held by a waiting node could starve the very
 #: nodes it waits for).
 WAITING_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.VALIDATING,
-                                                       NodeState.REPAIRING})
+                                                       NodeState.REPAIRING,
+                                                       NodeState.SERVICING})

@@ -45,10 +45,16 @@ EXPECTED: dict[tuple[NodeState, Event], NodeState] = {
     (S.REPAIRING, E.REIMAGE): S.DEPLOYING,
     (S.SERVICE_REQUIRED, E.DEPLOY): S.DEPLOYING,
     (S.REPAIR_FAILED, E.DEPLOY): S.DEPLOYING,
+    # servicing runbooks (issue 25): onboarding before deploying, or a drained active node
+    (S.INSPECTED, E.SERVICE): S.SERVICING,
+    (S.ACTIVE, E.SERVICE): S.SERVICING,
+    (S.SERVICING, E.DONE): S.ACTIVE,
+    (S.SERVICING, E.ONBOARDED): S.DEPLOYING,
+    (S.SERVICE_FAILED, E.DEPLOY): S.DEPLOYING,
     **{(state, E.RETIRE): S.RETIRING for state in (
         S.DISCOVERED, S.ENROLLED, S.INSPECTED, S.ACTIVE, S.INSPECT_FAILED, S.DEPLOY_FAILED,
         S.CONFIGURE_FAILED, S.JOIN_FAILED, S.VALIDATE_FAILED, S.REGISTER_FAILED,
-        S.SERVICE_REQUIRED, S.REPAIR_FAILED)},
+        S.SERVICE_REQUIRED, S.REPAIR_FAILED, S.SERVICE_FAILED)},
     **{(flight, E.FAIL): failed for flight, failed in FAILED_TWIN.items()},
     **{(flight, E.ABORT): failed for flight, failed in FAILED_TWIN.items()},
     **{(failed, E.RETRY): flight for flight, failed in FAILED_TWIN.items()},
@@ -72,7 +78,8 @@ def test_refused_pair(state: NodeState, event: Event) -> None:
     with pytest.raises(InvalidTransition) as info:
         next_state(state, event)
     assert info.value.state == state
-    offered = allowed_events(state) - {E.DONE, E.FAIL, E.ESCALATE, E.REIMAGE}
+    offered = allowed_events(state) - {E.DONE, E.FAIL, E.ESCALATE, E.REIMAGE,
+                                       E.ONBOARDED, E.SERVICE}
     assert set(info.value.allowed) == {str(e) for e in offered}
     assert f"state {str(state)!r}" in str(info.value)
 

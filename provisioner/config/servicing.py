@@ -1,0 +1,98 @@
+"""``[servicing]``: runbooks (named, ordered lists of steps) and each profile's baseline
+(BIOS settings, firmware components) that the steps bring a node to (issue 25)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+
+from provisioner.config.section import Section
+
+ServiceStepName = Literal["firmware_inventory", "bios_settings", "firmware_update"]
+SERVICE_STEPS: tuple[str, ...] = ("firmware_inventory", "bios_settings", "firmware_update")
+
+
+class Runbook(Section):
+    """``[servicing.runbooks.<name>]``: the steps, run in order, each checkpointed."""
+
+    steps: list[ServiceStepName] = Field(
+        min_length=1, description="In order: firmware_inventory (read the BMC's "
+        "UpdateService/FirmwareInventory), bios_settings (the profile's BIOS baseline, "
+        "validated against the BMC's attribute registry), firmware_update (each baseline "
+        "component below its version, through UpdateService.SimpleUpdate)")
+
+
+class FirmwareComponent(Section):
+    """One component of a profile's firmware baseline."""
+
+    id: str = Field(min_length=1, description="FirmwareInventory member Id, a shell pattern "
+                    "(`BIOS*`, `*HGX_FW_GPU_*`)")
+    version: str = Field(min_length=1, description="The version the component must report")
+    image: str = Field(min_length=1, description="Image file under [servicing] image_dir, "
+                       "served by our HTTP server as <image_base_url>/<image>, or a full "
+                       "http(s) URL")
+
+
+class ServicingProfile(Section):
+    """``[servicing.profiles.<profile>]``: what the runbooks bring this profile's nodes to."""
+
+    onboarding_runbook: str | None = Field(
+        None, description="Run between inspected and deploying on every new node; unset: none")
+    bios: dict[str, str | int | bool] = Field(
+        default_factory=dict, description="BIOS attributes (name = value), checked against "
+        "the BMC's attribute registry before anything is applied")
+    firmware: list[FirmwareComponent] = Field(
+        default_factory=list, description="The firmware baseline: [[servicing.profiles.<p>."
+        "firmware]] id, version, image")
+
+
+class ServicingSettings(Section):
+    runbooks: dict[str, Runbook] = Field(
+        default_factory=dict, description="[servicing.runbooks.<name>] steps = [...]")
+    profiles: dict[str, ServicingProfile] = Field(
+        default_factory=dict, description="[servicing.profiles.<profile>] onboarding_runbook, "
+        "bios, firmware")
+    image_base_url: str | None = Field(
+        None, description="Where BMCs fetch firmware images (our HTTP server's "
+        "/firmware/ path as the BMC network reaches it); unset: images must be full URLs")
+    task_timeout_s: float = Field(
+        3600.0, gt=0, description="A firmware update task that has not completed by then "
+        "fails the step")
+    task_poll_s: float = Field(5.0, gt=0, description="Task monitor poll interval")
+    task_stall_s: float = Field(
+        900.0, gt=0, description="A task whose PercentComplete does not move for this long "
+        "fails the step (a stalled BMC task)")
+    bmc_good_reads: int = Field(
+        3, ge=1, description="After a BMC's own update: this many good reads in a row before "
+        "it counts as back (as Ironic does)")
+    drain_deadline_s: float = Field(
+        3600.0, ge=0, description="An active node's jobs get this long to end after the "
+        "drain before the runbook starts anyway")
+
+    @field_validator("profiles")
+    @classmethod
+    def _known_runbooks(cls, value: dict[str, ServicingProfile],
+                        info: ValidationInfo) -> dict[str, ServicingProfile]:
+        runbooks = info.data.get("runbooks", {})
+        for name, profile in value.items():
+            wanted = profile.onboarding_runbook
+            if wanted is not None and wanted not in runbooks:
+                raise ValueError(f"profile {name}: onboarding_runbook {wanted!r} is not a "
+                                 f"[servicing.runbooks] entry ({', '.join(runbooks) or 'none'})")
+        return value
+
+    @model_validator(mode="after")
+    def _images_reachable(self) -> ServicingSettings:
+        for name, profile in self.profiles.items():
+            for part in profile.firmware:
+                if self.image_base_url is None and not part.image.startswith(
+                        ("http://", "https://")):
+                    raise ValueError(f"profile {name}: firmware image {part.image!r} needs "
+                                     "[servicing] image_base_url, or a full URL")
+        return self
+
+    def image_uri(self, image: str) -> str:
+        if image.startswith(("http://", "https://")) or self.image_base_url is None:
+            return image
+        return f"{self.image_base_url.rstrip('/')}/{image.lstrip('/')}"

@@ -1,0 +1,89 @@
+"""What the ``servicing`` step drives (issue 25): the node's BMC as far as servicing needs it
+(BIOS and its attribute registry, the firmware inventory, UpdateService), and the site's
+runbooks and baselines. The daemon's implementation is ``provisioner.bmc.redfish_service``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from provisioner.domain import Node
+from provisioner.errors import FatalError, InvalidRequest
+from provisioner.validation.baseline import (
+    Baseline,
+    BiosValue,
+    Component,
+    TaskLimits,
+    TaskState,
+)
+
+__all__ = ["Baseline", "NoServicing", "ServiceBmc", "Servicing", "TaskLimits", "TaskState"]
+
+
+class ServiceBmc(Protocol):
+    """One node's BMC for servicing; every error is a DriverError with the BMC's message."""
+
+    async def bios_registry(self) -> Mapping[str, object]: ...
+
+    async def bios_attributes(self) -> Mapping[str, object]: ...
+
+    async def apply_bios(self, changes: Mapping[str, BiosValue]) -> str:
+        """Write ``changes`` to the pending settings; returns the apply time used
+        (``OnReset``: the next reset applies them, ``Immediate``)."""
+        ...
+
+    async def firmware_inventory(self) -> list[Component]: ...
+
+    async def simple_update(self, image_uri: str, targets: list[str]) -> str:
+        """``UpdateService.SimpleUpdate``; returns the task monitor's URI ('' where the BMC
+        gave none: the update finished in the call)."""
+        ...
+
+    async def task(self, uri: str) -> TaskState: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Servicing(Protocol):
+    def runbook(self, name: str) -> tuple[str, ...]:
+        """The runbook's steps; InvalidRequest naming the runbooks when unknown."""
+        ...
+
+    def onboarding(self, node: Node) -> str | None:
+        """The node's profile's onboarding runbook; None: none."""
+        ...
+
+    def baseline(self, node: Node) -> Baseline: ...
+
+    def image_uri(self, image: str) -> str: ...
+
+    @property
+    def limits(self) -> TaskLimits: ...
+
+    async def bmc(self, node: Node) -> ServiceBmc:
+        """The node's BMC for servicing; BmcUnsupported for a BMC without Redfish ("this
+        BMC has no Redfish UpdateService")."""
+        ...
+
+
+class NoServicing:
+    """No runbooks configured: none to run, and onboarding skips straight to deploying."""
+
+    def runbook(self, name: str) -> tuple[str, ...]:
+        raise InvalidRequest(f"unknown runbook {name!r}: no [servicing.runbooks] configured")
+
+    def onboarding(self, node: Node) -> str | None:
+        return None
+
+    def baseline(self, node: Node) -> Baseline:
+        return Baseline()
+
+    def image_uri(self, image: str) -> str:
+        return image
+
+    @property
+    def limits(self) -> TaskLimits:
+        return TaskLimits()
+
+    async def bmc(self, node: Node) -> ServiceBmc:
+        raise FatalError("servicing is not configured in this daemon")

@@ -1,0 +1,326 @@
+"""The ``servicing`` step: a runbook (issue 25) run like every step, one checkpointed
+sub-step per piece of each runbook step, so a daemon killed mid-runbook resumes at the
+piece it was on (and, under HA, is fenced by the node's lease like every step).
+
+A new node (``origin = onboarding``): the steps, then ``deploying``. An active node: the
+repair ladder's drain (Slurm and Kubernetes, one reason; ``Ports.repairs``), the steps,
+the validation gate (facts collected again, the profile's checks), the undrain, ``active``.
+
+Steps (``SERVICE_STEPS``):
+
+* ``firmware_inventory``: the BMC's ``UpdateService/FirmwareInventory`` against the
+  profile's firmware baseline, kept in ``facts["firmware"]``.
+* ``bios_settings``: the profile's BIOS baseline checked against the BMC's attribute
+  registry first (an unknown attribute or a disallowed value fails the step, nothing
+  applied), the changed attributes written with the apply time the BMC supports, a power
+  cycle, then read back: a value the BMC did not take fails the step.
+* ``firmware_update``: each baseline component whose version differs, by ``SimpleUpdate``
+  with the image from our HTTP server; the task URI is kept in the servicing record
+  before its checkpoint, so a resumed step polls that task and never starts a second
+  update. Reboot handling: a BMC component (Id containing ``BMC``) is waited for until the
+  BMC answers ``bmc_good_reads`` reads in a row; any other component (BIOS, NIC, GPU)
+  activates on the power cycle that follows the updates; then every component is read back.
+
+A step's failure carries the BMC's own message into ``service_failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Final
+
+from provisioner.bmc.base import PowerState
+from provisioner.errors import DriverError, FatalError
+from provisioner.lifecycle.outcome import StepOutcome
+from provisioner.lifecycle.service_ports import ServiceBmc
+from provisioner.lifecycle.service_record import KEY, PASSED, ServiceRecord, now
+from provisioner.lifecycle.states import Event
+from provisioner.validation.baseline import (
+    Component,
+    FirmwareMatch,
+    bios_changes,
+    check_bios,
+    match_firmware,
+)
+from provisioner.validation.record import KEY as VALIDATION_KEY
+
+if TYPE_CHECKING:
+    from provisioner.lifecycle.steps import StepContext
+
+DRAINED: Final = "service-drained"
+GATE: Final = "service-gate"
+UNDRAINED: Final = "service-undrained"
+CLOSED: Final = "service-closed"
+STEP_EVENT: Final = "service_step"
+FIRMWARE_KEY: Final = "firmware"
+
+
+def step_name(index: int, step: str) -> str:
+    return f"service:{index}:{step}"
+
+
+def drain_reason(record: ServiceRecord) -> str:
+    return f"servicing: runbook {record.runbook} ({', '.join(record.steps)})"[:200]
+
+
+def _record(ctx: StepContext) -> ServiceRecord:
+    record = ServiceRecord.from_facts(ctx.node.facts)
+    if record is None:
+        raise FatalError("no servicing record in the node's facts (key 'servicing'): start "
+                         "a runbook with `provisioner node service NODE RUNBOOK`")
+    return record
+
+
+async def _write(ctx: StepContext, record: ServiceRecord) -> None:
+    await ctx.merge_facts({KEY: record.to_facts()})
+
+
+async def service(ctx: StepContext) -> None:
+    record = _record(ctx)
+    if record.drains:
+        async def drain() -> None:
+            wait = ctx.ports.servicing.limits.drain_deadline_s
+            still = await ctx.ports.repairs.drain(ctx.node, drain_reason(record), wait)
+            await ctx.record("service_drain", drain_reason(record) + (
+                f"; after {wait:g} s still running: {still}" if still else ""))
+
+        await ctx.substep(DRAINED, drain)
+    handle: list[ServiceBmc] = []
+
+    async def bmc() -> ServiceBmc:
+        if not handle:
+            handle.append(await ctx.ports.servicing.bmc(ctx.node))
+        return handle[0]
+
+    try:
+        for index, step in enumerate(record.steps):
+            name = step_name(index, step)
+            if ctx.finished(name):
+                continue
+            run = _STEPS.get(step)
+            if run is None:
+                raise FatalError(f"runbook {record.runbook}: unknown step {step!r}")
+            try:
+                result = await run(ctx, name, bmc)
+            except DriverError as exc:
+                await _write(ctx, _record(ctx).with_result(step, f"failed: {exc}"))
+                await ctx.record(STEP_EVENT, f"{step}: failed: {exc}")
+                raise FatalError(f"runbook {record.runbook}, step {step}: {exc}") from exc
+            await _finish(ctx, name, step, result)
+    finally:
+        for held in handle:
+            await held.aclose()
+    if record.drains:
+        await ctx.substep(GATE, lambda: _gate(ctx))
+
+        async def undrain() -> None:
+            await ctx.ports.repairs.undrain(ctx.node)
+            await _write(ctx, _record(ctx).closed(PASSED))
+
+        await ctx.substep(UNDRAINED, undrain)
+        return
+
+    async def close() -> None:
+        await _write(ctx, _record(ctx).closed(PASSED))
+
+    await ctx.substep(CLOSED, close)
+    raise StepOutcome(Event.ONBOARDED, f"onboarding runbook {record.runbook} passed")
+
+
+async def _finish(ctx: StepContext, name: str, step: str, result: str) -> None:
+    async def keep() -> None:
+        await _write(ctx, _record(ctx).with_result(step, result))
+        await ctx.record(STEP_EVENT, f"{step}: {result}")
+
+    await ctx.substep(name, keep)
+
+
+async def _gate(ctx: StepContext) -> None:
+    """The validation gate, as the repair ladder runs it after a rung."""
+    await ctx.ports.installer.collect_facts(ctx.node, f"{ctx.run_id}-service")
+    await ctx.merge_facts({})
+    checked = await ctx.ports.validator.check(ctx.node)
+    await ctx.merge_facts({VALIDATION_KEY: checked.to_facts()})
+    if not checked.passed:
+        raise FatalError(f"validation after servicing failed: {checked.reason}")
+    await ctx.record(STEP_EVENT, "validation passed")
+
+
+BmcGetter = Callable[[], Awaitable[ServiceBmc]]
+Run = Callable[["StepContext", str, BmcGetter], Awaitable[str]]
+
+
+async def firmware_inventory(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    components = await (await bmc()).firmware_inventory()
+    view = match_firmware(components, ctx.ports.servicing.baseline(ctx.node).firmware)
+    await ctx.merge_facts({FIRMWARE_KEY: {
+        "at": now(), "components": [{"id": c.id, "name": c.name, "version": c.version,
+                                     "updateable": c.updateable} for c in components]}})
+    drifted = ", ".join(f"{m.component.id} {m.component.version} (baseline "
+                        f"{m.wanted.version})" for m in view.drifted)
+    missing = ", ".join(w.pattern for w in view.unmatched)
+    return (f"{len(components)} components; " + (f"drifted: {drifted}" if drifted else
+                                                 "none drifted")
+            + (f"; not reported by the BMC: {missing}" if missing else ""))
+
+
+async def bios_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    wanted = ctx.ports.servicing.baseline(ctx.node).bios
+    if not wanted:
+        return f"profile {ctx.node.profile} has no BIOS baseline"
+    applied = f"{name}:applied"
+
+    async def apply() -> None:
+        service = await bmc()
+        errors = check_bios(wanted, await service.bios_registry())
+        if errors:
+            raise FatalError("BIOS baseline refused by the BMC's attribute registry, nothing "
+                             "applied: " + "; ".join(errors))
+        changes = bios_changes(wanted, await service.bios_attributes())
+        if not changes:
+            await ctx.record(STEP_EVENT, "bios_settings: already at the baseline")
+            return
+        when = await service.apply_bios(changes)
+        await _write(ctx, _record(ctx).with_result(applied, when))
+        await ctx.record(STEP_EVENT, "bios_settings: " + ", ".join(
+            f"{k}={v}" for k, v in sorted(changes.items())) + f" written (apply time {when})")
+
+    await ctx.substep(applied, apply)
+    pending = any(step == applied for step, _, _ in _record(ctx).results)
+    if pending:
+        await ctx.substep(f"{name}:reboot", lambda: _reboot(ctx))
+    left = bios_changes(wanted, await (await bmc()).bios_attributes())
+    if left:
+        current = await (await bmc()).bios_attributes()
+        raise FatalError("BIOS settings not in effect after the reboot: " + ", ".join(
+            f"{k}={current.get(k)!r} (wanted {v!r})" for k, v in sorted(left.items())))
+    return f"{len(wanted)} attributes at the baseline" + (" after a reboot" if pending else "")
+
+
+async def firmware_update(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    baseline = ctx.ports.servicing.baseline(ctx.node).firmware
+    service = await bmc()
+    view = match_firmware(await service.firmware_inventory(), baseline)
+    if view.unmatched:
+        raise FatalError("the BMC does not report baseline components: "
+                         + ", ".join(w.pattern for w in view.unmatched))
+    started = [cid for cid in _record(ctx).tasks if ctx.finished(f"{name}:{cid}:started")]
+    todo = {m.component.id: m for m in view.drifted if m.component.updateable}
+    updated: list[str] = []
+    for cid in sorted(set(todo) | set(started)):
+        if ctx.finished(f"{name}:{cid}:done"):
+            updated.append(cid)
+            continue
+        if cid in todo:
+            await ctx.substep(f"{name}:{cid}:started", _starter(ctx, service, todo[cid]))
+        await ctx.substep(f"{name}:{cid}:done", _waiter(ctx, service, cid))
+        updated.append(cid)
+    if not updated:
+        return "every component at the baseline"
+    if any("bmc" not in cid.lower() for cid in updated):
+        await ctx.substep(f"{name}:reboot", lambda: _reboot(ctx))
+    view = match_firmware(await service.firmware_inventory(), baseline)
+    if view.drifted:
+        raise FatalError("firmware not at the baseline after the update: " + ", ".join(
+            f"{m.component.id} reports {m.component.version} (wanted {m.wanted.version})"
+            for m in view.drifted))
+    return "updated " + ", ".join(updated)
+
+
+def _starter(ctx: StepContext, service: ServiceBmc,
+             part: FirmwareMatch) -> Callable[[], Awaitable[None]]:
+    async def start() -> None:
+        uri = await service.simple_update(ctx.ports.servicing.image_uri(part.wanted.image),
+                                          [part.component.uri or part.component.id])
+        await _write(ctx, _record(ctx).with_task(part.component.id, uri))
+        await ctx.record("firmware_update", f"{part.component.id}: {part.component.version}"
+                         f" → {part.wanted.version} from {part.wanted.image}"
+                         + (f"; task {uri}" if uri else ""))
+    return start
+
+
+def _waiter(ctx: StepContext, service: ServiceBmc, cid: str) -> Callable[[], Awaitable[None]]:
+    return lambda: _wait_task(ctx, service, cid)
+
+
+async def _wait_task(ctx: StepContext, service: ServiceBmc, cid: str) -> None:
+    """Poll the task monitor until the task ends: Completed passes; Exception, a task that
+    makes no progress for ``task_stall_s`` or runs past ``task_timeout_s`` fail; a task
+    the BMC no longer knows (404) is judged by the component's version; a BMC updating
+    itself must answer ``bmc_good_reads`` reads in a row."""
+    limits = ctx.ports.servicing.limits
+    uri = _record(ctx).tasks.get(cid, "")
+    deadline = time.monotonic() + limits.timeout_s
+    progress: tuple[int | None, float] = (None, time.monotonic())
+    while uri:
+        try:
+            task = await service.task(uri)
+        except DriverError as exc:  # the BMC restarting with its own new firmware
+            if time.monotonic() > deadline:
+                raise FatalError(f"{cid}: task {uri}: BMC unreachable: {exc}") from exc
+            await asyncio.sleep(limits.poll_s)
+            continue
+        if task.gone:
+            break  # judged by the version below
+        if task.finished:
+            if not task.ok:
+                raise FatalError(f"{cid}: update task {task.state}: "
+                                 + ("; ".join(task.messages) or "no message"))
+            break
+        if task.percent != progress[0]:
+            progress = (task.percent, time.monotonic())
+        elif time.monotonic() - progress[1] > limits.stall_s:
+            raise FatalError(f"{cid}: update task {uri} made no progress for "
+                             f"{limits.stall_s:g} s (at {task.percent}%)")
+        if time.monotonic() > deadline:
+            raise FatalError(f"{cid}: update task {uri} not done after {limits.timeout_s:g} s")
+        await asyncio.sleep(limits.poll_s)
+    if "bmc" in cid.lower():
+        await _good_reads(service, limits.good_reads, limits.poll_s, deadline)
+    await ctx.record("firmware_update", f"{cid}: task ended")
+
+
+async def _good_reads(service: ServiceBmc, wanted: int, poll_s: float, deadline: float) -> None:
+    good = 0
+    while good < wanted:
+        try:
+            await service.firmware_inventory()
+            good += 1
+        except DriverError:
+            good = 0
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(poll_s if good < wanted else 0)
+
+
+async def _reboot(ctx: StepContext) -> None:
+    """Power cycle through the BMC (confirmed by read-back); a drained active node's OS is
+    waited for (the gate collects its facts next)."""
+    if ctx.node.bmc is None:
+        raise FatalError("no BMC: no reboot to apply firmware or BIOS settings")
+    handle = await ctx.bmc()
+    if await handle.power_state() is PowerState.OFF:
+        await ctx.ports.stagger.wait(ctx.node)
+    await handle.power_cycle()
+    await ctx.note_power(str(PowerState.ON))
+    if _record(ctx).drains:
+        await ctx.ports.repairs.wait_os(ctx.node)
+
+
+_STEPS: Final[Mapping[str, Run]] = {
+    "firmware_inventory": firmware_inventory,
+    "bios_settings": bios_settings,
+    "firmware_update": firmware_update,
+}
+SERVICE_STEPS: Final = tuple(_STEPS)
+
+
+def components_out(facts: Mapping[str, object]) -> list[Component]:
+    """The components ``firmware_inventory`` kept in the facts."""
+    raw = facts.get(FIRMWARE_KEY)
+    members = raw.get("components") if isinstance(raw, dict) else None
+    return [Component(id=str(m.get("id", "")), version=str(m.get("version", "")),
+                      name=str(m.get("name", "")), updateable=m.get("updateable") is not False)
+            for m in members or [] if isinstance(m, dict)]

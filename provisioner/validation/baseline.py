@@ -1,0 +1,195 @@
+"""A profile's servicing baseline against what a BMC reports (issue 25). Pure: the standard
+library only.
+
+* ``check_bios``: wanted BIOS attributes against the BMC's attribute registry (Redfish
+  ``AttributeRegistry``, ``RegistryEntries.Attributes``): every unknown attribute, read-only
+  one and disallowed value at once, before anything is applied.
+* ``match_firmware``: the baseline's components (an Id pattern and a version) against the
+  BMC's ``UpdateService/FirmwareInventory`` members.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
+
+BiosValue = str | int | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One FirmwareInventory member."""
+
+    id: str
+    version: str
+    uri: str = ""
+    name: str = ""
+    updateable: bool = True
+
+    @classmethod
+    def from_redfish(cls, member: Mapping[str, object]) -> Component:
+        def text(key: str) -> str:
+            value = member.get(key)
+            return value if isinstance(value, str) else ""
+        updateable = member.get("Updateable")
+        return cls(id=text("Id"), version=text("Version"), uri=text("@odata.id"),
+                   name=text("Name"), updateable=updateable is not False)
+
+
+@dataclass(frozen=True, slots=True)
+class Wanted:
+    """One baseline component: an Id pattern, its version and its image."""
+
+    pattern: str
+    version: str
+    image: str
+
+
+@dataclass(frozen=True, slots=True)
+class FirmwareMatch:
+    component: Component
+    wanted: Wanted
+
+    @property
+    def conforming(self) -> bool:
+        return self.component.version == self.wanted.version
+
+
+@dataclass(frozen=True, slots=True)
+class FirmwareView:
+    """The baseline against an inventory: matched pairs, baseline entries no component
+    matched, components no baseline entry names."""
+
+    matches: tuple[FirmwareMatch, ...]
+    unmatched: tuple[Wanted, ...]
+    extra: tuple[Component, ...]
+
+    @property
+    def drifted(self) -> tuple[FirmwareMatch, ...]:
+        return tuple(m for m in self.matches if not m.conforming)
+
+    @property
+    def conforming(self) -> bool:
+        return not self.drifted and not self.unmatched
+
+
+def match_firmware(components: Iterable[Component], baseline: Sequence[Wanted]) -> FirmwareView:
+    """Each component is matched by the first baseline entry whose pattern its Id fits
+    (case-sensitive, like Redfish Ids); a baseline entry that matches nothing is
+    ``unmatched`` (the BMC does not report that part: the operator should know)."""
+    matches: list[FirmwareMatch] = []
+    extra: list[Component] = []
+    used: set[int] = set()
+    for component in components:
+        for index, wanted in enumerate(baseline):
+            if fnmatchcase(component.id, wanted.pattern):
+                matches.append(FirmwareMatch(component, wanted))
+                used.add(index)
+                break
+        else:
+            extra.append(component)
+    unmatched = tuple(w for i, w in enumerate(baseline) if i not in used)
+    return FirmwareView(tuple(matches), unmatched, tuple(extra))
+
+
+# -- BIOS -------------------------------------------------------------------------------------
+
+
+def registry_attributes(registry: Mapping[str, object]) -> dict[str, Mapping[str, object]]:
+    """AttributeName -> its registry entry."""
+    entries = registry.get("RegistryEntries")
+    found = entries.get("Attributes") if isinstance(entries, Mapping) else None
+    out: dict[str, Mapping[str, object]] = {}
+    for entry in found if isinstance(found, list) else []:
+        if isinstance(entry, Mapping) and isinstance(entry.get("AttributeName"), str):
+            out[str(entry["AttributeName"])] = entry
+    return out
+
+
+def check_bios(wanted: Mapping[str, BiosValue], registry: Mapping[str, object]) -> list[str]:
+    """Every reason ``wanted`` cannot be applied, at once; [] when it can."""
+    known = registry_attributes(registry)
+    if not known:
+        return ["the BMC's BIOS attribute registry lists no attributes"]
+    errors: list[str] = []
+    for name, value in wanted.items():
+        entry = known.get(name)
+        if entry is None:
+            errors.append(f"{name}: unknown attribute (not in registry "
+                          f"{registry.get('Id', '?')})")
+            continue
+        if entry.get("ReadOnly") is True or entry.get("Immutable") is True:
+            errors.append(f"{name}: read-only in the registry")
+            continue
+        problem = _value_problem(entry, value)
+        if problem:
+            errors.append(f"{name}: {problem}")
+    return errors
+
+
+def _value_problem(entry: Mapping[str, object], value: BiosValue) -> str:
+    kind = entry.get("Type")
+    if kind == "Enumeration":
+        allowed = [v.get("ValueName") for v in entry.get("Value") or []  # type: ignore[attr-defined]
+                   if isinstance(v, Mapping)]
+        if value not in allowed:
+            return f"{value!r} not allowed (allowed: {', '.join(map(str, allowed))})"
+    elif kind == "Boolean":
+        if not isinstance(value, bool):
+            return f"{value!r} is not a boolean"
+    elif kind == "Integer":
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{value!r} is not an integer"
+        low, high = entry.get("LowerBound"), entry.get("UpperBound")
+        if isinstance(low, int) and value < low or isinstance(high, int) and value > high:
+            return f"{value} outside {low}..{high}"
+    elif kind in ("String", "Password"):
+        if not isinstance(value, str):
+            return f"{value!r} is not a string"
+        longest = entry.get("MaxLength")
+        if isinstance(longest, int) and len(value) > longest:
+            return f"longer than {longest} characters"
+    return ""
+
+
+def bios_changes(wanted: Mapping[str, BiosValue],
+                 current: Mapping[str, object]) -> dict[str, BiosValue]:
+    """The attributes whose current value differs from the wanted one."""
+    return {name: value for name, value in wanted.items() if current.get(name) != value}
+
+
+# -- servicing values the BMC side and the lifecycle share -------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TaskState:
+    """A Redfish Task as its monitor reports it; ``gone``: the BMC answered 404."""
+
+    state: str
+    percent: int | None = None
+    messages: tuple[str, ...] = ()
+    gone: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.gone or self.state in ("Completed", "Exception", "Killed", "Cancelled")
+
+    @property
+    def ok(self) -> bool:
+        return self.state == "Completed"
+
+
+@dataclass(frozen=True, slots=True)
+class Baseline:
+    bios: Mapping[str, BiosValue] = field(default_factory=dict)
+    firmware: tuple[Wanted, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TaskLimits:
+    timeout_s: float = 3600.0
+    poll_s: float = 5.0
+    stall_s: float = 900.0
+    good_reads: int = 3
+    drain_deadline_s: float = 3600.0

@@ -1,0 +1,219 @@
+"""A small Redfish BMC for servicing (aiohttp, in-process, basic auth), for what sushy-tools'
+fake driver cannot do: a ``Bios`` resource with pending ``Settings`` applied at the next
+reset, its attribute registry under ``/redfish/v1/Registries`` (sushy-tools' own registry,
+tests/fixtures/redfish-servicing), ``UpdateService/FirmwareInventory`` and ``SimpleUpdate``
+whose task runs over a few polls, and the faults real BMCs show: a task that disappears
+(404), one that never progresses, one that ends in ``Exception`` with the BMC's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+SYSTEM = "/redfish/v1/Systems/1"
+BIOS = f"{SYSTEM}/Bios"
+REGISTRY = (Path(__file__).resolve().parents[1] / "fixtures" / "redfish-servicing"
+            / "bios_registry.json")
+TASKS = "/redfish/v1/TaskService/Tasks"
+
+
+@dataclass
+class UpdateSim:
+    user: str = "admin"
+    password: str = "password"
+    power: str = "Off"
+    bios: dict[str, Any] = field(default_factory=lambda: {
+        "ProcTurboMode": "Disabled", "BootMode": "Bios", "QuietBoot": False, "NumCores": 10})
+    pending: dict[str, Any] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=lambda: {
+        "BIOS": "1.0.0", "BMC": "5.10", "NIC.Slot.1": "22.31.6"})
+    task_polls: int = 2  # polls a task answers Running before Completed
+    task_fault: str = ""  # "", "vanish", "stall", "exception"
+    hold: asyncio.Event | None = None  # while set-able and unset, tasks stay Running
+    updates: list[dict[str, Any]] = field(default_factory=list)
+    patches: list[dict[str, Any]] = field(default_factory=list)
+    resets: list[str] = field(default_factory=list)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+SIM = web.AppKey("update_sim", UpdateSim)
+
+
+def _json(body: dict[str, Any], status: int = 200, **headers: str) -> web.Response:
+    return web.json_response(body, status=status, headers=headers)
+
+
+def _error(message: str, status: int = 400) -> web.Response:
+    return _json({"error": {"code": "Base.1.8.GeneralError", "message": message}}, status)
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    sim = request.app[SIM]
+    if request.path.rstrip("/") != "/redfish/v1":
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        pair = base64.b64decode(value).decode() if scheme == "Basic" else ""
+        if pair != f"{sim.user}:{sim.password}":
+            return _error("unauthorized", 401)
+    response: web.StreamResponse = await handler(request)
+    return response
+
+
+async def root(_request: web.Request) -> web.Response:
+    return _json({"@odata.id": "/redfish/v1/", "RedfishVersion": "1.15.0",
+                  "Systems": {"@odata.id": "/redfish/v1/Systems"},
+                  "Registries": {"@odata.id": "/redfish/v1/Registries"},
+                  "UpdateService": {"@odata.id": "/redfish/v1/UpdateService"}})
+
+
+async def systems(_request: web.Request) -> web.Response:
+    return _json({"Members": [{"@odata.id": SYSTEM}]})
+
+
+async def system(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    return _json({"@odata.id": SYSTEM, "Id": "1", "PowerState": sim.power,
+                  "BiosVersion": sim.versions["BIOS"], "Bios": {"@odata.id": BIOS},
+                  "Actions": {"#ComputerSystem.Reset": {
+                      "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
+                      "ResetType@Redfish.AllowableValues": ["On", "ForceOff",
+                                                            "ForceRestart"]}}})
+
+
+async def reset(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    kind = (await request.json()).get("ResetType")
+    sim.resets.append(kind)
+    if kind not in ("On", "ForceOff", "ForceRestart"):
+        return _error(f"ResetType {kind} not supported")
+    sim.power = "Off" if kind == "ForceOff" else "On"
+    if kind in ("On", "ForceRestart") and sim.pending:  # the BIOS applies pending settings
+        sim.bios.update(sim.pending)
+        sim.pending.clear()
+    return web.Response(status=204)
+
+
+async def bios(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    return _json({"@odata.id": BIOS, "Id": "BIOS",
+                  "AttributeRegistry": "BiosAttributeRegistryP89.v1_0_0",
+                  "Attributes": sim.bios,
+                  "@Redfish.Settings": {"SettingsObject": {"@odata.id": f"{BIOS}/Settings"},
+                                        "SupportedApplyTimes": ["OnReset"]}},
+                 ETag='W/"bios"')
+
+
+async def bios_settings(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    if request.method == "GET":
+        return _json({"@odata.id": f"{BIOS}/Settings", "Attributes": sim.pending},
+                     ETag='W/"pending"')
+    body = await request.json()
+    sim.patches.append(body)
+    sim.pending.update(body.get("Attributes", {}))
+    return web.Response(status=204)
+
+
+async def registries(_request: web.Request) -> web.Response:
+    return _json({"Members": [{"@odata.id": "/redfish/v1/Registries/BiosAttributeRegistry"}]})
+
+
+async def registry_file(_request: web.Request) -> web.Response:
+    return _json({"Id": "BiosAttributeRegistry", "Registry": "BiosAttributeRegistryP89.v1_0_0",
+                  "Location": [{"Language": "en", "Uri": "/redfish/v1/Registries/Bios/en"}]})
+
+
+async def registry(_request: web.Request) -> web.Response:
+    return _json(json.loads(REGISTRY.read_text()))
+
+
+async def update_service(_request: web.Request) -> web.Response:
+    return _json({"@odata.id": "/redfish/v1/UpdateService",
+                  "FirmwareInventory": {"@odata.id": "/redfish/v1/UpdateService/"
+                                                     "FirmwareInventory"},
+                  "Actions": {"#UpdateService.SimpleUpdate": {
+                      "target": "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
+                      "TransferProtocol@Redfish.AllowableValues": ["HTTP", "HTTPS"]}}})
+
+
+async def inventory(request: web.Request) -> web.Response:
+    return _json({"Members": [{"@odata.id": f"/redfish/v1/UpdateService/FirmwareInventory/{c}"}
+                              for c in request.app[SIM].versions]})
+
+
+async def component(request: web.Request) -> web.Response:
+    cid = request.match_info["cid"]
+    version = request.app[SIM].versions.get(cid)
+    if version is None:
+        return _error("no such component", 404)
+    return _json({"@odata.id": f"/redfish/v1/UpdateService/FirmwareInventory/{cid}",
+                  "Id": cid, "Name": cid, "Version": version, "Updateable": True})
+
+
+async def simple_update(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    body = await request.json()
+    sim.updates.append(body)
+    if not body.get("ImageURI") or not body.get("Targets"):
+        return _error("Missing ImageURI and/or Targets.")
+    target = str(body["Targets"][0]).rsplit("/", 1)[-1]
+    if target not in sim.versions:
+        return _error(f"unknown target {target}")
+    version = str(body["ImageURI"]).rsplit("/", 1)[-1].removesuffix(".bin").split("-")[-1]
+    tid = str(len(sim.tasks) + 1)
+    sim.tasks[tid] = {"target": target, "version": version, "polls": 0}
+    return web.Response(status=202, headers={"Location": f"{TASKS}/{tid}"})
+
+
+async def task(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    tid = request.match_info["tid"]
+    state = sim.tasks.get(tid)
+    if state is None or sim.task_fault == "vanish":
+        if state is not None:
+            sim.versions[state["target"]] = state["version"]  # it did finish, then forgot
+        return _error("task not found", 404)
+    body = {"@odata.id": f"{TASKS}/{tid}", "Id": tid}
+    if sim.task_fault == "stall" or (sim.hold is not None and not sim.hold.is_set()):
+        return _json({**body, "TaskState": "Running", "PercentComplete": 10})
+    state["polls"] += 1
+    if state["polls"] <= sim.task_polls:
+        return _json({**body, "TaskState": "Running",
+                      "PercentComplete": 100 * state["polls"] // (sim.task_polls + 1)})
+    if sim.task_fault == "exception":
+        return _json({**body, "TaskState": "Exception", "TaskStatus": "Critical",
+                      "Messages": [{"MessageId": "Update.1.0.VerificationFailed",
+                                    "Message": "Verification of image 'bios.bin' at "
+                                               "'BIOS' failed."}]})
+    sim.versions[state["target"]] = state["version"]
+    return _json({**body, "TaskState": "Completed", "TaskStatus": "OK",
+                  "PercentComplete": 100})
+
+
+def make_app(sim: UpdateSim) -> web.Application:
+    app = web.Application(middlewares=[_auth])
+    app[SIM] = sim
+    for path in ("/redfish/v1", "/redfish/v1/"):
+        app.router.add_get(path, root)
+    app.router.add_get("/redfish/v1/Systems", systems)
+    app.router.add_get(SYSTEM, system)
+    app.router.add_post(f"{SYSTEM}/Actions/ComputerSystem.Reset", reset)
+    app.router.add_get(BIOS, bios)
+    app.router.add_route("*", f"{BIOS}/Settings", bios_settings)
+    app.router.add_get("/redfish/v1/Registries", registries)
+    app.router.add_get("/redfish/v1/Registries/BiosAttributeRegistry", registry_file)
+    app.router.add_get("/redfish/v1/Registries/Bios/en", registry)
+    app.router.add_get("/redfish/v1/UpdateService", update_service)
+    app.router.add_get("/redfish/v1/UpdateService/FirmwareInventory", inventory)
+    app.router.add_get("/redfish/v1/UpdateService/FirmwareInventory/{cid}", component)
+    app.router.add_post("/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
+                        simple_update)
+    app.router.add_get(TASKS + "/{tid}", task)
+    return app
