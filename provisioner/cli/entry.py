@@ -20,6 +20,7 @@ from provisioner.cli import (
     formatting,
     health,
     inventory,
+    node_admin,
     nodes,
     power,
     ramdisk,
@@ -80,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_commands(sub)
     tokens.add_commands(sub)
     node_group = nodes.add_commands(sub)
+    node_admin.add_commands(node_group)  # edit, delete, replace; --filter on node action
     power.add_commands(node_group)  # node power|bootdev|bmc after node history
     repair.add_node_commands(node_group)
     servicing.add_node_commands(node_group)

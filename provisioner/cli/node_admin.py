@@ -21,6 +21,16 @@ MULTI_KEYS = ("state", "rack", "profile")
 
 
 def add_commands(node: Subcommands) -> None:
+    """``node edit|delete|replace``, and ``--filter`` on the ``node action`` the nodes group
+    defined (its command stays the one for a single node)."""
+    action = node.choices["action"]
+    add_bulk_options(action)
+    single = action.get_default("command")
+
+    def one_or_many(args: argparse.Namespace) -> int:
+        return cmd_bulk_action(args) if args.filters else int(single(args))
+
+    action.set_defaults(command=one_or_many)
     api = api_options()
     edit = node.add_parser("edit", parents=[api], allow_abbrev=False,
                            help="change a node's hostname, rack, position or profile")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from provisioner.cli import formatting, node_admin
+from provisioner.cli import formatting
 from provisioner.cli.client import (
     API,
     Json,
@@ -93,7 +93,6 @@ def add_commands(sub: Subcommands) -> Subcommands:
                         help="the node (leave out with --filter)")
     action.add_argument("action", choices=ACTIONS, metavar="ACTION",
                         help=", ".join(ACTIONS))
-    node_admin.add_bulk_options(action)
     action.add_argument("--reason", default=None, help="recorded in the node's history")
     action.add_argument("--json", action="store_true", help="the API's JSON")
     action.set_defaults(command=cmd_node_action)
@@ -103,7 +102,6 @@ def add_commands(sub: Subcommands) -> Subcommands:
     history.add_argument("node", metavar="NODE")
     history.add_argument("--json", action="store_true", help="a JSON array of the entries")
     history.set_defaults(command=cmd_node_history)
-    node_admin.add_commands(node)
     return node
 
 
@@ -209,8 +207,7 @@ def _bmc_body(args: argparse.Namespace) -> dict[str, Json] | None:
 
 
 def cmd_node_action(args: argparse.Namespace) -> int:
-    if args.filters:
-        return node_admin.cmd_bulk_action(args)
+    """One node's action (``--filter``: ``node_admin`` takes the command over)."""
     if args.node is None:
         raise UsageError("give the NODE, or --filter to act on every node it matches")
     if args.dry_run or args.max is not None:
