@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from provisioner.cli.client import Subcommands
 
 ACTIONS = ("inspect", "deploy", "retire", "retry", "abort", "maintenance-on", "maintenance-off",
-           "sku-override", "adopt")
+           "sku-override", "adopt", "register-running")
 BMC_DRIVERS = ("ipmi", "redfish", "fake")
 
 
@@ -85,6 +85,8 @@ def add_commands(sub: Subcommands) -> Subcommands:
     action.add_argument("action", choices=ACTIONS, metavar="ACTION",
                         help=", ".join(ACTIONS))
     action.add_argument("--reason", default=None, help="recorded in the node's history")
+    action.add_argument("--yes", action="store_true",
+                        help="confirm what loses data: deploy (re-image) of an active node")
     action.add_argument("--json", action="store_true", help="the API's JSON")
     action.set_defaults(command=cmd_node_action)
 
@@ -173,8 +175,10 @@ def _bmc_body(args: argparse.Namespace) -> dict[str, Json] | None:
 
 
 def cmd_node_action(args: argparse.Namespace) -> int:
-    body = {"reason": args.reason} if args.reason is not None else None
-    node = api_client(args).post(node_path(args.node, "actions", args.action), body)
+    body: dict[str, Json] = {} if args.reason is None else {"reason": args.reason}
+    if args.yes:
+        body["confirm"] = True
+    node = api_client(args).post(node_path(args.node, "actions", args.action), body or None)
     if args.json:
         print(formatting.dump_json(node))
     else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Final
 
@@ -164,6 +164,15 @@ class Conductor(BmcRequests, StepRunner):
                                                actor=actor, reason=reason,
                                                reset_checkpoint=False)
         log.log(level, "node %s: %s by %s: %s", node_id, event, actor, reason)
+        self._notify(node, event, node.state)
+        return node
+
+    async def edit(self, node_id: str, apply: Callable[[Node], Awaitable[Node]], *,
+                   event: str) -> Node:
+        """A metadata change (an import, an operator's edit) written by ``apply`` under the
+        node's lock: never between a step's read of the node and its transition."""
+        async with self._locks[node_id]:
+            node = await apply(await self._repo.get(node_id))
         self._notify(node, event, node.state)
         return node
 

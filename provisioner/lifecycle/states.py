@@ -29,6 +29,7 @@ class Event(StrEnum):
     FAIL = "fail"
     ESCALATE = "escalate"  # the repair ladder ran out of rungs: service_required
     REIMAGE = "reimage"    # the repair ladder's last rung: re-provision (deploying)
+    REGISTER_RUNNING = "register_running"  # brownfield: the machine already runs its OS
 
 
 S, E = NodeState, Event
@@ -82,6 +83,11 @@ def _build() -> dict[tuple[NodeState, Event], NodeState]:
         (S.REPAIR_FAILED, E.DEPLOY): S.DEPLOYING,
         (S.REPAIRING, E.ESCALATE): S.SERVICE_REQUIRED,
         (S.REPAIRING, E.REIMAGE): S.DEPLOYING,
+        # brownfield adoption (Ironic's ``adopt``, MAAS's ``deployed=True``): a machine that
+        # already runs its OS goes to active as it is: no inspection needed, no disk write
+        (S.ENROLLED, E.REGISTER_RUNNING): S.ACTIVE,
+        (S.INSPECTED, E.REGISTER_RUNNING): S.ACTIVE,
+        (S.INSPECT_FAILED, E.REGISTER_RUNNING): S.ACTIVE,
     }
     for in_flight, failed in FAILED_TWIN.items():
         table[in_flight, E.DONE] = _DONE[in_flight]
