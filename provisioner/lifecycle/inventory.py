@@ -95,6 +95,8 @@ async def import_machines(
             report.planned.append(Planned(machine.serial, "refused", notes=(str(exc),)))
             continue
         report.planned.append(planned)
+        if options.dry_run:
+            continue  # created and updated list what was written
         if planned.action == "create" and planned.node is not None:
             report.created.append(planned.node)
         elif planned.action == "update" and planned.node is not None:
