@@ -31,6 +31,7 @@ from provisioner.domain import BmcEndpoint, NewNode, Node, NodeFilter, Role
 from provisioner.errors import Conflict, InvalidRequest, NotFound
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.validation.existing_os import held_for_existing_os
 from provisioner.validation.sku import held_reasons
 
 PREFIX: Final = "/api/v1"
@@ -54,7 +55,9 @@ SKU_OVERRIDE: Final = "sku-override"
 #: fold a discovered node into the node whose serial its agent reported (security: a report
 #: alone never adopts a node past inspection, docs/security.md)
 ADOPT: Final = "adopt"
-ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE, ADOPT)
+#: deploy over the OS or data that inspection found on the node's disks (needs a reason)
+ALLOW_OVERWRITE: Final = "allow-overwrite"
+ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE, ADOPT, ALLOW_OVERWRITE)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -122,6 +125,10 @@ async def apply_action(conductor: Conductor, node_id: str, action: str, *, actor
         if not reason:
             raise InvalidRequest("sku-override needs a reason (body: {\"reason\": \"...\"})")
         return await conductor.override_sku(node_id, actor=actor, reason=reason)
+    if action == ALLOW_OVERWRITE:
+        if not reason:
+            raise InvalidRequest("allow-overwrite needs a reason (body: {\"reason\": \"...\"})")
+        return await conductor.allow_overwrite(node_id, actor=actor, reason=reason)
     return await conductor.fire(node_id, EVENT_ACTIONS[action], actor=actor, reason=reason)
 
 
@@ -165,6 +172,8 @@ def allowed_actions(node: Node) -> list[str]:
     names.append("maintenance-off" if node.maintenance else "maintenance-on")
     if node.state is NodeState.INSPECTED and held_reasons(node.facts):
         names = [name for name in names if name != "deploy"] + [SKU_OVERRIDE]
+    if node.state is NodeState.INSPECTED and held_for_existing_os(node.facts, node.profile, ()):
+        names = [name for name in names if name != "deploy"] + [ALLOW_OVERWRITE]
     return names
 
 

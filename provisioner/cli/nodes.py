@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from provisioner.cli.client import Subcommands
 
 ACTIONS = ("inspect", "deploy", "retire", "retry", "abort", "maintenance-on", "maintenance-off",
-           "sku-override", "adopt", "register-running")
+           "sku-override", "adopt", "register-running", "allow-overwrite")
 BMC_DRIVERS = ("ipmi", "redfish", "fake")
 
 

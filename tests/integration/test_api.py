@@ -256,7 +256,8 @@ async def test_show_by_id_hostname_serial_and_mac(api: Api) -> None:
         assert detail["id"] == node["id"]
     assert detail["facts"] == {} and detail["checkpoint"] == []
     assert detail["step_status"] is None and detail["last_error"] == ""
-    assert detail["allowed_actions"] == ["inspect", "retire", "maintenance-on"]
+    assert detail["allowed_actions"] == ["inspect", "retire", "register-running",
+                                         "maintenance-on"]
     assert [h["event"] for h in detail["history"]] == ["enroll"]
 
 
