@@ -81,8 +81,36 @@ def disks(root: Path) -> list[dict[str, Any]]:
         found.append({"name": dev.name, "size_bytes": int(sectors) * 512 if sectors.isdigit()
                       else 0, "model": _read(dev / "device/model"),
                       "serial": _read(dev / "device/serial"),
-                      "rotational": _read(dev / "queue/rotational") == "1"})
+                      "rotational": _read(dev / "queue/rotational") == "1",
+                      "partitions": sum(1 for part in dev.iterdir()
+                                        if (part / "partition").is_file()),
+                      "signature": disk_signature(root / "dev" / dev.name)})
     return found
+
+
+#: (offset, magic, name): what the first sectors of a disk in use carry; read without blkid
+#: (the ramdisk has none): GPT's header at LBA 1 (512- or 4096-byte sectors), LVM2's label in
+#: sector 1, XFS and ext2/3/4 superblocks of a file system made on the whole disk
+_SIGNATURES = ((512, b"EFI PART", "gpt"), (4096, b"EFI PART", "gpt"),
+               (536, b"LVM2 001", "lvm2"), (0, b"XFSB", "xfs"), (1080, b"\x53\xef", "ext"))
+_PROBE_BYTES = 4104
+
+
+def disk_signature(device: Path) -> str:
+    """``gpt``, ``mbr``, ``lvm2``, ``xfs``, ``ext``: what says the disk holds data; "" for
+    none (a blank disk) or an unreadable one."""
+    try:
+        with device.open("rb") as disk:
+            head = disk.read(_PROBE_BYTES)
+    except OSError:
+        return ""
+    for offset, magic, name in _SIGNATURES:
+        if head[offset:offset + len(magic)] == magic:
+            return name
+    # an MBR: the boot signature and at least one partition entry with a type
+    if head[510:512] == b"\x55\xaa" and any(head[446 + 16 * i + 4] for i in range(4)):
+        return "mbr"
+    return ""
 
 
 def nics(root: Path) -> list[dict[str, Any]]:

@@ -110,7 +110,8 @@ def _cpu(value: object, where: str) -> None:
 def _disk(value: object, where: str) -> None:
     _obj(value, where, {"name": _text(64), "size_bytes": _num(0, MAX_DISK_BYTES),
                         "model": _text(), "serial": _text(128), "rotational": _bool,
-                        "wwn": _text(128)}, ("name", "size_bytes"))
+                        "wwn": _text(128), "partitions": _num(0, 4096),
+                        "signature": _text(16)}, ("name", "size_bytes"))
 
 
 def _nic(value: object, where: str) -> None:

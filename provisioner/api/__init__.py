@@ -13,6 +13,7 @@ from aiohttp import web
 from provisioner.api.events import EventHub
 from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
+from provisioner.config.profiles import ProfileRegistry
 from provisioner.domain import TokenInfo
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
@@ -20,6 +21,7 @@ from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
+from provisioner.slurm.model import SlurmClient
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -38,6 +40,9 @@ OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)
 REPAIRS: Final = web.AppKey("repairs", RepairService)
 ACCEPTANCE: Final = web.AppKey("acceptance", DomainAcceptance)
 HEALTH: Final = web.AppKey("health", HealthFindings)
+PROFILES: Final = web.AppKey("profiles", ProfileRegistry)
+#: where power-off asks whether a node runs jobs (absent: no Slurm, nothing to ask)
+SLURM: Final = web.AppKey("slurm", SlurmClient)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

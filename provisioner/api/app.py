@@ -28,10 +28,12 @@ from provisioner.api import (
     NODES,
     OWNERSHIP,
     PRINCIPAL,
+    PROFILES,
     REPAIRS,
     ROTATION,
     SESSIONS,
     SETTINGS,
+    SLURM,
     TOKENS,
     TOPOLOGY,
 )
@@ -53,6 +55,7 @@ from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
 from provisioner.api.ui import routes as ui
 from provisioner.api.ui.session import COOKIE, SessionStore
 from provisioner.config import ApiSettings
+from provisioner.config.profiles import ProfileRegistry
 from provisioner.domain import Role
 from provisioner.errors import (
     Conflict,
@@ -68,6 +71,7 @@ from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import CONTENT_TYPE, Metrics
+from provisioner.slurm.model import SlurmClient
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.store.tokens import TokenRepo
@@ -96,7 +100,9 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              ownership: OwnershipRepo | None = None,
              repairs: RepairService | None = None,
              acceptance: DomainAcceptance | None = None,
-             health: HealthFindings | None = None) -> web.Application:
+             health: HealthFindings | None = None,
+             profiles: ProfileRegistry | None = None,
+             slurm: SlurmClient | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
               *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
@@ -125,6 +131,10 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[ACCEPTANCE] = acceptance
     if health is not None:
         app[HEALTH] = health
+    if profiles is not None:
+        app[PROFILES] = profiles
+    if slurm is not None:
+        app[SLURM] = slurm
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

@@ -1,5 +1,10 @@
 """``POST /api/v1/inventory/import``: expected machines as CSV or JSON.
 
+Query flags: ``dry_run`` (plan and report every change, write nothing),
+``allow_live_changes`` (rename or re-profile an active or in-flight node), ``prune_macs``
+(remove a known node's MACs its row does not list). An unknown profile name is a 422 for the
+whole import, like a malformed row (the registry: ``GET /api/v1/profiles``).
+
 Every row is validated before anything is written: one bad row is a 422 listing every bad
 row, and nothing is imported. Rows number from 1, the first machine (the line after the CSV
 header); ``errors`` in a 200 are per-machine failures of the import itself (a clash with an
@@ -16,12 +21,13 @@ from collections.abc import Iterable, Sequence
 from typing import Final
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from provisioner.api import CONDUCTOR, NODES, PRINCIPAL, actor
+from provisioner.api import CONDUCTOR, NODES, PRINCIPAL, PROFILES, actor
 from provisioner.api.openapi import Route
 from provisioner.api.schemas import (
     ErrorItem,
+    ImportChange,
     ImportDocument,
     ImportResult,
     ImportRow,
@@ -30,9 +36,10 @@ from provisioner.api.schemas import (
     parse_json,
     respond,
 )
-from provisioner.domain import BmcEndpoint, Role
+from provisioner.config.profiles import ProfileRegistry
+from provisioner.domain import BmcEndpoint, NodeState, Role
 from provisioner.errors import InvalidRequest
-from provisioner.lifecycle.inventory import ExpectedMachine, import_machines
+from provisioner.lifecycle.inventory import ExpectedMachine, ImportOptions, import_machines
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +49,45 @@ _CSV: Final = "text/csv"
 _JSON: Final = "application/json"
 
 
+class ImportQuery(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    dry_run: bool = False
+    allow_live_changes: bool = False
+    prune_macs: bool = False
+
+
 async def import_inventory(request: web.Request) -> web.Response:
+    query = ImportQuery.model_validate(dict(request.query))
     raw = await request.read()
     rows = await asyncio.to_thread(parse_inventory, request.content_type, raw)
-    may_change_bmc = request[PRINCIPAL].role.allows(Role.ADMIN)
+    check_profiles(rows, request.app.get(PROFILES) or ProfileRegistry())
+    options = ImportOptions(dry_run=query.dry_run, allow_live_changes=query.allow_live_changes,
+                            prune_macs=query.prune_macs,
+                            may_change_bmc=request[PRINCIPAL].role.allows(Role.ADMIN))
     report = await import_machines([_machine(row) for row in rows], actor=actor(request),
                                    conductor=request.app[CONDUCTOR], repo=request.app[NODES],
-                                   may_change_bmc=may_change_bmc)
-    log.info("inventory import by %s: %d created, %d updated, %d failed", actor(request),
-             len(report.created), len(report.updated), len(report.errors))
+                                   options=options)
+    log.info("inventory import by %s%s: %d created, %d updated, %d failed", actor(request),
+             " (dry run)" if query.dry_run else "", len(report.created), len(report.updated),
+             len(report.errors))
+    changes = [ImportChange(serial=p.serial, action=p.action,
+                            node=p.node, changes=list(p.changes), notes=list(p.notes))
+               for p in report.planned]
     return respond(ImportResult(created=report.created, updated=report.updated,
-                                errors=report.errors))
+                                errors=report.errors, dry_run=query.dry_run, changes=changes))
+
+
+def check_profiles(rows: Sequence[ImportRow], registry: ProfileRegistry) -> None:
+    """An unknown profile name is a bad row (422 for the whole import)."""
+    errors: list[ErrorItem] = []
+    for number, row in enumerate(rows, start=1):
+        try:
+            registry.check(row.profile)
+        except InvalidRequest as exc:
+            errors.append(ErrorItem(loc="profile", msg=str(exc), type="unknown_profile",
+                                    row=number))
+    if errors:
+        raise InvalidRows(errors)
 
 
 def parse_inventory(content_type: str, raw: bytes) -> list[ImportRow]:
@@ -156,14 +191,41 @@ def _machine(row: ImportRow) -> ExpectedMachine:
     password = row.bmc_password.get_secret_value() if row.bmc_password else None
     return ExpectedMachine(serial=row.serial, hostname=row.hostname, rack=row.rack,
                            position=row.position, profile=row.profile, macs=tuple(row.macs),
-                           bmc=bmc, bmc_password=password)
+                           bmc=bmc, bmc_password=password,
+                           state=NodeState(row.state) if row.state else None)
+
+
+class ProfileOut(BaseModel):
+    name: str
+    sections: list[str] = Field(description="the configuration sections that define it")
+
+
+class ProfileList(BaseModel):
+    items: list[ProfileOut]
+    enforced: bool = Field(description="false when the configuration defines no profile: "
+                           "then any name is accepted")
+
+
+async def list_profiles(request: web.Request) -> web.Response:
+    registry = request.app.get(PROFILES) or ProfileRegistry()
+    return respond(ProfileList(
+        items=[ProfileOut(name=name, sections=list(where))
+               for name, where in registry.sections.items()],
+        enforced=bool(registry.sections)))
 
 
 ROUTES: Final = (
+    Route("GET", "/api/v1/profiles", list_profiles,
+          "The profiles the configuration defines, and where; a node's profile must be one",
+          Role.VIEWER, ProfileList),
     Route("POST", PATH, import_inventory,
-          "Import expected machines (serial -> hostname, rack, profile, BMC) from CSV or JSON; "
-          "a row that changes a known node's BMC needs the admin role, and a moved BMC its "
-          "password",
+          "Import expected machines (serial -> hostname, rack, profile, MACs, BMC, state) "
+          "from CSV or JSON; dry_run reports the changes and writes nothing; an active or "
+          "in-flight node is renamed or re-profiled only with allow_live_changes; MACs a row "
+          "does not list are removed only with prune_macs; a rotated BMC password is never "
+          "put back; a row that changes a known node's BMC needs the admin role, and a moved "
+          "BMC its password; state=active registers a running machine (no disk write)",
           Role.OPERATOR, ImportResult, body=ImportDocument, text_bodies=(_CSV,),
+          query=ImportQuery,
           errors=(400, 413, 415, 422)),
 )

@@ -10,7 +10,7 @@ from typing import Final
 
 from aiohttp import web
 
-from provisioner.api import CONDUCTOR, NODES, SETTINGS, actor
+from provisioner.api import CONDUCTOR, NODES, PROFILES, SETTINGS, actor
 from provisioner.api.openapi import Route
 from provisioner.api.schemas import (
     ActionRequest,
@@ -26,10 +26,12 @@ from provisioner.api.schemas import (
     parse_json,
     respond,
 )
+from provisioner.config.profiles import ProfileRegistry
 from provisioner.domain import BmcEndpoint, NewNode, Node, NodeFilter, Role
-from provisioner.errors import InvalidRequest, NotFound
+from provisioner.errors import Conflict, InvalidRequest, NotFound
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.validation.existing_os import held_for_existing_os
 from provisioner.validation.sku import held_reasons
 
 PREFIX: Final = "/api/v1"
@@ -43,6 +45,9 @@ EVENT_ACTIONS: Final[Mapping[str, Event]] = {
     "retire": Event.RETIRE,
     "retry": Event.RETRY,
     "abort": Event.ABORT,
+    # brownfield adoption (Ironic's ``adopt``): the machine already runs its OS; not
+    # ``adopt``, which folds a discovered node into an enrolled one (below)
+    "register-running": Event.REGISTER_RUNNING,
 }
 #: action name -> maintenance flag
 MAINTENANCE_ACTIONS: Final[Mapping[str, bool]] = {"maintenance-on": True,
@@ -52,7 +57,9 @@ SKU_OVERRIDE: Final = "sku-override"
 #: fold a discovered node into the node whose serial its agent reported (security: a report
 #: alone never adopts a node past inspection, docs/security.md)
 ADOPT: Final = "adopt"
-ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE, ADOPT)
+#: deploy over the OS or data that inspection found on the node's disks (needs a reason)
+ALLOW_OVERWRITE: Final = "allow-overwrite"
+ACTIONS: Final = (*EVENT_ACTIONS, *MAINTENANCE_ACTIONS, SKU_OVERRIDE, ADOPT, ALLOW_OVERWRITE)
 
 
 async def list_nodes(request: web.Request) -> web.Response:
@@ -97,6 +104,7 @@ async def node_history(request: web.Request) -> web.Response:
 
 async def enroll_node(request: web.Request) -> web.Response:
     body = EnrollRequest.model_validate(parse_json(await request.read()))
+    (request.app.get(PROFILES) or ProfileRegistry()).check(body.profile)
     conductor = request.app[CONDUCTOR]
     node = await conductor.enroll(_new_node(body), actor=actor(request))
     location = f"{PREFIX}/nodes/{node.id}"
@@ -116,6 +124,8 @@ async def act_on_node(request: web.Request) -> web.Response:
     if action == ADOPT:
         node = await _confirm_adoption(request, node)
         return respond(node_out(node, conductor.step_status(node.id)), status=202)
+    if action == "deploy" and not body.confirm:
+        refuse_unconfirmed_reimage(node)
     node = await apply_action(conductor, node.id, action, actor=actor(request),
                               reason=body.reason)
     return respond(node_out(node, conductor.step_status(node.id)), status=202)
@@ -133,7 +143,23 @@ async def apply_action(conductor: Conductor, node_id: str, action: str, *, actor
         if not reason:
             raise InvalidRequest("sku-override needs a reason (body: {\"reason\": \"...\"})")
         return await conductor.override_sku(node_id, actor=actor, reason=reason)
+    if action == ALLOW_OVERWRITE:
+        if not reason:
+            raise InvalidRequest("allow-overwrite needs a reason (body: {\"reason\": \"...\"})")
+        return await conductor.allow_overwrite(node_id, actor=actor, reason=reason)
     return await conductor.fire(node_id, EVENT_ACTIONS[action], actor=actor, reason=reason)
+
+
+def refuse_unconfirmed_reimage(node: Node) -> None:
+    """Deploy of an active node re-images it: 409 naming what would be lost, unless the
+    request confirms (``{"confirm": true}``, ``--yes``)."""
+    if node.state is not NodeState.ACTIVE:
+        return
+    name = node.hostname or node.id
+    raise Conflict(f"node {name} is active: deploy re-images it, erasing its disks (the "
+                   "running OS and every local file) and taking it out of Slurm and "
+                   "Kubernetes while it installs; confirm with {\"confirm\": true} "
+                   "(provisioner node action ... deploy --yes)")
 
 
 async def _confirm_adoption(request: web.Request, node: Node) -> Node:
@@ -164,6 +190,8 @@ def allowed_actions(node: Node) -> list[str]:
     names.append("maintenance-off" if node.maintenance else "maintenance-on")
     if node.state is NodeState.INSPECTED and held_reasons(node.facts):
         names = [name for name in names if name != "deploy"] + [SKU_OVERRIDE]
+    if node.state is NodeState.INSPECTED and held_for_existing_os(node.facts, node.profile, ()):
+        names = [name for name in names if name != "deploy"] + [ALLOW_OVERWRITE]
     return names
 
 

@@ -14,7 +14,7 @@ from typing import Final, TypeVar
 
 from aiohttp import web
 
-from provisioner.api import CONDUCTOR, NODES, ROTATION, actor
+from provisioner.api import CONDUCTOR, NODES, ROTATION, SLURM, actor
 from provisioner.api.openapi import Route
 from provisioner.api.schemas import (
     BootDeviceOut,
@@ -28,7 +28,7 @@ from provisioner.api.schemas import (
 )
 from provisioner.bmc.base import BootDevice, PowerAction
 from provisioner.domain import Node, Role
-from provisioner.errors import DriverError, InvalidRequest, NotFound
+from provisioner.errors import Conflict, DriverError, InvalidRequest, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,35 @@ PREFIX: Final = "/api/v1"
 async def node_power(request: web.Request) -> web.Response:
     body = PowerRequest.model_validate(parse_json(await request.read()))
     node = await _node(request)
+    if body.action in _STOPS and not body.confirm:
+        await _refuse_if_running_jobs(request, node, body.action)
     conductor = request.app[CONDUCTOR]
     node, state = await via_bmc(node, conductor.power(node.id, PowerAction(body.action),
                                                       actor=actor(request)))
     return respond(PowerOut(action=body.action, power_state=state,
                             node=node_out(node, conductor.step_status(node.id))))
+
+
+_STOPS: Final = frozenset({"off", "soft-off", "cycle"})
+_BUSY: Final = frozenset({"ALLOCATED", "MIXED"})
+
+
+async def _refuse_if_running_jobs(request: web.Request, node: Node, action: str) -> None:
+    """409 naming the jobs' node state when Slurm runs jobs on ``node``; a Slurm that does
+    not answer refuses too (we cannot tell), unless the request confirms."""
+    slurm = request.app.get(SLURM)
+    if slurm is None or not node.hostname:
+        return
+    try:
+        found = await slurm.node(node.hostname)
+    except DriverError as exc:
+        raise Conflict(f"power {action} of node {node.hostname}: Slurm cannot say whether "
+                       f"jobs run there ({exc}); confirm with {{\"confirm\": true}} "
+                       "(--yes)") from None
+    if found is not None and found.state in _BUSY:
+        raise Conflict(f"node {node.hostname} runs Slurm jobs (state {found.state_text}): "
+                       f"power {action} kills them; drain it first (maintenance-on) or "
+                       "confirm with {\"confirm\": true} (--yes)")
 
 
 async def node_boot_device(request: web.Request) -> web.Response:

@@ -136,6 +136,8 @@ class EnrollRequest(_Request):
 
 class ActionRequest(_Request):
     reason: Reason = ""
+    confirm: bool = Field(False, description="Needed for what loses data: deploy (re-image) "
+                          "of an active node")
 
 
 def _many(value: object) -> object:
@@ -180,6 +182,9 @@ class ImportRow(_Request):
     bmc_port: Port | None = None
     bmc_username: Username | None = None
     bmc_password: Password | None = None
+    state: Literal["enrolled", "active"] | None = Field(
+        None, description="active: the machine already runs its OS; it is registered as "
+        "active (brownfield adoption: no inspection, no disk write)")
 
     @model_validator(mode="after")
     def _bmc_complete(self) -> ImportRow:
@@ -263,10 +268,22 @@ class HistoryPage(BaseModel):
     items: list[HistoryOut]
 
 
+class ImportChange(BaseModel):
+    serial: str
+    action: Literal["create", "update", "unchanged", "refused"]
+    node: str | None = Field(description="the node's id; null for one a dry run would create")
+    changes: list[str]
+    notes: list[str]
+
+
 class ImportResult(BaseModel):
     created: list[str]
     updated: list[str]
     errors: list[str]
+    dry_run: bool = False
+    changes: list[ImportChange] = Field(
+        default_factory=list, description="per machine, what the import changed (or, dry, "
+        "would change)")
 
 
 class Health(BaseModel):
@@ -377,6 +394,8 @@ def respond(model: BaseModel, *, status: int = 200,
 class PowerRequest(_Request):
     action: Literal["on", "off", "soft-off", "cycle", "status"] = Field(
         description="on/off/cycle are confirmed by read-back; soft-off asks the OS (ACPI)")
+    confirm: bool = Field(False, description="Needed to power off or cycle a node that "
+                          "Slurm reports running jobs (ALLOCATED or MIXED)")
 
 
 class BootDeviceRequest(_Request):

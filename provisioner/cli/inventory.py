@@ -21,6 +21,12 @@ def add_commands(sub: Subcommands) -> None:
     imp = sub.add_parser("import", parents=[api_options()], allow_abbrev=False,
                          help="import expected inventory (CSV or JSON) through the API")
     imp.add_argument("file", type=Path, metavar="FILE", help="a .csv or .json file")
+    imp.add_argument("--dry-run", action="store_true",
+                     help="change nothing: print what the import would change, per node")
+    imp.add_argument("--allow-live-changes", action="store_true",
+                     help="rename or re-profile nodes that are active or being installed")
+    imp.add_argument("--prune-macs", action="store_true",
+                     help="remove a known node's MACs that its row does not list")
     imp.add_argument("--json", action="store_true", help="print the API's report as JSON")
     imp.set_defaults(command=cmd_import)
 
@@ -36,13 +42,41 @@ def cmd_import(args: argparse.Namespace) -> int:
         data = path.read_bytes()
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
-    report = api_client(args).post_raw(f"{API}/inventory/import", data, content_type)
+    flags = [name for name in ("dry_run", "allow_live_changes", "prune_macs")
+             if getattr(args, name)]
+    query = "?" + "&".join(f"{name}=true" for name in flags) if flags else ""
+    report = api_client(args).post_raw(f"{API}/inventory/import{query}", data, content_type)
     errors: Sequence[Json] = report.get("errors") or []
     if args.json:
         print(formatting.dump_json(report))
     else:
-        print(f"created {len(report.get('created') or [])}, "
-              f"updated {len(report.get('updated') or [])}, errors {len(errors)}")
+        for line in change_lines(report.get("changes") or [], every=args.dry_run):
+            print(line)
+        verb = "would create" if args.dry_run else "created"
+        print(f"{verb} {len(_planned(report, 'create'))}, "
+              f"{'would update' if args.dry_run else 'updated'} "
+              f"{len(_planned(report, 'update'))}, errors {len(errors)}"
+              + (" (dry run: nothing changed)" if args.dry_run else ""))
     for error in errors:
         print(f"{PROG}: import: {error}", file=sys.stderr)
     return 1 if errors else 0
+
+
+def _planned(report: Json, action: str) -> list[Json]:
+    return [c for c in report.get("changes") or [] if c.get("action") == action]
+
+
+def change_lines(changes: Sequence[Json], *, every: bool) -> list[str]:
+    """One line per machine (``SERIAL (NODE): ACTION``), then its changes and notes.
+    ``every``: each machine (a dry run); else the updated ones and those with notes."""
+    lines: list[str] = []
+    for change in changes:
+        if change.get("action") == "refused":
+            continue  # on stderr with the errors
+        if not every and change.get("action") != "update" and not change.get("notes"):
+            continue
+        node = f" ({change['node']})" if change.get("node") else ""
+        lines.append(f"{change.get('serial')}{node}: {change.get('action')}")
+        lines += [f"  {text}" for text in change.get("changes") or []]
+        lines += [f"  note: {text}" for text in change.get("notes") or []]
+    return lines

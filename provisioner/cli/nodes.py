@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from provisioner.cli.client import Subcommands
 
 ACTIONS = ("inspect", "deploy", "retire", "retry", "abort", "maintenance-on", "maintenance-off",
-           "sku-override", "adopt")
+           "sku-override", "adopt", "register-running", "allow-overwrite")
 BMC_DRIVERS = ("ipmi", "redfish", "fake")
 
 
@@ -94,6 +94,8 @@ def add_commands(sub: Subcommands) -> Subcommands:
     action.add_argument("action", choices=ACTIONS, metavar="ACTION",
                         help=", ".join(ACTIONS))
     action.add_argument("--reason", default=None, help="recorded in the node's history")
+    action.add_argument("--yes", action="store_true",
+                        help="confirm what loses data: deploy (re-image) of an active node")
     action.add_argument("--json", action="store_true", help="the API's JSON")
     action.set_defaults(command=cmd_node_action)
 
@@ -212,8 +214,10 @@ def cmd_node_action(args: argparse.Namespace) -> int:
         raise UsageError("give the NODE, or --filter to act on every node it matches")
     if args.dry_run or args.max is not None:
         raise UsageError("--dry-run and --max go with --filter")
-    body = {"reason": args.reason} if args.reason is not None else None
-    node = api_client(args).post(node_path(args.node, "actions", args.action), body)
+    body: dict[str, Json] = {} if args.reason is None else {"reason": args.reason}
+    if args.yes:
+        body["confirm"] = True
+    node = api_client(args).post(node_path(args.node, "actions", args.action), body or None)
     if args.json:
         print(formatting.dump_json(node))
     else:

@@ -10,7 +10,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from provisioner.cli import formatting
-from provisioner.cli.client import api_client, api_options, node_path
+from provisioner.cli.client import Json, api_client, api_options, node_path
 
 if TYPE_CHECKING:
     from provisioner.cli.client import Subcommands
@@ -27,6 +27,8 @@ def add_commands(node: Subcommands) -> None:
     power.add_argument("node", metavar="NODE", help="id, hostname, serial or MAC")
     power.add_argument("action", choices=POWER_ACTIONS, metavar="ACTION",
                        help=", ".join(POWER_ACTIONS))
+    power.add_argument("--yes", action="store_true", help="confirm powering off or cycling "
+                       "a node that Slurm reports running jobs")
     power.add_argument("--json", action="store_true", help="the API's JSON")
     power.set_defaults(command=cmd_node_power)
 
@@ -50,7 +52,10 @@ def add_commands(node: Subcommands) -> None:
 
 
 def cmd_node_power(args: argparse.Namespace) -> int:
-    reply = api_client(args).post(node_path(args.node, "power"), {"action": args.action})
+    body: dict[str, Json] = {"action": args.action}
+    if args.yes:
+        body["confirm"] = True
+    reply = api_client(args).post(node_path(args.node, "power"), body)
     if args.json:
         print(formatting.dump_json(reply))
         return 0

@@ -56,6 +56,10 @@ class LifecycleSettings(Section):
     max_deploying: int = Field(20, ge=1, description="Nodes deploying at once; more queue")
     max_in_flight: int = Field(200, ge=1, description="Steps running at once, all kinds")
     step_timeout_s: float = Field(3600.0, gt=0, description="A step running longer fails")
+    allow_overwrite: list[str] = Field(
+        default_factory=list, description="Profiles whose nodes are deployed even when "
+        "inspection finds an existing OS or data on their disks (\"*\": every profile); "
+        "others are held in inspected until an operator allows it")
 
 
 class SimulationSettings(Section):

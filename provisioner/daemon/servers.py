@@ -13,6 +13,7 @@ from sqlalchemy.engine import make_url
 from provisioner.api.app import EVENTS_PATH, make_app
 from provisioner.boot.stack import build_boot
 from provisioner.config import Settings
+from provisioner.config.profiles import profile_registry
 from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.images import AgentJobs
 from provisioner.lifecycle.acceptance import DomainAcceptance
@@ -24,6 +25,7 @@ from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.metrics import Metrics
+from provisioner.slurm.model import SlurmClient
 from provisioner.store.notify import Listener, NodeChanged
 from provisioner.store.store import Store
 from provisioner.topology_live.live import LiveTopology
@@ -33,12 +35,14 @@ async def start_api(settings: Settings, store: Store, conductor: Conductor, metr
                     topology: LiveTopology, rotation: BmcRotation,
                     repairs: RepairService | None = None,
                     acceptance: DomainAcceptance | None = None,
-                    health: HealthFindings | None = None) -> web.AppRunner:
+                    health: HealthFindings | None = None,
+                    slurm: SlurmClient | None = None) -> web.AppRunner:
     """The API, listening (behind the HTTP guard) before READY=1."""
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings.api, topology=topology,
                    rotation=rotation, ownership=store.ownership, repairs=repairs,
-                   acceptance=acceptance, health=health)
+                   acceptance=acceptance, health=health,
+                   profiles=profile_registry(settings), slurm=slurm)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
     runner = guarded_runner(app, limits, name="API")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Final
 
@@ -49,6 +49,7 @@ from provisioner.lifecycle.steps import STEPS, Step
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
+from provisioner.validation import existing_os
 from provisioner.validation.sku import OVERRIDE_EVENT, OVERRIDE_KEY, held_reasons, override_entry
 
 log = logging.getLogger(__name__)
@@ -197,6 +198,32 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
         await self._apply_policy(node)
         return await self._repo.get(node_id)
 
+    async def allow_overwrite(self, node_id: str, *, actor: str, reason: str) -> Node:
+        """Let a node held for the OS found on its disks be deployed over it (a history
+        row, the permission in its facts); the deploy policy then applies."""
+        async with self._locks[node_id]:
+            node = await self._repo.get(node_id)
+            held = self.os_held(node) if node.state is NodeState.INSPECTED else ()
+            if not held:
+                raise Conflict(f"node {node_id} is not held for an existing OS "
+                               f"(state {node.state})")
+            await self._repo.merge_facts(node_id, {existing_os.OVERRIDE_KEY: override_entry(
+                actor, reason, datetime.now(UTC).isoformat())})
+            node = await self._repo.transition(
+                await self._repo.get(node_id), to_state=node.state,
+                event=existing_os.OVERRIDE_EVENT, actor=actor,
+                reason=f"{reason} (overwrites: {'; '.join(held)})", reset_checkpoint=False)
+        log.warning("node %s: overwriting its existing OS allowed by %s: %s", node_id, actor,
+                    reason)
+        self._notify(node, existing_os.OVERRIDE_EVENT, node.state)
+        await self._apply_policy(node)
+        return await self._repo.get(node_id)
+
+    def os_held(self, node: Node) -> tuple[str, ...]:
+        """Why a deploy would overwrite what the node's disks hold (``()``: it may)."""
+        return existing_os.held_for_existing_os(node.facts, node.profile,
+                                                self._settings.allow_overwrite)
+
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
                      level: int = logging.INFO) -> Node:
         """A history row that changes no state: a refused agent report, say. The reason
@@ -209,6 +236,15 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                                                actor=actor, reason=reason,
                                                reset_checkpoint=False)
         log.log(level, "node %s: %s by %s: %s", node_id, event, actor, reason)
+        self._notify(node, event, node.state)
+        return node
+
+    async def edit(self, node_id: str, apply: Callable[[Node], Awaitable[Node]], *,
+                   event: str) -> Node:
+        """A metadata change (an import, an operator's edit) written by ``apply`` under the
+        node's lock: never between a step's read of the node and its transition."""
+        async with self._locks[node_id]:
+            node = await apply(await self._repo.get(node_id))
         self._notify(node, event, node.state)
         return node
 
@@ -283,6 +319,13 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                 raise Conflict(f"node {node_id} does not match profile {node.profile}: "
                                f"{'; '.join(held)} (the SKU gate; override it with "
                                f"`provisioner node action {node_id} sku-override --reason …`)")
+            if event is Event.DEPLOY and node.state is NodeState.INSPECTED and (
+                    held := self.os_held(node)):
+                raise Conflict(f"node {node_id} is held before deploy: {'; '.join(held)}; "
+                               "register it as running (`register-running`) or allow "
+                               f"overwriting (`provisioner node action {node_id} "
+                               "allow-overwrite --reason …`, or the profile in "
+                               "[lifecycle] allow_overwrite)")
             target = next_state(node.state, event)
             last_error: str | None = None
             if target in FAILED or target is NodeState.SERVICE_REQUIRED:
@@ -326,7 +369,7 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
         if node.state in (NodeState.DISCOVERED, NodeState.ENROLLED):
             event = Event.INSPECT if self._settings.auto_inspect else None
         elif node.state is NodeState.INSPECTED and node.profile:
-            if held_reasons(node.facts):  # the SKU gate holds it: no deploy, no noise
+            if held_reasons(node.facts) or self.os_held(node):  # held: no deploy, no noise
                 return
             event = Event.DEPLOY if self._settings.auto_deploy else None
         if event is None:

@@ -31,6 +31,7 @@ class Event(StrEnum):
     REIMAGE = "reimage"    # the repair ladder's last rung: re-provision (deploying)
     SERVICE = "service"    # run a runbook (provisioner.lifecycle.service_step)
     ONBOARDED = "onboarded"  # a new node's onboarding runbook passed: on to deploying
+    REGISTER_RUNNING = "register_running"  # brownfield: the machine already runs its OS
 
 
 S, E = NodeState, Event
@@ -91,6 +92,11 @@ def _build() -> dict[tuple[NodeState, Event], NodeState]:
         (S.ACTIVE, E.SERVICE): S.SERVICING,
         (S.SERVICING, E.ONBOARDED): S.DEPLOYING,
         (S.SERVICE_FAILED, E.DEPLOY): S.DEPLOYING,
+        # brownfield adoption (Ironic's ``adopt``, MAAS's ``deployed=True``): a machine that
+        # already runs its OS goes to active as it is: no inspection needed, no disk write
+        (S.ENROLLED, E.REGISTER_RUNNING): S.ACTIVE,
+        (S.INSPECTED, E.REGISTER_RUNNING): S.ACTIVE,
+        (S.INSPECT_FAILED, E.REGISTER_RUNNING): S.ACTIVE,
     }
     for in_flight, failed in FAILED_TWIN.items():
         table[in_flight, E.DONE] = _DONE[in_flight]

@@ -47,7 +47,11 @@ class _Sim:
 class FakeInspector(_Sim):
     async def inspect(self, node: Node) -> dict[str, Any]:
         await self._work("inspection", node)
-        return simulated_facts(machine_key(node), node.serial)
+        facts = simulated_facts(machine_key(node), node.serial)
+        if await self._world.get(machine_key(node), "disk"):  # an image is on it: the
+            facts["disks"] = [dict(disk, partitions=2, signature="gpt")  # ramdisk sees a
+                              for disk in facts["disks"]]  # partition table
+        return facts
 
 
 class FakeInstaller(_Sim):

@@ -127,6 +127,47 @@ class NodeRepo(NodeAdmin):
 
         return await self._run(work)
 
+    async def edit_recorded(self, node: Node, change: NodeChange, *, event: str, actor: str,
+                            reason: str, add_macs: Sequence[str] = (),
+                            remove_macs: Sequence[str] = ()) -> Node:
+        """Change a node's metadata and MACs with one history row (``event``, the state
+        unchanged), compare-and-set on ``node.version``: one transaction, so no change is
+        ever without its row. The caller holds the conductor's node lock."""
+        add = sorted({normalize_mac(mac) for mac in add_macs})
+        remove = sorted({normalize_mac(mac) for mac in remove_macs} - set(add))
+
+        def work(s: Session) -> Node:
+            row = get_row(s, node.id)
+            if row.version != node.version:
+                s.rollback()
+                raise NodeBusy(f"node {node.id} changed concurrently; retry")
+            for name in ("hostname", "serial", "profile", "rack", "position"):
+                value = getattr(change, name)
+                if value is not None:
+                    setattr(row, name, value)
+            if change.bmc is not None:
+                apply_bmc(row, change.bmc, change.bmc_password, self._box,
+                          keep_password=change.keep_bmc_password)
+            if remove:
+                s.execute(delete(NodeMacRow).where(col(NodeMacRow.node_id) == node.id,
+                                                   col(NodeMacRow.mac).in_(remove)))
+            for mac in add:
+                s.add(NodeMacRow(mac=mac, node_id=node.id))
+            row.version += 1
+            row.history_seq += 1
+            row.updated_at = utcnow()
+            s.add(row)
+            s.add(TransitionRow(node_id=node.id, seq=row.history_seq, event=event,
+                                from_state=row.state, to_state=row.state, actor=actor,
+                                reason=reason, created_at=row.updated_at,
+                                instance=self.instance))
+            commit_unique(s, "node")
+            notify.send(s, self.instance, node.id, (*node.macs, *add))
+            s.commit()
+            return to_node(s, get_row(s, node.id))
+
+        return await self._run(work)
+
     async def transition(
         self,
         node: Node,

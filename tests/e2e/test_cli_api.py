@@ -268,8 +268,9 @@ def test_import_csv(cli: Any, daemon: Daemon) -> None:
     assert sorted(n["serial"] for n in imported) == ["IMP0001", "IMP0002"]
     assert as_json(cli("node", "show", "IMP0002", "--json"))["hostname"] == "gpu-imp-02"
 
-    report = as_json(cli("import", str(csv), "--json"))
-    assert (len(report["created"]), len(report["updated"]), report["errors"]) == (0, 2, [])
+    report = as_json(cli("import", str(csv), "--json"))  # the same rows: nothing to write
+    assert (len(report["created"]), len(report["updated"]), report["errors"]) == (0, 0, [])
+    assert {change["action"] for change in report["changes"]} == {"unchanged"}
 
 
 def test_import_json_and_invalid_rows(cli: Any, daemon: Daemon) -> None:

@@ -87,14 +87,15 @@ class Api:
 async def running_api(aiohttp_client: Any, store: Store, world: SimWorld, *,
                       settings: ApiSettings | None = None,
                       delay_s: float = 0.0, ports: Ports | None = None,
-                      topology: LiveTopology | None = None) -> AsyncIterator[Api]:
+                      topology: LiveTopology | None = None,
+                      **app_kw: Any) -> AsyncIterator[Api]:
     metrics = Metrics()
     lifecycle = LifecycleSettings(auto_inspect=False, auto_deploy=False)
     conductor = Conductor(store.nodes, ports or fake_ports(world, delay_s=delay_s), lifecycle,
                           observer=metrics.observe_transition)
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings or ApiSettings(), topology=topology,
-                   health=HealthFindings(store.findings, conductor))
+                   health=HealthFindings(store.findings, conductor), **app_kw)
     client = await aiohttp_client(app)
     tokens = {role: (await store.tokens.create(f"{role}-tok", role))[1]
               for role in (Role.VIEWER, Role.OPERATOR, Role.ADMIN, Role.AGENT)}
@@ -256,7 +257,8 @@ async def test_show_by_id_hostname_serial_and_mac(api: Api) -> None:
         assert detail["id"] == node["id"]
     assert detail["facts"] == {} and detail["checkpoint"] == []
     assert detail["step_status"] is None and detail["last_error"] == ""
-    assert detail["allowed_actions"] == ["inspect", "retire", "maintenance-on"]
+    assert detail["allowed_actions"] == ["inspect", "retire", "register-running",
+                                         "maintenance-on"]
     assert [h["event"] for h in detail["history"]] == ["enroll"]
 
 

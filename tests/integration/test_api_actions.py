@@ -38,7 +38,8 @@ async def test_inspect_drives_an_enrolled_node_to_inspected(api: Api) -> None:
     detail = (await api.get(f"{NODES}/gpu-i")).body
     assert detail["state"] == "inspected" and detail["facts"] == done.facts
     assert detail["step_status"] is None
-    assert detail["allowed_actions"] == ["inspect", "deploy", "retire", "maintenance-on"]
+    assert detail["allowed_actions"] == ["inspect", "deploy", "retire", "register-running",
+                                         "maintenance-on"]
 
 
 async def test_invalid_transition_is_409_naming_state_and_allowed_events(api: Api) -> None:
@@ -48,7 +49,7 @@ async def test_invalid_transition_is_409_naming_state_and_allowed_events(api: Ap
     problem = reply.body
     assert problem["type"] == "invalid-transition"
     assert problem["state"] == "enrolled"
-    assert problem["allowed_events"] == ["inspect", "retire"]
+    assert problem["allowed_events"] == ["inspect", "register_running", "retire"]
     assert "enrolled" in problem["detail"] and "inspect" in problem["detail"]
     assert (await api.get(f"{NODES}/{node['id']}")).body["state"] == "enrolled"
 
@@ -83,7 +84,7 @@ async def test_maintenance_blocks_work_until_turned_off(api: Api) -> None:
     assert reply.body["maintenance"] is True
     assert reply.body["maintenance_reason"] == "reseat GPU 3"
     detail = (await api.get(f"{NODES}/{node['id']}")).body
-    assert detail["allowed_actions"] == ["retire", "maintenance-off"]
+    assert detail["allowed_actions"] == ["retire", "register-running", "maintenance-off"]
     blocked = await api.post(_action(node, "inspect"))
     assert blocked.status == 409
     assert "maintenance" in blocked.body["detail"]

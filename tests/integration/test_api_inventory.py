@@ -72,7 +72,10 @@ async def test_json_import(api: Api, wrap: bool) -> None:
     assert second["macs"] == ["52:54:00:00:02:02", "52:54:00:00:02:03"]
     assert second["rack"] == "r3" and second["hostname"] is None
     assert second["bmc"]["port"] == 8443 and second["bmc"]["password_set"] is False
-    assert (await api.post(IMPORT, body)).body["updated"] == reply.body["created"]
+    again = (await api.post(IMPORT, body)).body  # the same rows: nothing to write
+    assert again["updated"] == [] and again["created"] == []
+    assert [(c["node"], c["action"]) for c in again["changes"]] == [
+        (node, "unchanged") for node in reply.body["created"]]
 
 
 async def test_a_bad_row_rejects_the_whole_import(api: Api) -> None:
@@ -143,7 +146,8 @@ async def test_import_needs_operator(api: Api) -> None:
 async def test_empty_import_is_a_no_op(api: Api) -> None:
     reply = await _import_csv(api, "serial,hostname\n")
     assert reply.status == 200
-    assert reply.body == {"created": [], "updated": [], "errors": []}
+    assert reply.body == {"created": [], "updated": [], "errors": [], "dry_run": False,
+                          "changes": []}
 
 
 # -- OpenAPI --------------------------------------------------------------------------------
