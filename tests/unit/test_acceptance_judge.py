@@ -58,6 +58,20 @@ def test_healthy_h200_run_passes_its_class() -> None:
     assert "8GiB" in busbw.reason and "AZ-H200" in busbw.reason
 
 
+def test_one_gpu_run_captured_on_a_lent_h200_fails_the_8_gpu_class() -> None:
+    """Our own capture (nccl-tests 2.19.6 built on the lent H200, one rank): read whole,
+    validated, no wrong value, and still a failure for an HGX class: one GPU is not eight,
+    and a single rank's bus bandwidth is 0."""
+    text = (FIXTURES / "nccl-all_reduce.h200x1.lent-2026-11-27.txt").read_text()
+    run = parse_nccl(text)
+    assert [(r.rank, r.host, r.gpu) for r in run.ranks] == [(0, "vm", "NVIDIA H200")]
+    assert run.complete and run.validation is True and run.max_bytes == 8 << 30
+    assert len(run.rows) == 2 * 31 and all(r.wrong == 0 and r.busbw == 0 for r in run.rows)
+    reasons = failed(judge_text(CLASSES["hgx-h200"], text, "all_reduce_perf.txt"))
+    assert reasons, "a one-GPU run passed an 8-GPU class"
+    assert any("8" in reason and "1" in reason for reason in reasons.values()), reasons
+
+
 def test_healthy_h200_run_also_clears_the_h100_floor() -> None:
     assert passed(judge_text(CLASSES["hgx-h100"], H200))
 

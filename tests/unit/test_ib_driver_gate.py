@@ -9,6 +9,7 @@ named once; one unreadable field never loses the report."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,21 @@ def test_the_record_keeps_its_notes() -> None:
                               checks=("infiniband-not-checked",),
                               notes=("InfiniBand not checked at inspection: no driver (x)",))
     assert ValidationRecord.from_facts({"validation": record.to_facts()}) == record
+
+
+def test_a_real_h200_with_the_ib_stack_and_no_hca_is_held_at_both_gates() -> None:
+    """Captured on a lent H200 (fixtures/nvidia-smi/h200-2026-11-27): its kernel had ib_core
+    and mlx5_ib loaded, no HCA on PCI. The driver was there to see ports and saw none: a
+    profile that expects 8 holds it at inspection and at validation alike, naming 0 ports;
+    one that expects none passes it."""
+    where = FIXTURES / "nvidia-smi" / "h200-2026-11-27"
+    ramdisk = validate(json.loads((where / "collect.with-ib-driver.json").read_text()))
+    module = json.loads((where / "facts-module.with-ib-driver.json").read_text())["report"]
+    assert ramdisk["infiniband_driver"] == module["infiniband_driver"] == {
+        "loaded": True, "modules": ["ib_core", "mlx5_ib"], "mellanox_functions": 0}
+    profile = Expectation(gpu_count=1, gpu_model="H200", ib_port_count=8, ib_rate_gbps=400)
+    inspection = evaluate(ramdisk, sku_expectation(profile))
+    validation = evaluate(module, profile)
+    assert inspection.failures == validation.failures == (
+        "ib-ports: saw 0 InfiniBand ports (none), expected 8",)
+    assert evaluate(module, Expectation(gpu_count=1, gpu_model="H200")).passed
