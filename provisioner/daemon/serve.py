@@ -32,6 +32,7 @@ from provisioner.daemon.hooks import (
     fresh,
     maintenance_from,
 )
+from provisioner.daemon.preflight import preflight
 from provisioner.daemon.servers import start_api, start_boot
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.errors import ConfigError, Conflict, SchemaError
@@ -112,6 +113,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
+        checks = preflight(self._settings)  # ConfigError: exit 2, as `config check` says
+        for note in checks.notes:
+            log.warning("%s", note)
         async with AsyncExitStack() as stack:
             private_dir(self._settings.state_dir)
             sqlite_lock = lock_sqlite(self._settings.sqlalchemy_url)  # ConfigError: exit 2
