@@ -16,6 +16,7 @@ from provisioner import __version__
 from provisioner.cli import (
     config,
     db,
+    events,
     fabric,
     formatting,
     health,
@@ -82,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_commands(node_group)  # node power|bootdev|bmc after node history
     repair.add_node_commands(node_group)
     health.add_node_commands(node_group)
+    events.add_commands(sub)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)

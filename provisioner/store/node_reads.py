@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 
 from provisioner.domain import (
     BmcCredentials,
+    FleetEvent,
     HistoryEntry,
     Node,
     NodeFilter,
@@ -199,6 +200,35 @@ class NodeReads(SessionRepo):
             rows = s.exec(select(TransitionRow).where(TransitionRow.node_id == node_id)
                           .order_by(col(TransitionRow.seq))).all()
             return [to_entry(r) for r in rows]
+
+        return await self._run(work)
+
+    async def last_event_id(self) -> int:
+        """The newest history row's fleet-wide id (0 when there is none)."""
+        def work(s: Session) -> int:
+            return int(s.exec(select(func.max(TransitionRow.id))).one() or 0)
+
+        return await self._run(work)
+
+    async def events(self, *, after: int = 0, also: Iterable[int] = (), limit: int = 500,
+                     node: str | None = None, newest: bool = False) -> builtins.list[FleetEvent]:
+        """History rows of every node with an id above ``after`` (or in ``also``: ids a
+        slower transaction may commit late), oldest first; ``newest``: the last ``limit``
+        of them. ``node``: one node's, by id or hostname."""
+        def work(s: Session) -> builtins.list[FleetEvent]:
+            t, n = TransitionRow, NodeRow
+            wanted = col(t.id) > after
+            extra = builtins.list(also)
+            if extra:
+                wanted = or_(wanted, col(t.id).in_(extra))
+            query = select(t, n).join(n, col(n.id) == col(t.node_id)).where(wanted)
+            if node is not None:
+                query = query.where(or_(col(n.id) == node, col(n.hostname) == node))
+            order = col(t.id).desc() if newest else col(t.id)
+            rows = s.exec(query.order_by(order).limit(limit)).all()
+            found = [FleetEvent(int(r.id or 0), to_entry(r), n.hostname, n.maintenance,
+                                n.maintenance_reason, n.last_error) for r, n in rows]
+            return found[::-1] if newest else found
 
         return await self._run(work)
 
