@@ -54,9 +54,9 @@ def cli(daemon: Daemon) -> Any:
 
 
 def _enroll(cli: Any, name: str, n: int) -> dict[str, Any]:
-    node: dict[str, Any] = as_json(cli("node", "enroll", "--hostname", name, "--serial", f"EV{n:04d}",
-                       "--mac", f"52:54:00:ee:00:{n:02x}", "--bmc-driver", "fake",
-                       "--bmc-address", f"ev-{n}", "--json"))
+    node: dict[str, Any] = as_json(cli(
+        "node", "enroll", "--hostname", name, "--serial", f"EV{n:04d}", "--mac",
+        f"52:54:00:ee:00:{n:02x}", "--bmc-driver", "fake", "--bmc-address", f"ev-{n}", "--json"))
     return node
 
 
