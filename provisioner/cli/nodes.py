@@ -204,6 +204,10 @@ def cmd_node_action(args: argparse.Namespace) -> int:
 WAIT_FOR: dict[str, tuple[str, ...]] = {
     "inspect": ("inspected", "active"), "deploy": ("active",), "retire": ("retired",),
 }
+#: the lifecycle's in-flight states (the CLI imports no lifecycle module;
+#: tests/unit/test_cli_events.py holds the two equal)
+IN_FLIGHT = frozenset({"inspecting", "deploying", "configuring", "joining", "validating",
+                       "registering", "retiring", "repairing"})
 WAIT_POLL_S = 0.5
 
 
@@ -215,8 +219,6 @@ def _succeeded(action: str, state: str) -> bool:
 
 def _wait(api: ApiClient, node: Json, action: str, timeout_s: float) -> Json:
     """Poll the node until it rests (not in flight) or ``timeout_s`` passes."""
-    from provisioner.lifecycle.states import IN_FLIGHT  # pure: the standard library only
-
     deadline = time.monotonic() + timeout_s
     while node.get("state") in IN_FLIGHT:
         if time.monotonic() > deadline:

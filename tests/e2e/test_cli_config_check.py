@@ -4,7 +4,9 @@ healthy start (the shipped demo config) logs no WARNING."""
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -93,3 +95,46 @@ def test_demo_config_checks_ok_and_starts_without_a_warning(tmp_path: Path) -> N
     assert " ready: " in text, text[-2000:]
     warnings = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
     assert warnings == [], warnings
+
+
+def test_under_journald_a_node_line_names_it_with_fields(tmp_path: Path) -> None:
+    """The daemon under systemd (``JOURNAL_STREAM``) writes to journald's native socket:
+    each node's transition carries NODE (its hostname), NODE_ID, STATE and EVENT."""
+    journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    journal.bind(str(tmp_path / "journal.sock"))
+    journal.settimeout(30)
+    config = _demo_config(tmp_path)
+    env = dict(clean_env(), JOURNAL_STREAM="8:1234",
+               PROVISIONER_JOURNAL_SOCKET=str(tmp_path / "journal.sock"))
+    env.pop("PYTHONASYNCIODEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "provisioner", "--config", str(config),
+                             "serve"], env=env, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    records: list[dict[str, str]] = []
+    try:
+        while not any(r.get("EVENT") == "inspect" for r in records):
+            records.append(_fields(journal.recv(1 << 20)))
+    finally:
+        proc.terminate()
+        journal.settimeout(0.2)
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(TimeoutError):  # what it logs while it stops
+                records.append(_fields(journal.recv(1 << 20)))
+        proc.kill()
+        proc.wait(5)
+        journal.close()
+    assert proc.stderr is not None and proc.stderr.read() == b""  # all went to the journal
+    ready = next(r for r in records if r["MESSAGE"].startswith("ready: "))
+    assert ready["PRIORITY"] == "6" and ready["LOGGER"] == "provisioner.daemon"
+    inspect = next(r for r in records if r.get("EVENT") == "inspect")
+    host, node_id = inspect["NODE"], inspect["NODE_ID"]
+    assert host != node_id and inspect["STATE"] == "inspecting"
+    assert inspect["MESSAGE"].startswith(f"node {host} ({node_id}): enrolled --inspect--> "
+                                         "inspecting by policy")
+    assert all(int(r["PRIORITY"]) > 4 for r in records), records  # no WARNING
+
+
+def _fields(datagram: bytes) -> dict[str, str]:
+    """journald's native protocol read back (``KEY=value`` lines; no binary form here)."""
+    return dict(line.split("=", 1) for line in datagram.decode().splitlines())
