@@ -111,13 +111,17 @@ class Conductor(BmcRequests, StepRunner):
         return node
 
     async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str,
-                              propagate: bool = True) -> Node:
-        """Set or clear the maintenance flag (a history row). ``propagate``: also cordon and
-        drain (or uncordon) the node in Kubernetes; False when Kubernetes told us."""
+                              propagate: bool = True, renew: bool = False) -> Node:
+        """Set or clear the maintenance flag (a history row). ``renew``: on again with
+        another reason records the new reason (an operator's request). ``propagate``: also
+        cordon and drain (or uncordon) the node in Kubernetes; False when Kubernetes told
+        us."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
-            if node.maintenance == on:
+            if node.maintenance == on and not (on and renew and reason
+                                               and reason != node.maintenance_reason):
                 return node
+            propagate = propagate and node.maintenance != on  # a new reason: cordoned already
             node = await self._repo.transition(
                 node, to_state=node.state, event="maintenance_on" if on else "maintenance_off",
                 actor=actor, reason=reason, reset_checkpoint=False,

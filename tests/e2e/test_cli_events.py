@@ -146,3 +146,18 @@ def test_the_stream_rejects_a_bad_since(daemon: Daemon, cli: Any) -> None:
     assert caught.value.code == 422
     bad = cli("events", "--since", "x", ok=False)
     assert bad.returncode == 2
+
+
+def test_maintenance_on_again_with_a_new_reason_records_it(cli: Any) -> None:
+    _enroll(cli, "ev-05", 5)
+    cli("node", "action", "ev-05", "maintenance-on", "--reason", "cable swap")
+    cli("node", "action", "ev-05", "maintenance-on", "--reason", "cable swap")  # the same
+    cli("node", "action", "ev-05", "maintenance-on", "--reason", "PSU replaced too")
+    detail = as_json(cli("node", "show", "ev-05", "--json"))
+    assert detail["maintenance"] is True
+    assert detail["maintenance_reason"] == "PSU replaced too"
+    reasons = [h["reason"] for h in as_json(cli("node", "history", "ev-05", "--json"))
+               if h["event"] == "maintenance_on"]
+    assert reasons == ["cable swap", "PSU replaced too"]
+    lines = cli("events", "--node", "ev-05").stdout.splitlines()
+    assert lines[-1].split(" by ", 1)[1].startswith("token:events-admin: PSU replaced too")
