@@ -125,7 +125,7 @@ class Daemon:
             stack.callback(store.close)
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
             stack.callback(world.close)
-            metrics = Metrics()
+            metrics = Metrics(instance=store.instance)
             mailbox = FactsMailbox()
             kube_client = await connect_kube(self._settings, stack)
             # issued on the boot servers' store thread: a node's iPXE script waits for its
