@@ -216,18 +216,27 @@ class NodeReads(SessionRepo):
         slower transaction may commit late), oldest first; ``newest``: the last ``limit``
         of them. ``node``: one node's, by id or hostname."""
         def work(s: Session) -> builtins.list[FleetEvent]:
-            t, n = TransitionRow, NodeRow
-            wanted = col(t.id) > after
+            # plain columns: never a node's facts, which a batch of rows would load again
+            transitions = TransitionRow.__table__  # type: ignore[attr-defined]
+            nodes = NodeRow.__table__  # type: ignore[attr-defined]
+            t, n = transitions.c, nodes.c
+            wanted = t.id > after
             extra = builtins.list(also)
             if extra:
-                wanted = or_(wanted, col(t.id).in_(extra))
-            query = select(t, n).join(n, col(n.id) == col(t.node_id)).where(wanted)
+                wanted = or_(wanted, t.id.in_(extra))
+            query = sa_select(t.id, t.node_id, t.seq, t.event, t.from_state, t.to_state,
+                              t.actor, t.reason, t.created_at, t.instance, t.fence,
+                              n.hostname, n.maintenance, n.maintenance_reason, n.last_error
+                              ).join_from(transitions, nodes, n.id == t.node_id).where(wanted)
             if node is not None:
-                query = query.where(or_(col(n.id) == node, col(n.hostname) == node))
-            order = col(t.id).desc() if newest else col(t.id)
-            rows = s.exec(query.order_by(order).limit(limit)).all()
-            found = [FleetEvent(int(r.id or 0), to_entry(r), n.hostname, n.maintenance,
-                                n.maintenance_reason, n.last_error) for r, n in rows]
+                query = query.where(or_(n.id == node, n.hostname == node))
+            query = query.order_by(t.id.desc() if newest else t.id).limit(limit)
+            found = [FleetEvent(int(r.id), HistoryEntry(
+                node_id=NodeId(r.node_id), seq=r.seq, event=r.event, from_state=r.from_state,
+                to_state=r.to_state, actor=r.actor, reason=r.reason, at=r.created_at,
+                instance=r.instance, fence=r.fence), r.hostname, bool(r.maintenance),
+                r.maintenance_reason or "", r.last_error or "")
+                for r in s.connection().execute(query).all()]
             return found[::-1] if newest else found
 
         return await self._run(work)
