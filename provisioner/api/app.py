@@ -24,6 +24,7 @@ from provisioner.api import (
     ACCEPTANCE,
     CONDUCTOR,
     EVENTS,
+    FEED,
     HEALTH,
     METRICS,
     NODES,
@@ -108,7 +109,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     hub = EventHub(settings.events_queue_max)
     feed = EventFeed(nodes, hub)  # every daemon's transitions, from the shared history
     conductor.add_observer(feed.poke)
-    app[EVENTS], app[SESSIONS] = hub, SessionStore(settings.session_ttl_s)
+    app[EVENTS], app[FEED] = hub, feed
+    app[SESSIONS] = SessionStore(settings.session_ttl_s)
 
     async def run_feed(app: web.Application) -> AsyncIterator[None]:
         with contextlib.suppress(Exception):  # the database away: run() tries again

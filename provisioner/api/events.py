@@ -138,6 +138,10 @@ class EventFeed:
         """Conductor observer: our own transition is committed, read it now."""
         self._wake.set()
 
+    def wake(self) -> None:
+        """Another daemon wrote a node (PostgreSQL's NOTIFY): read now, not at the poll."""
+        self._wake.set()
+
     async def run(self) -> None:
         while True:
             try:

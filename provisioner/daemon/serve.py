@@ -10,6 +10,7 @@ import logging
 import signal
 from contextlib import AsyncExitStack
 
+from provisioner.api import FEED
 from provisioner.bmc.managed import BmcManager
 from provisioner.config import Settings
 from provisioner.daemon.clients import (
@@ -190,7 +191,7 @@ class Daemon:
                                      rotation, repair_service, acceptance, health)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
-                             jobs, callbacks)
+                             jobs, callbacks, on_remote=runner.app[FEED].wake)
             resumed = await self._resume(store, conductor)  # before any new work starts
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)
