@@ -91,6 +91,41 @@ class JournalHandler(logging.Handler):
         super().close()
 
 
+class NodeNames(logging.Filter):
+    """Lines that start ``node %s`` with a node's id (the boot server's, the installer's,
+    the step runner's…) name it ``hostname (id)`` and carry its ``NODE``/``NODE_ID``
+    journald fields, from the hostnames the conductor's transitions taught it (``remember``,
+    a conductor observer). A bounded LRU: at most ``max_nodes`` names."""
+
+    def __init__(self, max_nodes: int = 100_000) -> None:
+        super().__init__()
+        self._max = max_nodes
+        self._names: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, node_id: str, hostname: str | None) -> None:
+        if not hostname:
+            self._names.pop(node_id, None)
+            return
+        self._names[node_id] = hostname
+        self._names.move_to_end(node_id)
+        while len(self._names) > self._max:
+            self._names.popitem(last=False)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (isinstance(record.msg, str) and record.msg.startswith("node %s")
+                and isinstance(args, tuple) and args and isinstance(args[0], str)
+                and (hostname := self._names.get(args[0])) is not None):
+            record.args = (node_name(args[0], hostname), *args[1:])
+            if not hasattr(record, "journal"):
+                record.journal = {"NODE": hostname, "NODE_ID": args[0]}
+        return True
+
+
+#: the daemon's one ``NodeNames`` (``setup_logging`` installs it; the daemon feeds it)
+NODE_NAMES: Final = NodeNames()
+
+
 class OneLineFormatter(logging.Formatter):
     """Each message on one line; a traceback, appended after it, keeps its lines."""
 
@@ -160,6 +195,7 @@ def setup_logging(level: str) -> None:
     else:
         stderr.setFormatter(OneLineFormatter(
             "%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(NODE_NAMES)  # "node <id>" → "node <hostname> (<id>)"
     handler.addFilter(RepeatLimit())  # bad input at any rate: a bounded journal
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -54,7 +54,7 @@ from provisioner.lifecycle.repair import RepairService, ladder_listener
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
-from provisioner.log import setup_logging
+from provisioner.log import NODE_NAMES, setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
 from provisioner.simulation.rack import simulated_nodes
@@ -182,6 +182,8 @@ class Daemon:
             fleet_task = asyncio.create_task(fleet.run(), name="fleet")
             stack.push_async_callback(_cancel, fleet_task)
             conductor.add_observer(topology.observe)
+            conductor.add_observer(lambda node, _event, _before: NODE_NAMES.remember(
+                node.id, node.hostname))  # other modules' "node <id>" lines: the hostname
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             repair_service = RepairService(conductor, store.nodes, self._settings.health)
@@ -260,6 +262,8 @@ class Daemon:
         """Resume the in-flight nodes, then seed the simulated rack; return how many
         resumed (0 when a stop came while the database was away)."""
         async def resume() -> int:
+            for known in await store.nodes.summaries():  # log lines name them by hostname
+                NODE_NAMES.remember(known.id, known.hostname)
             resumed = await conductor.recover()
             await self._seed_simulation(store, conductor)
             return resumed

@@ -14,7 +14,13 @@ import pytest
 from provisioner.cli import nodes
 from provisioner.cli.events import _line
 from provisioner.lifecycle.states import IN_FLIGHT
-from provisioner.log import JournalHandler, journal_datagram, node_fields, node_name
+from provisioner.log import (
+    JournalHandler,
+    NodeNames,
+    journal_datagram,
+    node_fields,
+    node_name,
+)
 
 
 def test_the_cli_waits_while_the_lifecycle_is_in_flight() -> None:
@@ -105,3 +111,31 @@ def test_a_refused_datagram_goes_to_stderr(tmp_path: Path,
     handler.emit(record)
     handler.close()
     assert capsys.readouterr().err == "fallback: hello world\n"
+
+
+def test_node_lines_of_other_modules_name_the_hostname(journal: socket.socket,
+                                                       tmp_path: Path) -> None:
+    names = NodeNames(max_nodes=2)
+    names.remember("id-1", "gpu-01")
+    names.remember("id-2", None)  # no hostname yet: the id stays
+    handler = JournalHandler(str(tmp_path / "journal.sock"), logging.StreamHandler())
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    handler.addFilter(names)
+    logger = logging.getLogger("provisioner.boot.test_names")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        logger.info("node %s: served %s to %s", "id-1", "inspection", "52:54:00:00:00:01")
+        logger.info("node %s: served local boot", "id-2")
+        names.remember("id-3", "gpu-03")
+        names.remember("id-4", "gpu-04")  # over max_nodes: id-1 is forgotten
+        logger.info("node %s: again", "id-1")
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        handler.close()
+    first, second, third = (_parse(journal.recv(65536)) for _ in range(3))
+    assert first["MESSAGE"] == "node gpu-01 (id-1): served inspection to 52:54:00:00:00:01"
+    assert (first["NODE"], first["NODE_ID"]) == ("gpu-01", "id-1")
+    assert second["MESSAGE"] == "node id-2: served local boot" and "NODE" not in second
+    assert third["MESSAGE"] == "node id-1: again"
