@@ -33,6 +33,7 @@ def one_line(text: str) -> str:
 
 
 JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
+SEND_TIMEOUT_S: Final = 0.1
 #: the fields a node's log lines carry (``log.info(..., extra=node_fields(...))``)
 NODE_FIELDS: Final = ("NODE", "NODE_ID", "STATE", "EVENT")
 
@@ -65,14 +66,18 @@ def journal_datagram(fields: Mapping[str, str]) -> bytes:
 
 class JournalHandler(logging.Handler):
     """Each record as one datagram to journald: ``MESSAGE``, ``PRIORITY``, the logger, and a
-    node's fields. A record the socket refuses (gone, full, too big) goes to ``fallback``."""
+    node's fields. A record the socket refuses (gone, too big, full past
+    ``SEND_TIMEOUT_S``) goes to ``fallback``."""
 
     def __init__(self, path: str, fallback: logging.Handler) -> None:
         super().__init__()
         self._path = path
         self._fallback = fallback
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        self._sock.setblocking(False)  # a journald that lags never stalls the event loop
+        # journald reads at once; its queue is short (net.unix.max_dgram_qlen, often 10), so
+        # a burst waits for it a little, but one that lags stalls the event loop 0.1 s at
+        # most: that record goes to stderr (the journal's stream, without the fields)
+        self._sock.settimeout(SEND_TIMEOUT_S)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
