@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from provisioner.cli.client import add_group, load_config
@@ -28,8 +29,15 @@ def add_commands(sub: Subcommands) -> None:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     from provisioner import admin
+    from provisioner.daemon.preflight import preflight
+    from provisioner.errors import ConfigError
 
-    print(admin.show_config(load_config(args), as_json=bool(args.json)))
+    settings = load_config(args)
+    print(admin.show_config(settings, as_json=bool(args.json)))
+    try:  # what loads may still stop serve: say so (config check exits 2 on it)
+        preflight(settings)
+    except ConfigError as exc:
+        print(f"provisioner: warning: serve would not start: {exc}", file=sys.stderr)
     return 0
 
 

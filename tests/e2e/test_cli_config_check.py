@@ -138,3 +138,14 @@ def test_under_journald_a_node_line_names_it_with_fields(tmp_path: Path) -> None
 def _fields(datagram: bytes) -> dict[str, str]:
     """journald's native protocol read back (``KEY=value`` lines; no binary form here)."""
     return dict(line.split("=", 1) for line in datagram.decode().splitlines())
+
+
+def test_config_show_says_when_serve_would_not_start(tmp_path: Path) -> None:
+    config = tmp_path / "bad.toml"
+    config.write_text(f'state_dir = "{tmp_path / "state"}"\n[install]\n'
+                      f'playbooks_dir = "{tmp_path}/nowhere"\n')
+    show = provisioner("--config", str(config), "config", "show")
+    assert show.returncode == 0 and "[install]" in show.stdout
+    assert show.stderr.strip() == ("provisioner: warning: serve would not start: "
+                                   f"install.playbooks_dir: {tmp_path}/nowhere lacks site.yml "
+                                   "or join.yml")

@@ -111,7 +111,8 @@ def test_a_fresh_state_dir_is_private_under_a_022_umask(tmp_path: Path) -> None:
     proc = serve(config, log)
     try:
         deadline = time.monotonic() + 30
-        while not (state / "provisioner.sqlite-wal").exists() and time.monotonic() < deadline:
+        while not ((state / "provisioner.sqlite-wal").exists()  # the key comes after the
+                   and (state / "secret.key").exists()) and time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.2)
         modes = {path.name: path.stat().st_mode & 0o777
