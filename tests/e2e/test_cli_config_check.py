@@ -112,7 +112,8 @@ def test_under_journald_a_node_line_names_it_with_fields(tmp_path: Path) -> None
                             stdin=subprocess.DEVNULL)
     records: list[dict[str, str]] = []
     try:
-        while not any(r.get("EVENT") == "inspect" for r in records):
+        while not (any(r.get("EVENT") == "inspect" for r in records)
+                   and any(r["LOGGER"] == "provisioner.bmc.managed" for r in records)):
             records.append(_fields(journal.recv(1 << 20)))
     finally:
         proc.terminate()
@@ -132,6 +133,9 @@ def test_under_journald_a_node_line_names_it_with_fields(tmp_path: Path) -> None
     assert host != node_id and inspect["STATE"] == "inspecting"
     assert inspect["MESSAGE"].startswith(f"node {host} ({node_id}): enrolled --inspect--> "
                                          "inspecting by policy")
+    bmc = next(r for r in records if r["LOGGER"] == "provisioner.bmc.managed")
+    assert bmc["NODE"] != bmc["NODE_ID"]  # another module's line: named by hostname too
+    assert bmc["MESSAGE"].startswith(f"node {bmc['NODE']} ({bmc['NODE_ID']}): bmc fake:")
     assert all(int(r["PRIORITY"]) > 4 for r in records), records  # no WARNING
 
 
