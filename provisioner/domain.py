@@ -142,6 +142,20 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """A history row of any node, with its fleet-wide id (``provisioner events``, the SSE
+    stream's ``id:``): every daemon on the database sees the same ids. ``hostname``,
+    ``maintenance``, ``maintenance_reason`` and ``last_error`` are the node's now."""
+
+    id: int
+    entry: HistoryEntry
+    hostname: str | None
+    maintenance: bool
+    maintenance_reason: str
+    last_error: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeFilter:
     """Nodes matching every field given; a tuple matches any of its values."""
 

@@ -1,13 +1,24 @@
-"""Logging to stderr: journald-friendly under systemd (priority prefix, no timestamps)."""
+"""Logging: under systemd, to journald's native socket with structured fields (``NODE=``,
+``NODE_ID=``, ``STATE=``, ``EVENT=`` on a node's lines: ``journalctl NODE=gpu-00``), else
+(or when that socket refuses a record) to stderr, journald-friendly under systemd (priority
+prefix, no timestamps).
+
+The native protocol is datagrams of ``KEY=value`` lines (a value with a newline: the key, a
+newline, its length as 64-bit little-endian, the value, a newline), so the standard library
+does it: no ``systemd`` binding to build.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import struct
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Final
 
 _PRIORITY = {logging.DEBUG: 7, logging.INFO: 6, logging.WARNING: 4, logging.ERROR: 3,
              logging.CRITICAL: 2}
@@ -19,6 +30,105 @@ def one_line(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in text)
+
+
+JOURNAL_SOCKET: Final = "/run/systemd/journal/socket"
+SEND_TIMEOUT_S: Final = 0.1
+#: the fields a node's log lines carry (``log.info(..., extra=node_fields(...))``)
+NODE_FIELDS: Final = ("NODE", "NODE_ID", "STATE", "EVENT")
+
+
+def node_name(node_id: str, hostname: str | None) -> str:
+    """How a log line names a node: ``gpu-00 (3f2a…)``, or its id until it has a hostname."""
+    return f"{hostname} ({node_id})" if hostname else node_id
+
+
+def node_fields(node_id: str, hostname: str | None, state: str,
+                event: str | None = None) -> dict[str, object]:
+    """``extra=`` for a node's log line: its journald fields."""
+    fields = {"NODE": hostname or node_id, "NODE_ID": node_id, "STATE": str(state)}
+    if event is not None:
+        fields["EVENT"] = str(event)
+    return {"journal": fields}
+
+
+def journal_datagram(fields: Mapping[str, str]) -> bytes:
+    """``fields`` in journald's native protocol."""
+    out = bytearray()
+    for key, value in fields.items():
+        data = value.encode("utf-8", "backslashreplace")
+        if b"\n" in data:
+            out += key.encode() + b"\n" + struct.pack("<Q", len(data)) + data + b"\n"
+        else:
+            out += key.encode() + b"=" + data + b"\n"
+    return bytes(out)
+
+
+class JournalHandler(logging.Handler):
+    """Each record as one datagram to journald: ``MESSAGE``, ``PRIORITY``, the logger, and a
+    node's fields. A record the socket refuses (gone, too big, full past
+    ``SEND_TIMEOUT_S``) goes to ``fallback``."""
+
+    def __init__(self, path: str, fallback: logging.Handler) -> None:
+        super().__init__()
+        self._path = path
+        self._fallback = fallback
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        # journald reads at once; its queue is short (net.unix.max_dgram_qlen, often 10), so
+        # a burst waits for it a little, but one that lags stalls the event loop 0.1 s at
+        # most: that record goes to stderr (the journal's stream, without the fields)
+        self._sock.settimeout(SEND_TIMEOUT_S)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields = {"MESSAGE": self.format(record),
+                      "PRIORITY": str(_PRIORITY.get(record.levelno, 6)),
+                      "SYSLOG_IDENTIFIER": "provisioner", "LOGGER": record.name}
+            extra = getattr(record, "journal", None)
+            if isinstance(extra, dict):
+                fields.update({k: str(v) for k, v in extra.items() if k in NODE_FIELDS})
+            self._sock.sendto(journal_datagram(fields), self._path)
+        except OSError:
+            self._fallback.handle(record)
+
+    def close(self) -> None:
+        self._sock.close()
+        super().close()
+
+
+class NodeNames(logging.Filter):
+    """Lines that start ``node %s`` with a node's id (the boot server's, the installer's,
+    the step runner's…) name it ``hostname (id)`` and carry its ``NODE``/``NODE_ID``
+    journald fields, from the hostnames the conductor's transitions taught it (``remember``,
+    a conductor observer). A bounded LRU: at most ``max_nodes`` names."""
+
+    def __init__(self, max_nodes: int = 100_000) -> None:
+        super().__init__()
+        self._max = max_nodes
+        self._names: OrderedDict[str, str] = OrderedDict()
+
+    def remember(self, node_id: str, hostname: str | None) -> None:
+        if not hostname:
+            self._names.pop(node_id, None)
+            return
+        self._names[node_id] = hostname
+        self._names.move_to_end(node_id)
+        while len(self._names) > self._max:
+            self._names.popitem(last=False)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if (isinstance(record.msg, str) and record.msg.startswith("node %s")
+                and isinstance(args, tuple) and args and isinstance(args[0], str)
+                and (hostname := self._names.get(args[0])) is not None):
+            record.args = (node_name(args[0], hostname), *args[1:])
+            if not hasattr(record, "journal"):
+                record.journal = {"NODE": hostname, "NODE_ID": args[0]}
+        return True
+
+
+#: the daemon's one ``NodeNames`` (``setup_logging`` installs it; the daemon feeds it)
+NODE_NAMES: Final = NodeNames()
 
 
 class OneLineFormatter(logging.Formatter):
@@ -77,12 +187,20 @@ class RepeatLimit(logging.Filter):
 
 
 def setup_logging(level: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+    """Under systemd (``JOURNAL_STREAM``), to journald's socket when it is there
+    (``PROVISIONER_JOURNAL_SOCKET`` names another), stderr for what it refuses."""
+    stderr = logging.StreamHandler(sys.stderr)
+    handler: logging.Handler = stderr
     if os.environ.get("JOURNAL_STREAM"):
-        handler.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+        stderr.setFormatter(JournalFormatter("%(name)s: %(message)s"))
+        path = os.environ.get("PROVISIONER_JOURNAL_SOCKET", JOURNAL_SOCKET)
+        if os.path.exists(path):
+            handler = JournalHandler(path, stderr)
+            handler.setFormatter(OneLineFormatter("%(message)s"))
     else:
-        handler.setFormatter(OneLineFormatter(
+        stderr.setFormatter(OneLineFormatter(
             "%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    handler.addFilter(NODE_NAMES)  # "node <id>" → "node <hostname> (<id>)"
     handler.addFilter(RepeatLimit())  # bad input at any rate: a bounded journal
     root = logging.getLogger()
     root.handlers[:] = [handler]

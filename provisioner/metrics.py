@@ -8,9 +8,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    GC_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 
+from provisioner import __version__
 from provisioner.domain import Node, NodeState
 
 #: the classic text format; ``generate_latest`` writes it whatever the library's default is
@@ -89,8 +99,19 @@ class _HungCollector:
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, instance: str | None = None) -> None:
+        """``instance``: this daemon's id (``provisioner_build_info``), for per-daemon views
+        of a fleet of daemons (docs/ha.md)."""
         self._registry: Any = CollectorRegistry(auto_describe=True)
+        # process_* (CPU, memory, file descriptors, start time) and python_info, as every
+        # prometheus_client exporter has them; python_gc_* from the default registry's own
+        ProcessCollector(registry=self._registry)
+        PlatformCollector(registry=self._registry)
+        self._registry.register(GC_COLLECTOR)
+        build: Any = Gauge("provisioner_build_info", "The running daemon: 1, labelled with "
+                           "its version and instance", ["version", "instance"],
+                           registry=self._registry)
+        build.labels(version=__version__, instance=instance or "").set(1)
         self._transitions: Any = Counter(
             "provisioner_transitions_total", "Committed node transitions",
             ["event", "from_state", "to_state"], registry=self._registry,

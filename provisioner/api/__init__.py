@@ -10,7 +10,7 @@ from typing import Final
 
 from aiohttp import web
 
-from provisioner.api.events import EventHub
+from provisioner.api.events import EventFeed, EventHub
 from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.config.profiles import ProfileRegistry
@@ -34,6 +34,7 @@ METRICS: Final = web.AppKey("metrics", Metrics)
 SETTINGS: Final = web.AppKey("settings", ApiSettings)
 TOPOLOGY: Final = web.AppKey("topology", LiveTopology)
 EVENTS: Final = web.AppKey("events", EventHub)
+FEED: Final = web.AppKey("feed", EventFeed)
 SESSIONS: Final = web.AppKey("sessions", SessionStore)
 ROTATION: Final = web.AppKey("rotation", BmcRotation)
 OWNERSHIP: Final = web.AppKey("ownership", OwnershipRepo)

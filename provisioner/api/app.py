@@ -10,9 +10,10 @@ and an import that changes an existing node's BMC (``Route.role``; the import ch
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from http import HTTPStatus
 from typing import Final
 
@@ -23,6 +24,7 @@ from provisioner.api import (
     ACCEPTANCE,
     CONDUCTOR,
     EVENTS,
+    FEED,
     HEALTH,
     METRICS,
     NODES,
@@ -38,7 +40,7 @@ from provisioner.api import (
     TOPOLOGY,
 )
 from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
-from provisioner.api.events import EventHub, stream
+from provisioner.api.events import EventFeed, EventHub, stream
 from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
@@ -114,12 +116,23 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
     if topology is not None:
         app[TOPOLOGY] = topology
     hub = EventHub(settings.events_queue_max)
-    conductor.add_observer(hub.observe)
-    app[EVENTS], app[SESSIONS] = hub, SessionStore(settings.session_ttl_s)
+    feed = EventFeed(nodes, hub)  # every daemon's transitions, from the shared history
+    conductor.add_observer(feed.poke)
+    app[EVENTS], app[FEED] = hub, feed
+    app[SESSIONS] = SessionStore(settings.session_ttl_s)
+
+    async def run_feed(app: web.Application) -> AsyncIterator[None]:
+        with contextlib.suppress(Exception):  # the database away: run() tries again
+            await feed.read()  # where the stream starts: the newest row now
+        task = asyncio.create_task(feed.run(), name="events-feed")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     async def close_streams(app: web.Application) -> None:
         hub.close()  # before the server waits for handlers: SSE streams end at once
 
+    app.cleanup_ctx.append(run_feed)
     app.on_shutdown.append(close_streams)
     if rotation is not None:
         app[ROTATION] = rotation
@@ -165,7 +178,7 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    return await stream(request, request.app[EVENTS])
+    return await stream(request, request.app[EVENTS], request.app[NODES])
 
 
 _OWN_ROUTES: Final = (
@@ -175,9 +188,12 @@ _OWN_ROUTES: Final = (
     Route("GET", f"{PREFIX}/openapi.json", openapi_json, "This OpenAPI document", None),
     Route("GET", "/openapi.json", openapi_json, "This OpenAPI document", None),
     Route("GET", EVENTS_PATH, events,
-          "Node transitions as server-sent events (event: transition, data: JSON); a client "
-          "that falls behind is dropped (event: dropped). A bearer token, or the console's "
-          "session cookie", Role.VIEWER, media="text/event-stream"),
+          "The fleet's transitions (every daemon's) as server-sent events (event: "
+          "transition, data: JSON, id: the history row's fleet-wide id); Last-Event-ID or "
+          "?since=ID resumes after that row, ?last=N starts with the newest N, ?node= keeps "
+          "one node's, ?follow=false ends after those rows; a client that falls behind is "
+          "dropped (event: dropped). A bearer token, or the console's session cookie",
+          Role.VIEWER, media="text/event-stream"),
 )
 
 

@@ -138,7 +138,8 @@ async def apply_action(conductor: Conductor, node_id: str, action: str, *, actor
         on = MAINTENANCE_ACTIONS[action]
         if on and not reason:
             raise InvalidRequest("maintenance-on needs a reason (body: {\"reason\": \"...\"})")
-        return await conductor.set_maintenance(node_id, on, actor=actor, reason=reason)
+        return await conductor.set_maintenance(node_id, on, actor=actor, reason=reason,
+                                               renew=True)
     if action == SKU_OVERRIDE:
         if not reason:
             raise InvalidRequest("sku-override needs a reason (body: {\"reason\": \"...\"})")

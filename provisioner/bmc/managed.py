@@ -68,7 +68,7 @@ class BmcManager:
                  credentials: BmcCredentials) -> ManagedBmc:
         key = endpoint_key(endpoint)
         driver = self._registry(node_id, endpoint, self.credentials_for(credentials))
-        return ManagedBmc(driver, key, self, self.breaker(key),
+        return ManagedBmc(driver, key, self, self.breaker(key), node_id=node_id,
                           timeout_s=self._settings.timeout_for(endpoint.driver))
 
     def credentials_for(self, given: BmcCredentials) -> BmcCredentials:
@@ -107,8 +107,9 @@ class ManagedBmc:
     retried and confirmed by read-back."""
 
     def __init__(self, driver: Bmc, key: str, manager: BmcManager,
-                 breaker: CircuitBreaker, *, timeout_s: float) -> None:
+                 breaker: CircuitBreaker, *, timeout_s: float, node_id: str = "") -> None:
         self._driver = driver
+        self._node_id = node_id  # its log lines start "node <id>": they name the hostname
         self._timeout_s = timeout_s
         """This driver's per-call deadline (``BmcSettings.timeout_for``)."""
         self._key = key
@@ -136,7 +137,8 @@ class ManagedBmc:
             confirm_timeout_s=settings.confirm_timeout_s, poll_s=settings.confirm_poll_s,
             before_change=before_change)
         if changed:
-            log.info("bmc %s: power %s%s", self._key, "soft-" if soft else "", state)
+            log.info("node %s: bmc %s: power %s%s", self._node_id, self._key,
+                     "soft-" if soft else "", state)
         return changed
 
     async def power_cycle(self) -> None:
@@ -144,14 +146,15 @@ class ManagedBmc:
         await ensure_power_cycle(self._raw, policy=self._manager.policy,
                                  confirm_timeout_s=settings.confirm_timeout_s,
                                  poll_s=settings.confirm_poll_s)
-        log.info("bmc %s: power cycled", self._key)
+        log.info("node %s: bmc %s: power cycled", self._node_id, self._key)
 
     async def set_boot_device(self, device: BootDevice, *, persistent: bool = False,
                               uefi: bool = True, http_uri: str | None = None) -> None:
         if await ensure_boot_device(self._raw, device, policy=self._manager.policy,
                                     persistent=persistent, uefi=uefi, http_uri=http_uri):
-            log.info("bmc %s: boot device %s (%s, %s)%s", self._key, device,
-                     "persistent" if persistent else "once", "uefi" if uefi else "legacy",
+            log.info("node %s: bmc %s: boot device %s (%s, %s)%s", self._node_id, self._key,
+                     device, "persistent" if persistent else "once",
+                     "uefi" if uefi else "legacy",
                      f" from {http_uri}" if http_uri and device is BootDevice.HTTP else "")
 
     async def boot_device(self) -> BootSetting:

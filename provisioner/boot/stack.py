@@ -110,10 +110,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
             kernel_args_arm64=settings.boot.kernel_args_arm64,
             sendfile_threads=settings.http.sendfile_threads)
         builder = ramdisk_builder(settings, config.base_url, assets)
-        if builder is not None:
+        if builder is not None:  # without it, serve's preflight told of a missing ramdisk
             servers.append(builder)
-        else:
-            _check_ramdisk(config)
         renderer = Renderer()
         installer = None
         if settings.installers:  # profiles installed by autoinstall, preseed, kickstart
@@ -170,18 +168,6 @@ def ramdisk_builder(settings: Settings, url: str, netboot: Path) -> RamdiskBuild
         jobs.append(BuildJob(name, target.kernel, target.initrd, cache_dir(settings),
                              grub=grub, base_url=url))
     return RamdiskBuilder(jobs)
-
-
-def _check_ramdisk(config: BootHttpConfig) -> None:
-    """Nodes cannot be inspected without the ramdisk: say so at start, with the fix."""
-    for kernel, initrd, arch in ((config.kernel, config.initrd, "x86_64"),
-                                 (config.kernel_arm64, config.initrd_arm64, "arm64")):
-        missing = [name for name in (kernel, initrd)
-                   if not (config.artefacts_dir / name).is_file()]
-        if missing:
-            log.warning("%s inspection ramdisk missing in %s (%s): such nodes will not boot "
-                        "into inspection; build it with: provisioner ramdisk build --arch %s",
-                        arch, config.artefacts_dir, ", ".join(missing), arch)
 
 
 def _network_servers(settings: Settings, discovery: Discovery, assets: Path,

@@ -16,7 +16,8 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -49,6 +50,15 @@ class ApiError(Exception):
         self.problem: Mapping[str, Json] = problem or {}
 
 
+@dataclass(frozen=True, slots=True)
+class SseFrame:
+    """One server-sent event: its ``event:``, its ``data:`` and its ``id:`` (None if none)."""
+
+    event: str
+    data: str
+    id: int | None
+
+
 class ApiClient:
     def __init__(self, base_url: str, token: str | None, timeout_s: float = 30.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -74,16 +84,51 @@ class ApiClient:
     def delete(self, path: str) -> Json:
         return self._request("DELETE", path, None, None)
 
-    def _request(
-        self, method: str, path: str, data: bytes | None, content_type: str | None
-    ) -> Json:
-        url = self.base_url + path
+    def events(self, path: str, params: Mapping[str, ParamValue],
+               last_event_id: int | None = None) -> Iterator[SseFrame]:
+        """The server-sent events of ``path``, one frame at a time, until the server ends
+        the stream (ApiError when it cannot be read)."""
+        headers = {"Accept": "text/event-stream"}
+        if last_event_id is not None:
+            headers["Last-Event-ID"] = str(last_event_id)
+        request = self._build("GET", path + _query(params), None, None, headers)
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                fields: dict[str, str] = {}
+                for raw in response:
+                    line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                    if line:
+                        name, _, value = line.partition(":")
+                        if name:  # a ": comment" line has no name
+                            fields[name] = value.removeprefix(" ")
+                        continue
+                    if "data" in fields:
+                        yield SseFrame(fields.get("event", "message"), fields["data"],
+                                       int(fields["id"]) if fields.get("id", "").isdigit()
+                                       else None)
+                    fields = {}
+        except urllib.error.HTTPError as exc:
+            with exc:
+                raise _api_error(exc.code, exc.reason, exc.read()) from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+            raise ApiError(0, f"cannot read events from {self.base_url}: "
+                              f"{_reason(exc)}") from None
+
+    def _build(self, method: str, path: str, data: bytes | None, content_type: str | None,
+               extra: Mapping[str, str] | None = None) -> urllib.request.Request:
         headers = {"Accept": "application/json", "User-Agent": f"provisioner-cli/{__version__}"}
+        headers.update(extra or {})
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         if content_type:
             headers["Content-Type"] = content_type
-        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        return urllib.request.Request(self.base_url + path, data=data, headers=headers,
+                                      method=method)
+
+    def _request(
+        self, method: str, path: str, data: bytes | None, content_type: str | None
+    ) -> Json:
+        request = self._build(method, path, data, content_type)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 payload = response.read()

@@ -16,6 +16,7 @@ from provisioner import __version__
 from provisioner.cli import (
     config,
     db,
+    events,
     fabric,
     formatting,
     health,
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_node_commands(node_group)
     servicing.add_node_commands(node_group)
     health.add_node_commands(node_group)
+    events.add_commands(sub)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)

@@ -10,6 +10,7 @@ import logging
 import signal
 from contextlib import AsyncExitStack
 
+from provisioner.api import FEED
 from provisioner.bmc.managed import BmcManager
 from provisioner.config import Settings
 from provisioner.daemon.clients import (
@@ -33,6 +34,7 @@ from provisioner.daemon.hooks import (
     fresh,
     maintenance_from,
 )
+from provisioner.daemon.preflight import preflight
 from provisioner.daemon.servers import start_api, start_boot
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.errors import ConfigError, Conflict, SchemaError
@@ -53,7 +55,7 @@ from provisioner.lifecycle.repair import RepairService, ladder_listener
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
-from provisioner.log import setup_logging
+from provisioner.log import NODE_NAMES, setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
 from provisioner.simulation.rack import simulated_nodes
@@ -113,6 +115,9 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._request_stop, sig)
+        checks = preflight(self._settings)  # ConfigError: exit 2, as `config check` says
+        for note in checks.notes:
+            log.warning("%s", note)
         async with AsyncExitStack() as stack:
             private_dir(self._settings.state_dir)
             sqlite_lock = lock_sqlite(self._settings.sqlalchemy_url)  # ConfigError: exit 2
@@ -122,7 +127,7 @@ class Daemon:
             stack.callback(store.close)
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
             stack.callback(world.close)
-            metrics = Metrics()
+            metrics = Metrics(instance=store.instance)
             mailbox = FactsMailbox()
             kube_client = await connect_kube(self._settings, stack)
             # issued on the boot servers' store thread: a node's iPXE script waits for its
@@ -179,6 +184,8 @@ class Daemon:
             fleet_task = asyncio.create_task(fleet.run(), name="fleet")
             stack.push_async_callback(_cancel, fleet_task)
             conductor.add_observer(topology.observe)
+            conductor.add_observer(lambda node, _event, _before: NODE_NAMES.remember(
+                node.id, node.hostname))  # other modules' "node <id>" lines: the hostname
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             repair_service = RepairService(conductor, store.nodes, self._settings.health)
@@ -189,7 +196,7 @@ class Daemon:
                                      slurm=slurm_client)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
-                             jobs, callbacks)
+                             jobs, callbacks, on_remote=runner.app[FEED].wake)
             resumed = await self._resume(store, conductor)  # before any new work starts
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)
@@ -258,6 +265,8 @@ class Daemon:
         """Resume the in-flight nodes, then seed the simulated rack; return how many
         resumed (0 when a stop came while the database was away)."""
         async def resume() -> int:
+            for known in await store.nodes.summaries():  # log lines name them by hostname
+                NODE_NAMES.remember(known.id, known.hostname)
             resumed = await conductor.recover()
             await self._seed_simulation(store, conductor)
             return resumed

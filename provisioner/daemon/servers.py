@@ -5,6 +5,7 @@ maintenance holds in step."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 
 from aiohttp import web
@@ -54,20 +55,23 @@ async def start_api(settings: Settings, store: Store, conductor: Conductor, metr
 
 async def start_boot(settings: Settings, stack: AsyncExitStack, store: Store,
                      conductor: Conductor, mailbox: FactsMailbox, agent_tokens: AgentTokens,
-                     jobs: AgentJobs, callbacks: BootCallbacks) -> None:
+                     jobs: AgentJobs, callbacks: BootCallbacks,
+                     on_remote: Callable[[], None] | None = None) -> None:
     """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
-    TFTP. Each binds before READY=1; a port in use stops the start."""
+    TFTP. Each binds before READY=1; a port in use stops the start. ``on_remote``: called
+    when another daemon wrote a node (the event feed reads at once)."""
     caches: list[Discovery] = []
     boot = build_boot(settings, store, conductor, mailbox, agent_tokens, jobs,
                       callbacks, caches=caches)
-    listen_for_changes(settings, stack, store, caches, conductor)
+    listen_for_changes(settings, stack, store, caches, conductor, on_remote)
     for server in boot:
         await server.start()
         stack.push_async_callback(server.stop)
 
 
 def listen_for_changes(settings: Settings, stack: AsyncExitStack, store: Store,
-                       caches: list[Discovery], conductor: Conductor) -> None:
+                       caches: list[Discovery], conductor: Conductor,
+                       on_remote: Callable[[], None] | None = None) -> None:
     """PostgreSQL: other daemons' node writes drop entries from our MAC caches, and a
     maintenance flag set there parks the node's step running here."""
     url = make_url(settings.sqlalchemy_url)
@@ -78,6 +82,8 @@ def listen_for_changes(settings: Settings, stack: AsyncExitStack, store: Store,
         for cache in caches:
             cache.forget(notice.macs)
         conductor.remote_change(notice.node_id)
+        if on_remote is not None:
+            on_remote()
 
     def reconnected() -> None:
         for cache in caches:

@@ -85,16 +85,22 @@ def expected_tests(profile: AcceptanceProfile, names: Sequence[str], scope: str
     return expected
 
 
+def check_fabric_classes(settings: ValidationSettings) -> None:
+    """ConfigError naming the profile whose acceptance names an unknown fabric class (run
+    by ``serve``'s preflight and ``config check``, and again here)."""
+    for name, profile in settings.profiles.items():
+        if profile.acceptance and fabric_class(profile.acceptance.fabric_class) is None:
+            raise ConfigError(f"validation.profiles.{name}.acceptance.fabric_class: "
+                              f"unknown class {profile.acceptance.fabric_class!r} "
+                              "(provisioner fabric judge --list-classes)")
+
+
 class DomainAcceptance:
     def __init__(self, repo: NodeRepo, runs: AcceptanceRepo, launcher: AcceptanceLauncher,
                  settings: ValidationSettings, *, instance: str | None = None,
                  poll_s: float = 2.0,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        for name, profile in settings.profiles.items():  # a typo fails at start-up
-            if profile.acceptance and fabric_class(profile.acceptance.fabric_class) is None:
-                raise ConfigError(f"validation.profiles.{name}.acceptance.fabric_class: "
-                                  f"unknown class {profile.acceptance.fabric_class!r} "
-                                  "(provisioner fabric judge --list-classes)")
+        check_fabric_classes(settings)  # a typo fails at start-up
         self._repo = repo
         self._runs = runs
         self._launcher = launcher

@@ -46,6 +46,7 @@ from provisioner.lifecycle.states import (
 )
 from provisioner.lifecycle.step_runner import SYSTEM_ACTOR, StepRunner
 from provisioner.lifecycle.steps import STEPS, Step
+from provisioner.log import node_fields, node_name
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
@@ -98,7 +99,8 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
 
     async def enroll(self, new: NewNode, *, actor: str, reason: str = "") -> Node:
         node = await self._repo.create(new, actor=actor, reason=reason)
-        log.info("node %s: enrolled as %s by %s", node.id, node.state, actor)
+        log.info("node %s: enrolled as %s by %s", _named(node), node.state, actor,
+                 extra=_fields(node, "enroll"))
         self._notify(node, "enroll", NodeState(node.state))
         await self._apply_policy(node)
         return await self._repo.get(node.id)  # as the policy left it
@@ -155,19 +157,24 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                                expect=node.state)
 
     async def set_maintenance(self, node_id: str, on: bool, *, actor: str, reason: str,
-                              propagate: bool = True) -> Node:
-        """Set or clear the maintenance flag (a history row). ``propagate``: also cordon and
-        drain (or uncordon) the node in Kubernetes; False when Kubernetes told us."""
+                              propagate: bool = True, renew: bool = False) -> Node:
+        """Set or clear the maintenance flag (a history row). ``renew``: on again with
+        another reason records the new reason (an operator's request). ``propagate``: also
+        cordon and drain (or uncordon) the node in Kubernetes; False when Kubernetes told
+        us."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
-            if node.maintenance == on:
+            if node.maintenance == on and not (on and renew and reason
+                                               and reason != node.maintenance_reason):
                 return node
+            propagate = propagate and node.maintenance != on  # a new reason: cordoned already
             node = await self._repo.transition(
                 node, to_state=node.state, event="maintenance_on" if on else "maintenance_off",
                 actor=actor, reason=reason, reset_checkpoint=False,
                 maintenance=(on, reason if on else ""),
             )
-        log.info("node %s: maintenance %s by %s %s", node_id, "on" if on else "off", actor, reason)
+        log.info("node %s: maintenance %s by %s %s", _named(node), "on" if on else "off", actor,
+                 reason, extra=_fields(node, "maintenance_on" if on else "maintenance_off"))
         self._notify(node, "maintenance_on" if on else "maintenance_off", node.state)
         self._hold(node_id, on)
         if propagate and node.state is NodeState.ACTIVE:
@@ -193,7 +200,8 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                 await self._repo.get(node_id), to_state=node.state, event=OVERRIDE_EVENT,
                 actor=actor, reason=f"{reason} (overrides: {'; '.join(held)})",
                 reset_checkpoint=False)
-        log.warning("node %s: SKU gate overridden by %s: %s", node_id, actor, reason)
+        log.warning("node %s: SKU gate overridden by %s: %s", _named(node), actor, reason,
+                    extra=_fields(node, OVERRIDE_EVENT))
         self._notify(node, OVERRIDE_EVENT, node.state)
         await self._apply_policy(node)
         return await self._repo.get(node_id)
@@ -235,7 +243,8 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
             node = await self._repo.transition(node, to_state=node.state, event=event,
                                                actor=actor, reason=reason,
                                                reset_checkpoint=False)
-        log.log(level, "node %s: %s by %s: %s", node_id, event, actor, reason)
+        log.log(level, "node %s: %s by %s: %s", _named(node), event, actor, reason,
+                extra=_fields(node, event))
         self._notify(node, event, node.state)
         return node
 
@@ -262,7 +271,7 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
             reason = (f"discovered node {discovered.id} (MAC {', '.join(discovered.macs)}) "
                       f"is this machine (serial {owner.serial})")
             node = await self._repo.adopt(discovered, owner, actor=actor, reason=reason)
-        log.info("node %s: adopted %s", owner_id, reason)
+        log.info("node %s: adopted %s", _named(node), reason, extra=_fields(node, "adopt"))
         self._notify(node, "adopt", node.state)
         if node.state not in IN_FLIGHT:
             await self._apply_policy(node)
@@ -308,7 +317,7 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             if expect is not None and node.state != expect:
-                log.info("node %s: dropping %s meant for %s, node is %s", node_id, event,
+                log.info("node %s: dropping %s meant for %s, node is %s", _named(node), event,
                          expect, node.state)
                 return None
             if event in _WORK_EVENTS and node.maintenance:
@@ -351,8 +360,8 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
             if release:
                 self._fences.pop(node_id, None)
         level = logging.ERROR if target in FAILED else logging.INFO
-        log.log(level, "node %s: %s --%s--> %s by %s%s", node_id, before, event, target,
-                actor, f": {reason}" if reason else "")
+        log.log(level, "node %s: %s --%s--> %s by %s%s", _named(node), before, event, target,
+                actor, f": {reason}" if reason else "", extra=_fields(node, str(event)))
         self._notify(node, str(event), before)
         return node
 
@@ -378,9 +387,9 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
             await self.fire(node.id, event, actor=POLICY_ACTOR, reason=f"auto_{event}",
                             expect=node.state)
         except Conflict as exc:  # someone else moved the node first
-            log.info("node %s: policy skipped %s: %s", node.id, event, exc)
+            log.info("node %s: policy skipped %s: %s", _named(node), event, exc)
         except StoreUnavailable as exc:  # the database is away: the stale-policy round
-            log.warning("node %s: policy %s deferred: %s", node.id, event, exc)  # retries
+            log.warning("node %s: policy %s deferred: %s", _named(node), event, exc)  # retries
 
     def add_observer(self, observer: Observer) -> None:
         """Also call ``observer`` after every committed transition (caches, metrics)."""
@@ -389,3 +398,11 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
     def _notify(self, node: Node, event: str, before: NodeState) -> None:
         for observer in self._observers:
             observer(node, event, before)
+
+
+def _named(node: Node) -> str:
+    return node_name(node.id, node.hostname)
+
+
+def _fields(node: Node, event: str) -> dict[str, object]:
+    return node_fields(node.id, node.hostname, str(node.state), event)

@@ -96,7 +96,7 @@ class Singleton:
                                 type(exc).__name__)
                     fence = self.fence if time.monotonic() - confirmed < interval * 2 else None
                 if fence is not None and not self._tasks:
-                    log.warning("singleton %s: this daemon (%s) leads it now (fence %d)",
+                    log.info("singleton %s: this daemon (%s) leads it now (fence %d)",
                                 self._name, self._own.instance, fence)
                     self._tasks = [asyncio.create_task(work(), name=f"{self._name}:{label}")
                                    for label, work in self._works]

@@ -15,6 +15,7 @@ from sqlmodel import Session, col, select
 
 from provisioner.domain import (
     BmcCredentials,
+    FleetEvent,
     HistoryEntry,
     Node,
     NodeFilter,
@@ -199,6 +200,44 @@ class NodeReads(SessionRepo):
             rows = s.exec(select(TransitionRow).where(TransitionRow.node_id == node_id)
                           .order_by(col(TransitionRow.seq))).all()
             return [to_entry(r) for r in rows]
+
+        return await self._run(work)
+
+    async def last_event_id(self) -> int:
+        """The newest history row's fleet-wide id (0 when there is none)."""
+        def work(s: Session) -> int:
+            return int(s.exec(select(func.max(TransitionRow.id))).one() or 0)
+
+        return await self._run(work)
+
+    async def events(self, *, after: int = 0, also: Iterable[int] = (), limit: int = 500,
+                     node: str | None = None, newest: bool = False) -> builtins.list[FleetEvent]:
+        """History rows of every node with an id above ``after`` (or in ``also``: ids a
+        slower transaction may commit late), oldest first; ``newest``: the last ``limit``
+        of them. ``node``: one node's, by id or hostname."""
+        def work(s: Session) -> builtins.list[FleetEvent]:
+            # plain columns: never a node's facts, which a batch of rows would load again
+            transitions = TransitionRow.__table__  # type: ignore[attr-defined]
+            nodes = NodeRow.__table__  # type: ignore[attr-defined]
+            t, n = transitions.c, nodes.c
+            wanted = t.id > after
+            extra = builtins.list(also)
+            if extra:
+                wanted = or_(wanted, t.id.in_(extra))
+            query = sa_select(t.id, t.node_id, t.seq, t.event, t.from_state, t.to_state,
+                              t.actor, t.reason, t.created_at, t.instance, t.fence,
+                              n.hostname, n.maintenance, n.maintenance_reason, n.last_error
+                              ).join_from(transitions, nodes, n.id == t.node_id).where(wanted)
+            if node is not None:
+                query = query.where(or_(n.id == node, n.hostname == node))
+            query = query.order_by(t.id.desc() if newest else t.id).limit(limit)
+            found = [FleetEvent(int(r.id), HistoryEntry(
+                node_id=NodeId(r.node_id), seq=r.seq, event=r.event, from_state=r.from_state,
+                to_state=r.to_state, actor=r.actor, reason=r.reason, at=r.created_at,
+                instance=r.instance, fence=r.fence), r.hostname, bool(r.maintenance),
+                r.maintenance_reason or "", r.last_error or "")
+                for r in s.connection().execute(query).all()]
+            return found[::-1] if newest else found
 
         return await self._run(work)
 

@@ -111,7 +111,9 @@ def test_a_fresh_state_dir_is_private_under_a_022_umask(tmp_path: Path) -> None:
     proc = serve(config, log)
     try:
         deadline = time.monotonic() + 30
-        while not (state / "provisioner.sqlite-wal").exists() and time.monotonic() < deadline:
+        # the key file is written after the migrations, which made the WAL
+        while not ((state / "provisioner.sqlite-wal").exists()
+                   and (state / "secret.key").exists()) and time.monotonic() < deadline:
             assert proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.2)
         modes = {path.name: path.stat().st_mode & 0o777
