@@ -167,7 +167,7 @@ def test_daemon_refuses_to_start_without_ansible_playbook(tmp_path: Path) -> Non
     assert "cannot start: ansible-playbook not found on PATH nor in" in result.stderr
     assert "install ansible-core" in result.stderr
     assert "Traceback" not in result.stderr
-    assert os.path.exists(tmp_path / "state")  # it got as far as the store, then stopped
+    assert not os.path.exists(tmp_path / "state")  # refused before writing anything (preflight)
 
 
 async def test_a_run_past_the_watchdog_deadline_is_killed_and_fails_retryably(
