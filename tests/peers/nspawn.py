@@ -21,7 +21,7 @@ from typing import Final
 
 from tests.peers.debootstrap import unmount_under
 
-BOOT_TIMEOUT_S: Final = 90.0
+BOOT_TIMEOUT_S: Final = 150.0
 
 
 def nspawn_unavailable_reason() -> str | None:
@@ -68,20 +68,21 @@ class BootedRoot:
                  f"--machine=ptest{os.getpid()}", *binds],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + BOOT_TIMEOUT_S
-        while not self.leader:
-            self._check_alive()
-            self.leader = _child_of(self.proc.pid)
-            if time.monotonic() > deadline:
-                raise AssertionError(f"no container init in time: {self.log()}")
-            time.sleep(0.1)
-        state = ""
+        state, error = "", ""
         while time.monotonic() < deadline:
             self._check_alive()
-            state = self.run("systemctl", "is-system-running", check=False).stdout.strip()
-            if state in ("running", "degraded"):
-                return
+            # nspawn's first child is its "outer child", which forks the container's PID 1
+            # and exits: look again until the child found is the init in a PID namespace of
+            # its own (a pid taken too early made every nsenter fail: a flaky boot)
+            self.leader = _container_init(self.proc.pid)
+            if self.leader:
+                done = self.run("systemctl", "is-system-running", check=False)
+                state, error = done.stdout.strip(), done.stderr.strip()
+                if state in ("running", "degraded"):
+                    return
             time.sleep(0.5)
-        raise AssertionError(f"the container's systemd is {state!r} after {BOOT_TIMEOUT_S} s")
+        raise AssertionError(f"the container's systemd is {state!r} after {BOOT_TIMEOUT_S} s "
+                             f"({error[-300:]!r}): {self.log()}")
 
     def _check_alive(self) -> None:
         assert self.proc is not None
@@ -121,15 +122,17 @@ class BootedRoot:
         shutil.rmtree(self.work / "ovl-work", ignore_errors=True)
 
 
-def _child_of(pid: int) -> int:
-    """The pid of a child of ``pid`` (nspawn's one child is the container's PID 1)."""
+def _container_init(pid: int) -> int:
+    """The container's PID 1: a child of ``pid`` (nspawn) in another PID namespace than
+    ours; 0 while there is none yet."""
+    ours = os.readlink("/proc/self/ns/pid")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            if int(fields[1]) == pid and os.readlink(entry / "ns" / "pid") != ours:
+                return int(entry.name)
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == pid:
-            return int(entry.name)
     return 0
