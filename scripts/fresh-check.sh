@@ -88,7 +88,7 @@ chroot "$CHROOT" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin L
   CI=true bash -c 'cd /repo && VENV=$(bash scripts/setup.sh | tail -1) &&
     deb=$(PROVISIONER_DEB_OUT=/tmp/dist bash scripts/build-deb.sh) &&
     dpkg-deb --info "$deb" >/dev/null && dpkg-deb --contents "$deb" \
-      | grep -q " ./lib/systemd/system/provisioner.service$" &&
+      | grep " ./lib/systemd/system/provisioner.service$" >/dev/null &&
     echo "fresh-check: built $(basename "$deb")" >&2 &&
     "$VENV/bin/python" -m pytest -q -ra -p no:cacheprovider "$@"' fresh-check "${tests[@]}" \
   || rc=$?
