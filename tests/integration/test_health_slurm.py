@@ -27,10 +27,7 @@ from provisioner.store.store import Store
 from tests.conftest import fake_ports
 from tests.peers.slurm import (
     Slurm,
-    jwt_extra,
-    open_workdir,
-    running_munged,
-    running_slurmctld,
+    dynamic_cluster,
     running_slurmd,
     slurm_unavailable_reason,
 )
@@ -43,11 +40,8 @@ NODE = "gpu-health-01"
 def cluster() -> Iterator[tuple[Slurm, Path]]:
     if (reason := slurm_unavailable_reason()) is not None:
         pytest.skip(reason)
-    with open_workdir("slurm-health-") as workdir, running_munged() as sock:
-        extra = jwt_extra(workdir) | {"SlurmdTimeout": "6"}
-        with running_slurmctld(workdir, [], None, sock, plugin="topology/none",
-                               extra=extra) as slurm:
-            yield slurm, workdir
+    with dynamic_cluster("slurm-health-", {"SlurmdTimeout": "6"}) as found:
+        yield found
 
 
 async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60) -> None:

@@ -19,10 +19,7 @@ from provisioner.store.store import Store
 from tests.integration.test_api import NODES, running_api
 from tests.peers.slurm import (
     Slurm,
-    jwt_extra,
-    open_workdir,
-    running_munged,
-    running_slurmctld,
+    dynamic_cluster,
     running_slurmd,
     slurm_unavailable_reason,
 )
@@ -35,10 +32,8 @@ NODE = "gpu-jobs-01"
 def cluster() -> Iterator[tuple[Slurm, Path]]:
     if (reason := slurm_unavailable_reason()) is not None:
         pytest.skip(reason)
-    with open_workdir("slurm-power-") as workdir, running_munged() as sock, \
-            running_slurmctld(workdir, [], None, sock, plugin="topology/none",
-                              extra=jwt_extra(workdir)) as slurm:  # dynamic nodes
-        yield slurm, workdir
+    with dynamic_cluster("slurm-power-") as found:  # dynamic nodes
+        yield found
 
 
 async def _until_state(client: ScontrolSlurm, states: set[str], timeout_s: float = 60) -> str:

@@ -186,6 +186,17 @@ def slurm_token(slurm: Slurm, user: str = "root", lifespan_s: int = 3600) -> str
 
 
 @contextmanager
+def dynamic_cluster(prefix: str, extra: dict[str, str] | None = None
+                    ) -> Iterator[tuple[Slurm, Path]]:
+    """munged + a slurmctld with no static node (dynamic ``slurmd -Z`` workers register),
+    auth/jwt, ``topology/none``; ``extra`` adds slurm.conf keys."""
+    with open_workdir(prefix) as workdir, running_munged() as sock, \
+            running_slurmctld(workdir, [], None, sock, plugin="topology/none",
+                              extra=jwt_extra(workdir) | (extra or {})) as slurm:
+        yield slurm, workdir
+
+
+@contextmanager
 def running_slurmd(slurm: Slurm, workdir: Path, name: str,
                    conf: str = "CPUs=2 RealMemory=2000 Feature=h100,ib") -> Iterator[
                        subprocess.Popen[bytes]]:
