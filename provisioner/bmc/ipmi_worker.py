@@ -9,8 +9,14 @@ even when no call is running. Calls run in a small thread pool (pyghmi blocks), 
 time per BMC; pyghmi's process-wide session state lives here, never in the daemon, so a
 wedged pyghmi costs the daemon this process (killed and replaced), not its event loop.
 
-Exactly one pyghmi ``Command`` per BMC for the worker's lifetime; only a session pyghmi
-marked broken is replaced. This module and nothing else in the package imports pyghmi.
+Exactly one pyghmi ``Command`` per BMC (address and port) at a time, whatever the
+credentials: only a session pyghmi marked broken, or a call with other credentials (a
+rotated password, or a reader that still holds the old one), replaces it, and the old
+session is logged out first under the BMC's one lock. pyghmi routes a BMC's datagrams by
+its address, so two sessions of one process with one BMC, logging in at once with two
+passwords, stalled each other until the call's deadline (a power status right after a
+rotation, while the power sync still read the old password). This module and nothing
+else in the package imports pyghmi.
 ``no_blocking_toggle`` fixes a pyghmi race that stalls its IO thread (the BMC simulator of
 the tests applies it too).
 """
@@ -32,7 +38,7 @@ import pyghmi.ipmi.private.session as pyghmi_session
 from pyghmi.exceptions import IpmiException, PyghmiException
 from pyghmi.ipmi.command import Command
 
-Key = tuple[str, int, str]
+Key = tuple[str, int]
 
 
 class MissingCredentials(Exception):
@@ -45,7 +51,6 @@ class Link:
     def __init__(self, address: str, port: int, user: str, password: str) -> None:
         self.address, self.port = address, port
         self.user, self.password = user, password
-        self.lock = threading.Lock()
         self._command: Any = None
 
     @property
@@ -76,8 +81,12 @@ class Link:
             return command
         if not self.user or not self.password:
             raise MissingCredentials("no IPMI credentials")
-        self._command = Command(bmc=self.address, userid=self.user, password=self.password,
-                                port=self.port)
+        try:
+            self._command = Command(bmc=self.address, userid=self.user,
+                                    password=self.password, port=self.port)
+        except BaseException:
+            forget_logins(self.address, self.port)  # else the next login gets it back
+            raise
         return self._command
 
 
@@ -87,6 +96,16 @@ def forget(session: Any) -> None:
     dead session back and failed with a TypeError: after a logout, and after a BMC died."""
     cache = type(session).initting_sessions
     for key in [key for key, value in cache.items() if value is session]:
+        del cache[key]
+
+
+def forget_logins(address: str, port: int) -> None:
+    """Drop a failed login from pyghmi's login cache (the ``forget`` bug, before a session
+    exists): a refused password's next ``Command()`` got the dead login back and waited 7 s
+    for "Session no longer connected" instead of a refusal, holding the BMC meanwhile. The
+    caller holds the BMC's lock, so no other login of this process to it is under way."""
+    cache = pyghmi_session.Session.initting_sessions
+    for key in [key for key in cache if key[0] == address and key[3] == port]:
         del cache[key]
 
 
@@ -180,6 +199,7 @@ class Worker:
         self._out = out
         self._write = threading.Lock()
         self._links: dict[Key, Link] = {}
+        self._locks: dict[Key, threading.Lock] = {}
         self._links_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ipmi")
 
@@ -192,45 +212,68 @@ class Worker:
     def submit(self, request: dict[str, Any]) -> None:
         self._pool.submit(self._handle, request)
 
-    def _link(self, bmc: list[Any]) -> Link:
-        address, port, user, password = str(bmc[0]), int(bmc[1]), str(bmc[2]), str(bmc[3])
+    def _lock(self, key: Key) -> threading.Lock:
         with self._links_lock:
-            link = self._links.get((address, port, user))
-            if link is None or link.password != password:
-                link = self._links[address, port, user] = Link(address, port, user, password)
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _link(self, key: Key, user: str, password: str) -> Link:
+        """The BMC's link for these credentials; called with the BMC's lock held. A link
+        with other credentials is logged out (best effort: the password it knows may be
+        gone) and forgotten before the new one logs in."""
+        with self._links_lock:
+            link = self._links.get(key)
+        if link is not None and (link.user, link.password) == (user, password):
             return link
+        if link is not None:
+            with contextlib.suppress(Exception):
+                link.logout()
+        link = Link(key[0], key[1], user, password)
+        with self._links_lock:
+            self._links[key] = link
+        return link
 
     def _handle(self, request: dict[str, Any]) -> None:
         rid = request.get("id")
         try:
-            link = self._link(request["bmc"])
+            address, port, user, password = request["bmc"]
+            key, creds = (str(address), int(port)), (str(user), str(password))
+            lock = self._lock(key)
             # a call still running on this BMC (past its deadline) holds the lock: wait no
             # longer than this call's own deadline, so queued calls never pile up threads
-            if not link.lock.acquire(timeout=float(request.get("timeout_s") or 30.0)):
+            if not lock.acquire(timeout=float(request.get("timeout_s") or 30.0)):
                 raise IpmiException("node busy: an earlier call on this BMC still runs")
             try:
-                op = str(request["op"])
-                if op == "logout":
-                    link.logout()
-                    result = None
-                elif op == "verify_login":  # a fresh login: drop the kept session first
-                    link.logout()
-                    result = link.run(lambda _c: None)
-                else:
-                    result = link.run(lambda c: OPS[op](c, dict(request.get("args") or {})))
-                answer = {"id": rid, "ok": result, "session": link.logged_in}
+                answer = {"id": rid, **self._run(key, creds, str(request["op"]),
+                                                 dict(request.get("args") or {}))}
             finally:
-                link.lock.release()
+                lock.release()
         except BaseException as exc:  # every failure goes back as an answer
             answer = {"id": rid, "error": error_of(exc)}
         self.send(answer)
 
+    def _run(self, key: Key, creds: tuple[str, str], op: str,
+             args: dict[str, Any]) -> dict[str, Any]:
+        """One call, the BMC's lock held: ``{"ok", "session"}``."""
+        if op == "logout":  # only the session these credentials opened, if still current
+            with self._links_lock:
+                current = self._links.get(key)
+            if current is not None and (current.user, current.password) == creds:
+                current.logout()
+            return {"ok": None, "session": False}
+        link = self._link(key, *creds)
+        if op == "verify_login":  # a fresh login: drop the kept session first
+            link.logout()
+            result = link.run(lambda _c: None)
+        else:
+            result = link.run(lambda c: OPS[op](c, args))
+        return {"ok": result, "session": link.logged_in}
+
     def logout_all(self) -> None:
         with self._links_lock:
-            links = list(self._links.values())
-        for link in links:
+            links = list(self._links.items())
+        for key, link in links:
             try:
-                with link.lock:
+                with self._lock(key):
                     link.logout()
             except Exception as exc:  # a dead BMC: its session times out on its own
                 print(f"ipmi worker: logout {link.address}:{link.port}: {exc}",

@@ -280,3 +280,34 @@ async def _child(state: Path, node_id: str) -> None:
 
 if __name__ == "__main__":
     asyncio.run(_child(Path(sys.argv[1]), sys.argv[2]))
+
+
+async def test_old_password_readers_do_not_stall_the_new_one(ipmi_sim: IpmiSimBmc,
+                                                             store: Store) -> None:
+    """After a rotation, readers that still hold the old password (the power sync read it
+    before the promote) call the BMC at the same time as the new one, through the one
+    worker process that owns the BMC: pyghmi routes a BMC's datagrams by address, so two
+    logins of one process with two passwords stalled each other until the deadline (the
+    CI failure of test_bmc_rotate_from_the_cli). Now the worker keeps one session per BMC:
+    every new-password call answers, every old-password call fails as a refused login."""
+    rotation, driver = ipmi_rotation(store)
+    node = await enroll_ipmi(store, ipmi_sim.port)
+    await rotation.rotate(node, actor="op")
+    new = (await store.nodes.credentials(node.id)).password or ""
+    endpoint = BmcEndpoint("ipmi", "127.0.0.1", ipmi_sim.port)
+
+    async def power(password: str) -> str:
+        bmc = driver(node.id, endpoint, BmcCredentials(USER, password))
+        try:
+            return str(await bmc.power_state())
+        except BmcAuthFailed:
+            return "refused"
+        except Exception as exc:  # a stall: the deadline's BmcTimeout, or anything else
+            return f"{type(exc).__name__}: {exc}"
+
+    for _ in range(4):
+        answers = await asyncio.gather(power(PASSWORD), power(new), power(PASSWORD),
+                                       power(new))
+        assert answers[1] == answers[3] == "off", answers
+        assert answers[0] == answers[2] == "refused", answers
+    await driver.aclose()
