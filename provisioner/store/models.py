@@ -204,3 +204,16 @@ class HealthSilenceRow(SQLModel, table=True):
     until: datetime
     reason: str = Field(default="", max_length=1024)
     actor: str = Field(default="", max_length=128)
+
+
+class SecretKeyCheckRow(SQLModel, table=True):
+    """The fleet's key check: a known text encrypted with the key its first daemon used, so a
+    daemon whose ``secret.key`` differs refuses to start instead of failing one node later."""
+
+    __tablename__ = "secret_key_check"
+
+    id: int = Field(default=1, primary_key=True)
+    fingerprint: str = Field(max_length=16)
+    token: str = Field(max_length=512)
+    written_by: str = Field(default="", max_length=128)
+    written_at: datetime = Field(default_factory=utcnow)

@@ -4,6 +4,7 @@ place of a lost one (every BMC call would fail): the daemon refuses to start ins
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -15,6 +16,12 @@ from provisioner.errors import ConfigError
 class SecretBox:
     def __init__(self, key: bytes) -> None:
         self._fernet = Fernet(key)
+        self.fingerprint = hashlib.sha256(key).hexdigest()[:16]
+        """Names the key in messages (which key file to copy), never reveals it."""
+
+    @staticmethod
+    def new_key() -> bytes:
+        return Fernet.generate_key()
 
     @classmethod
     def from_key_file(cls, path: Path, *, secrets_stored: int = 0) -> SecretBox:
@@ -24,14 +31,15 @@ class SecretBox:
         if not path.exists() and secrets_stored:
             raise ConfigError(
                 f"secret key file {path} is missing but the database holds "
-                f"{secrets_stored} secret(s) encrypted with it (BMC passwords): restore the "
-                "key file from a backup; a new key could not decrypt them")
+                f"{secrets_stored} secret(s) encrypted with it (BMC passwords, the fleet's "
+                "key check): copy the key file from another daemon of this fleet or restore "
+                "it from a backup; a new key could not decrypt them")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "wb") as fh:
-                fh.write(Fernet.generate_key())
+                fh.write(SecretBox.new_key())
                 fh.flush()
                 os.fsync(fh.fileno())
             try:
@@ -49,6 +57,14 @@ class SecretBox:
 
     def encrypt(self, plaintext: str) -> str:
         return self._fernet.encrypt(plaintext.encode()).decode("ascii")
+
+    def opens(self, token: str) -> bool:
+        """Whether this key decrypts ``token``."""
+        try:
+            self._fernet.decrypt(token.encode("ascii"))
+        except (InvalidToken, ValueError):
+            return False
+        return True
 
     def decrypt(self, token: str) -> str:
         try:

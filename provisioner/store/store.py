@@ -19,6 +19,7 @@ from provisioner.store.acceptance import AcceptanceRepo
 from provisioner.store.bmc_secrets import BmcSecretRepo
 from provisioner.store.files import private_dir
 from provisioner.store.findings import FindingRepo
+from provisioner.store.key_check import check_fleet_key, key_check_exists
 from provisioner.store.models import NodeRow
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
@@ -88,13 +89,15 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
     sqlite = url.startswith("sqlite")
     workers = 1 if sqlite else settings.store.pool_size
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="store")
+    me = instance or instance_id(settings)
+    key_path = settings.state_dir / "secret.key"
     try:
-        box = SecretBox.from_key_file(settings.state_dir / "secret.key",
-                                      secrets_stored=_secrets_stored(engine))
+        box = SecretBox.from_key_file(key_path, secrets_stored=_secrets_stored(engine)
+                                      + key_check_exists(engine))
+        check_fleet_key(engine, box, key_path=str(key_path), instance=me)
     except ConfigError:
         engine.dispose()
         raise
-    me = instance or instance_id(settings)
     # leases get their own threads: a backlog of step writes never delays a renewal
     lease_pool = pool if sqlite else ThreadPoolExecutor(max_workers=2,
                                                         thread_name_prefix="leases")

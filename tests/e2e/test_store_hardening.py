@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.store.secretbox import SecretBox
 from tests.e2e.test_cli_api import clean_env, running_daemon
 from tests.peers.ports import free_tcp_port, stop_process
 
@@ -102,6 +103,25 @@ def test_a_lost_secret_key_is_refused_not_replaced(tmp_path: Path) -> None:
         assert "ready" in log.read_text()
     finally:
         stop_process(proc)
+
+
+def test_a_daemon_with_a_key_of_its_own_is_refused(tmp_path: Path) -> None:
+    """Issue 29: a second daemon on the fleet's database with a state dir of its own (its
+    own ``secret.key``, not copied) exits 2 naming the key to copy, before it serves."""
+    with running_daemon(tmp_path / "a", QUIET):
+        pass  # the fleet's first start: key, database, key check
+    database = tmp_path / "a" / "state" / "provisioner.sqlite"
+    own = tmp_path / "b" / "state"
+    own.mkdir(parents=True, mode=0o700)
+    (own / "secret.key").write_bytes(SecretBox.new_key())
+    (own / "secret.key").chmod(0o600)
+    config = config_for(tmp_path / "b", own, f'database_url = "sqlite:///{database}"\n')
+    log = tmp_path / "b.log"
+    code = exit_of(serve(config, log), log)
+    text = log.read_text()
+    fleet = SecretBox((tmp_path / "a" / "state" / "secret.key").read_bytes()).fingerprint
+    assert code == 2 and "does not open this fleet's secrets" in text, text
+    assert fleet in text and "Traceback" not in text, text
 
 
 def test_a_fresh_state_dir_is_private_under_a_022_umask(tmp_path: Path) -> None:
