@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +106,16 @@ def test_first_rack_walkthrough(tmp_path: Path) -> None:
         script += [f"printf '\\n{MARK}%d\\n' {number}", block.script.replace(
             DOC_PORT, f"127.0.0.1:{port}")]
     env = {k: v for k, v in pip_env().items() if not k.startswith("PROVISIONER_")}
+    # the doc's `python3` is this interpreter (the wheelhouse's wheels are built for it),
+    # and nothing else of the test's virtualenv is on PATH: `provisioner` is the wheel's
+    python = tmp_path / "python"
+    python.mkdir()
+    (python / "python3").symlink_to(sys.executable)
+    path = [entry for entry in env.get("PATH", "").split(os.pathsep)
+            if entry and not (Path(entry) / "provisioner").exists()]
     env.update(WORK=str(work), WHEEL=str(wheel), PIP_NO_INDEX="1",
-               PIP_FIND_LINKS=str(wheelhouse()), HOME=str(tmp_path))
+               PIP_FIND_LINKS=str(wheelhouse()), HOME=str(tmp_path),
+               PATH=os.pathsep.join([str(python), *path]))
     proc = subprocess.Popen(["bash", "-c", "\n".join(script)], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
