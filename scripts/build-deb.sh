@@ -100,6 +100,13 @@ install -m 0644 "$WORK/src/systemd/provisioner.sysusers" "$STAGE/usr/lib/sysuser
 install -m 0644 "$WORK/src/systemd/provisioner.tmpfiles" "$STAGE/usr/lib/tmpfiles.d/provisioner.conf"
 install -m 0640 "$WORK/src/examples/provisioner.toml" "$STAGE/etc/provisioner/provisioner.toml"
 install -m 0644 "$DEBIAN_DIR/copyright" "$STAGE/usr/share/doc/provisioner/copyright"
+# the man page setup.py generated from the CLI's parser (a release before it: none)
+MANPAGE=$SITE/provisioner/_shipped/man/provisioner.1
+if [[ -f $MANPAGE ]]; then
+  install -d "$STAGE/usr/share/man/man1"
+  gzip -9n < "$MANPAGE" > "$STAGE/usr/share/man/man1/provisioner.1.gz"
+  chmod 0644 "$STAGE/usr/share/man/man1/provisioner.1.gz"
+fi
 
 # 5. control files
 install -d "$STAGE/DEBIAN"

@@ -27,6 +27,7 @@ DEFAULT_TESTS=(
   tests/integration/test_dhcp_clients.py          # dhclient and udhcpc in namespaces
   tests/integration/test_postgres_peer.py         # a real PostgreSQL 15
   tests/e2e/test_wheel_install.py                 # the wheel in a clean venv serves the demo
+  tests/e2e/test_first_rack_walkthrough.py       # docs/first-rack.md, run from the wheel
 )
 
 log() { printf 'fresh-check: %s\n' "$*" >&2; }

@@ -13,6 +13,7 @@ import argparse
 import http.client
 import json
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from provisioner import __version__
+from provisioner.errors import ProvisionerError
 
 if TYPE_CHECKING:
     from provisioner.config import Settings
@@ -254,6 +256,38 @@ def read_secret(path: Path, option: str) -> str:
 def node_path(key: str, *rest: str) -> str:
     """``/api/v1/nodes/<key>/<rest…>``, the key (id, hostname, serial or MAC) quoted."""
     return "/".join([f"{API}/nodes", urllib.parse.quote(key, safe=""), *rest])
+
+
+# -- --wait, shared by one node's action and the bulk form --------------------------------------
+
+#: the stable states an action's --wait counts as success (other actions: any stable
+#: state that is not a failure)
+WAIT_FOR: dict[str, tuple[str, ...]] = {
+    "inspect": ("inspected", "active"), "deploy": ("active",), "retire": ("retired",),
+}
+#: the lifecycle's in-flight states (the CLI imports no lifecycle module;
+#: tests/unit/test_cli_events.py holds the two equal)
+IN_FLIGHT = frozenset({"inspecting", "deploying", "configuring", "joining", "validating",
+                       "registering", "retiring", "repairing", "servicing"})
+WAIT_POLL_S = 0.5
+
+
+def action_succeeded(action: str, state: str) -> bool:
+    if action in WAIT_FOR:
+        return state in WAIT_FOR[action]
+    return not (state.endswith("_failed") or state == "service_required")
+
+
+def wait_until_rest(api: ApiClient, node: Json, action: str, timeout_s: float) -> Json:
+    """Poll the node until it rests (not in flight) or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while node.get("state") in IN_FLIGHT:
+        if time.monotonic() > deadline:
+            raise ProvisionerError(f"{node.get('hostname') or node['id']}: {action} did not "
+                                   f"finish in {timeout_s:.0f} s (state {node.get('state')})")
+        time.sleep(WAIT_POLL_S)
+        node = api.get(node_path(node["id"]))
+    return node
 
 
 # -- shared by the groups ----------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from provisioner import __version__
 from provisioner.cli import (
+    completion,
     config,
     db,
     events,
@@ -73,8 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     """Every command, in the order ``--help`` lists them."""
     parser = argparse.ArgumentParser(prog=PROG, allow_abbrev=False,
                                      description="Bare-metal provisioning for GPU clusters.")
-    parser.add_argument("--config", type=Path, metavar="FILE",
-                        help="config file (default: /etc/provisioner/provisioner.toml)")
+    _add_config_option(parser, default=None)
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = parser.add_subparsers(dest="group", metavar="COMMAND", required=True)
     serve.add_commands(sub)
@@ -94,4 +94,30 @@ def build_parser() -> argparse.ArgumentParser:
     ramdisk.add_commands(sub)
     health.add_commands(sub)
     repair.add_commands(sub)
+    completion.add_commands(sub, parser)
+    for command in _subcommands(parser):
+        _add_config_option(command, default=argparse.SUPPRESS)
     return parser
+
+
+def _add_config_option(parser: argparse.ArgumentParser, *, default: object) -> None:
+    """``--config``, on the top-level parser (default None) and on every command: a
+    command's leaves the namespace alone unless given (SUPPRESS), so that ``provisioner
+    --config F serve`` and ``provisioner serve --config F`` mean the same."""
+    parser.add_argument("--config", type=Path, metavar="FILE", default=default,
+                        help="config file (default: /etc/provisioner/provisioner.toml); "
+                             "before or after the command")
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every parser below ``parser`` (groups and their commands), each once."""
+    found: dict[int, argparse.ArgumentParser] = {}
+    pending = [parser]
+    while pending:
+        for action in pending.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    if id(child) not in found:
+                        found[id(child)] = child
+                        pending.append(child)
+    return list(found.values())

@@ -5,11 +5,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provisioner.cli import formatting
-from provisioner.cli.client import API, Json, UsageError, api_client, api_options, node_path
+from provisioner.cli.client import (
+    API,
+    Json,
+    UsageError,
+    action_succeeded,
+    api_client,
+    api_options,
+    node_path,
+    wait_until_rest,
+)
 
 if TYPE_CHECKING:
     from provisioner.cli.client import Subcommands
@@ -95,6 +105,9 @@ def parse_filter(texts: list[str]) -> dict[str, Json]:
 def cmd_bulk_action(args: argparse.Namespace) -> int:
     if args.node is not None:
         raise UsageError("give either NODE or --filter, not both")
+    if args.wait and (args.json or args.dry_run):
+        raise UsageError("--wait with --filter prints a line per node: not with --json or "
+                         "--dry-run")
     body: dict[str, Json] = {"filter": parse_filter(args.filters), "action": args.action,
                              "dry_run": args.dry_run}
     if args.reason is not None:
@@ -116,10 +129,30 @@ def cmd_bulk_action(args: argparse.Namespace) -> int:
         return 0
     for node in result["applied"]:
         print(f"{node.get('hostname') or node['id']}: {args.action} accepted; "
-              f"state {node['state']}")
+              f"state {node['state']}", flush=True)
     for node in result["failed"]:
         print(f"{node.get('hostname') or node['id']}: {node['error']}", file=sys.stderr)
-    return 1 if result["failed"] else 0
+    unfinished = _wait_for_all(args, result["applied"]) if args.wait else 0
+    return 1 if result["failed"] or unfinished else 0
+
+
+def _wait_for_all(args: argparse.Namespace, applied: list[Json]) -> int:
+    """``--wait`` with ``--filter``: each node the action applied to until it rests (one
+    deadline for all), one line each; how many did not end where the action leads."""
+    api = api_client(args)
+    deadline = time.monotonic() + float(args.wait_timeout)
+    unfinished = 0
+    for node in applied:
+        name = node.get("hostname") or node["id"]
+        rested = wait_until_rest(api, node, args.action, max(deadline - time.monotonic(), 0.0))
+        state = str(rested.get("state"))
+        if action_succeeded(args.action, state):
+            print(f"{name}: {state}", flush=True)
+        else:
+            unfinished += 1
+            print(f"{name}: {args.action} ended in {state}: "
+                  f"{rested.get('last_error') or 'no error recorded'}", file=sys.stderr)
+    return unfinished
 
 
 def cmd_node_edit(args: argparse.Namespace) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
@@ -13,15 +12,16 @@ from typing import TYPE_CHECKING, NoReturn
 from provisioner.cli import formatting
 from provisioner.cli.client import (
     API,
-    ApiClient,
     Json,
     ParamValue,
     UsageError,
+    action_succeeded,
     add_group,
     api_client,
     api_options,
     node_path,
     read_secret,
+    wait_until_rest,
 )
 from provisioner.errors import ProvisionerError
 
@@ -101,7 +101,8 @@ def add_commands(sub: Subcommands) -> Subcommands:
                         help="confirm what loses data: deploy (re-image) of an active node")
     action.add_argument("--json", action="store_true", help="the API's JSON")
     action.add_argument("--wait", action="store_true",
-                        help="wait until the node is in a stable state: exit 0 on the one "
+                        help="wait until the node (with --filter: each) is in a stable "
+                             "state: exit 0 on the one "
                              "the action leads to, 1 with the node's last error otherwise")
     action.add_argument("--wait-timeout", type=_int_in(1), default=3600, metavar="S",
                         help="with --wait: give up after S seconds (default 3600)")
@@ -231,45 +232,15 @@ def cmd_node_action(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{name}: {args.action} accepted; state {node.get('state')}", flush=True)
     if args.wait:
-        node = _wait(api, node, args.action, float(args.wait_timeout))
+        node = wait_until_rest(api, node, args.action, float(args.wait_timeout))
     if args.json:
         print(formatting.dump_json(node))
-    if args.wait and not _succeeded(args.action, str(node.get("state"))):
+    if args.wait and not action_succeeded(args.action, str(node.get("state"))):
         error = node.get("last_error") or "no error recorded"
         raise ProvisionerError(f"{name}: {args.action} ended in {node.get('state')}: {error}")
     if args.wait and not args.json:
         print(f"{name}: {node.get('state')}")
     return 0
-
-
-#: the stable states an action's --wait counts as success (other actions: any stable
-#: state that is not a failure)
-WAIT_FOR: dict[str, tuple[str, ...]] = {
-    "inspect": ("inspected", "active"), "deploy": ("active",), "retire": ("retired",),
-}
-#: the lifecycle's in-flight states (the CLI imports no lifecycle module;
-#: tests/unit/test_cli_events.py holds the two equal)
-IN_FLIGHT = frozenset({"inspecting", "deploying", "configuring", "joining", "validating",
-                       "registering", "retiring", "repairing", "servicing"})
-WAIT_POLL_S = 0.5
-
-
-def _succeeded(action: str, state: str) -> bool:
-    if action in WAIT_FOR:
-        return state in WAIT_FOR[action]
-    return not (state.endswith("_failed") or state == "service_required")
-
-
-def _wait(api: ApiClient, node: Json, action: str, timeout_s: float) -> Json:
-    """Poll the node until it rests (not in flight) or ``timeout_s`` passes."""
-    deadline = time.monotonic() + timeout_s
-    while node.get("state") in IN_FLIGHT:
-        if time.monotonic() > deadline:
-            raise ProvisionerError(f"{node.get('hostname') or node['id']}: {action} did not "
-                                   f"finish in {timeout_s:.0f} s (state {node.get('state')})")
-        time.sleep(WAIT_POLL_S)
-        node = api.get(node_path(node["id"]))
-    return node
 
 
 def cmd_node_history(args: argparse.Namespace) -> int:

@@ -124,3 +124,20 @@ def test_list_columns_sort_and_hardware(cli: Any) -> None:  # noqa: F811
     assert "hardware:" in shown and detail["hardware"] in shown and "power_state:" in shown
     bad = cli("node", "list", "--columns", "hostname,bogus", ok=False)
     assert bad.returncode == 2 and "bogus" in bad.stderr
+
+
+def test_bulk_action_waits_for_each_node(cli: Any) -> None:  # noqa: F811
+    for index in range(2):
+        _enroll(cli, f"adm-w{index}", f"ADM-W{index}", f"52:54:00:ad:04:0{index}",
+                "--rack", "wait-r")
+    done = cli("node", "action", "--filter", "rack=wait-r", "inspect", "--wait").stdout
+    lines = done.splitlines()
+    assert sorted(lines[:2]) == ["adm-w0: inspect accepted; state inspecting",
+                                 "adm-w1: inspect accepted; state inspecting"]
+    assert sorted(lines[2:]) == ["adm-w0: inspected", "adm-w1: inspected"]
+    listed = as_json(cli("node", "list", "--rack", "wait-r", "--json"))
+    assert {n["state"] for n in listed} == {"inspected"}
+    for extra in ("--json", "--dry-run"):
+        refused = cli("node", "action", "--filter", "rack=wait-r", "inspect", "--wait", extra,
+                      ok=False)
+        assert refused.returncode == 2 and "--wait with --filter" in refused.stderr

@@ -127,6 +127,22 @@ def token(box: BootedRoot) -> str:
     return out.strip().splitlines()[-1]
 
 
+def test_the_package_carries_the_man_page(deb: Path, tmp_path: Path) -> None:
+    """``man provisioner``: the page setup.py generated (argparse-manpage) from the CLI's
+    parser, gzipped where man-db looks."""
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True,
+                             check=True).stdout
+    entry = next(line for line in listing.splitlines()
+                 if line.endswith("./usr/share/man/man1/provisioner.1.gz"))
+    assert entry.startswith("-rw-r--r-- root/root")
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(tmp_path)], check=True)
+    page = subprocess.run(["zcat", str(tmp_path / "usr/share/man/man1/provisioner.1.gz")],
+                          capture_output=True, text=True, check=True).stdout
+    assert page.startswith(".TH PROVISIONER \"1\"")
+    for command in ("serve", "node replace", "import", "events", "completion"):
+        assert f".SH COMMAND \\fI\\,'provisioner {command}'\\/\\fR" in page, command
+
+
 def test_install_boot_serve_remove_purge(deb: Path, tmp_path: Path) -> None:
     with booted(deb, tmp_path / "box") as box:
         # Recommends (grub-common: the arm64 GRUB image) would need the network here

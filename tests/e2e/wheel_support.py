@@ -28,9 +28,11 @@ ROOT: Final = Path(__file__).resolve().parents[2]
 _NOT_SOURCE: Final = shutil.ignore_patterns(
     ".git", ".ci", "build", "dist", "*.egg-info", ".venv", ".state", "__pycache__", "*.pyc",
     ".mypy_cache", ".ruff_cache", ".pytest_cache", ".import_linter_cache")
-#: what the wheelhouse holds besides the dependencies: the build backend (scripts/build-deb.sh
-#: builds with pip's build isolation, which then needs no index either)
-BUILD_REQUIRES: Final = ("setuptools>=68", "wheel")
+#: what the wheelhouse holds besides the dependencies: pyproject's build requirements (the
+#: backend, argparse-manpage) and ``wheel`` (scripts/build-deb.sh builds with pip's build
+#: isolation, which then needs no index either)
+BUILD_REQUIRES: Final = (
+    *tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"], "wheel")
 _TIMEOUT_S: Final = 900
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.cli import nodes
+from provisioner.cli import client
 from provisioner.cli.events import _line
 from provisioner.lifecycle.states import IN_FLIGHT
 from provisioner.log import (
@@ -24,7 +24,7 @@ from provisioner.log import (
 
 
 def test_the_cli_waits_while_the_lifecycle_is_in_flight() -> None:
-    assert {str(state) for state in IN_FLIGHT} == nodes.IN_FLIGHT
+    assert {str(state) for state in IN_FLIGHT} == client.IN_FLIGHT
 
 
 def test_one_line_per_transition_and_no_forged_second_line() -> None:
