@@ -56,6 +56,7 @@ from provisioner.api.tokens import ROUTES as TOKEN_ROUTES
 from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
 from provisioner.api.ui import routes as ui
 from provisioner.api.ui.session import COOKIE, SessionStore
+from provisioner.api.why import ROUTES as WHY_ROUTES
 from provisioner.config import ApiSettings
 from provisioner.config.profiles import ProfileRegistry
 from provisioner.domain import Role
@@ -107,7 +108,7 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              slurm: SlurmClient | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
               *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
-              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
+              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES, *WHY_ROUTES,
               *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
