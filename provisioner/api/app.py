@@ -40,6 +40,7 @@ from provisioner.api import (
     TOPOLOGY,
 )
 from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
+from provisioner.api.audit import ROUTES as AUDIT_ROUTES
 from provisioner.api.events import EventFeed, EventHub, stream
 from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
@@ -108,8 +109,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              slurm: SlurmClient | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
               *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
-              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES, *WHY_ROUTES,
-              *_OWN_ROUTES)
+              *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
+              *WHY_ROUTES, *AUDIT_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from provisioner import __version__
 from provisioner.cli import (
+    audit,
     config,
     db,
     events,
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_node_commands(node_group)
     why.add_node_commands(node_group)
     events.add_commands(sub)
+    audit.add_commands(sub)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)
