@@ -94,7 +94,7 @@ def line(row: dict[str, Json], *, as_json: bool) -> str:
     if as_json:
         return json.dumps(row, sort_keys=True)
     before, state = row.get("from_state"), row.get("to_state")
-    change = f"{before} --{row.get('event')}--> {state}" if before != state else (
+    change = f"{before} --{row.get('event')}--> {state}" if before and before != state else (
         f"{row.get('event')} ({state})")
     reason = f": {row['reason']}" if row.get("reason") else ""
     text = (f"#{row.get('transition')} {str(row.get('at', ''))[:19]} "
