@@ -91,7 +91,11 @@ async def retry_async(attempt: Callable[[], Awaitable[T]], *, backoff: Backoff,
     controls = _controls(backoff, retryable=retryable, tries=tries, deadline_s=deadline_s,
                          clock=clock, hint=hint, on_retry=on_retry)
     retrying = tenacity.AsyncRetrying(sleep=sleep, **controls)  # type: ignore[arg-type]
-    return await retrying(attempt)
+
+    async def once() -> T:  # tenacity awaits only what a coroutine function returns
+        return await attempt()
+
+    return await retrying(once)
 
 
 def retry_sync(attempt: Callable[[], T], *, backoff: Backoff,

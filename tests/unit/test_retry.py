@@ -128,3 +128,12 @@ async def test_a_raced_write_is_retried_a_lost_lease_is_not() -> None:
         await retry_async(fenced.call, backoff=RACE, retryable=raced, tries=5,
                           sleep=t.sleep, clock=t.clock)
     assert fenced.calls == 1
+
+
+async def test_a_callable_returning_an_awaitable_is_awaited() -> None:
+    """Not only ``async def`` functions: a lambda handing back a future (a batched write)."""
+    t = FakeTime()
+    flaky = Flaky(RetryableError("a"))
+    assert await retry_async(lambda: flaky.call(), backoff=RACE, retryable=transient,
+                             tries=2, sleep=t.sleep, clock=t.clock) == "done"
+    assert flaky.calls == 2
