@@ -26,6 +26,7 @@ from provisioner.api import (
     EVENTS,
     FEED,
     HEALTH,
+    KUBE,
     METRICS,
     NODES,
     OWNERSHIP,
@@ -69,6 +70,7 @@ from provisioner.errors import (
     ProvisionerError,
     StoreUnavailable,
 )
+from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.health import HealthFindings
@@ -106,7 +108,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              acceptance: DomainAcceptance | None = None,
              health: HealthFindings | None = None,
              profiles: ProfileRegistry | None = None,
-             slurm: SlurmClient | None = None) -> web.Application:
+             slurm: SlurmClient | None = None,
+             kube: KubeNodeJoiner | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
               *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
@@ -150,6 +153,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[PROFILES] = profiles
     if slurm is not None:
         app[SLURM] = slurm
+    if kube is not None:
+        app[KUBE] = kube
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

@@ -2,7 +2,8 @@
 ``lifecycle.schedulable``, the same the console's node page shows). ``explain_node`` reads
 what the reasoning needs: the node's history, its NVLink domain's members, its open health
 findings, where the published topology puts it and, for an active node, what slurmctld says
-of it now (bounded by ``SLURM_TIMEOUT_S``: a slow slurmctld is reported, not waited for)."""
+of it now and what the API server says of its Node (Ready, cordoned, its labels): each bounded
+by a timeout (a slow slurmctld or API server is reported, not waited for)."""
 
 from __future__ import annotations
 
@@ -12,20 +13,23 @@ from typing import Any, Final
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from provisioner.api import CONDUCTOR, HEALTH, NODES, SLURM, TOPOLOGY
+from provisioner.api import CONDUCTOR, HEALTH, KUBE, NODES, SLURM, TOPOLOGY
 from provisioner.api.openapi import Route
 from provisioner.api.schemas import respond
 from provisioner.domain import Node, Role
 from provisioner.errors import NotFound, ProvisionerError
 from provisioner.health.records import FindingRecord
+from provisioner.kube.joiner import KubeNodeJoiner
+from provisioner.kube.model import ANNOTATION_CORDON
 from provisioner.lifecycle.schedulable import Why, why
 from provisioner.lifecycle.states import NodeState
-from provisioner.lifecycle.why import Seen, SlurmSeen, clique_members
+from provisioner.lifecycle.why import KubeSeen, Seen, SlurmSeen, clique_members, rank
 from provisioner.store.findings import FindingFilter
 from provisioner.topology.emit import block_of
 
 PREFIX: Final = "/api/v1"
 SLURM_TIMEOUT_S: Final = 5.0
+KUBE_TIMEOUT_S: Final = 5.0
 _MAX_FINDINGS: Final = 200
 
 
@@ -66,8 +70,8 @@ async def explain_node(app: web.Application, node: Node) -> Why:
         block = block_of(snapshot.blocks).get(node.hostname) or snapshot.annotations.get(
             node.hostname)
     os_held = app[CONDUCTOR].os_held(node) if node.state is NodeState.INSPECTED else ()
-    seen = Seen(block=block, slurm=await _slurm(app, node), findings=findings,
-                os_held=os_held)
+    slurm, kube = await asyncio.gather(_slurm(app, node), _kube(app, node))
+    seen = Seen(block=block, slurm=slurm, kube=kube, findings=findings, os_held=os_held)
     return why(node, history, members, seen)
 
 
@@ -85,6 +89,31 @@ async def _slurm(app: web.Application, node: Node) -> SlurmSeen | None:
         return SlurmSeen(None)
     return SlurmSeen(found.state_text, found.reason, found.not_registered_because(),
                      found.draining)
+
+
+async def _kube(app: web.Application, node: Node) -> KubeSeen | None:
+    joiner = app.get(KUBE)
+    if joiner is None or rank(node.state) < 3 or not node.hostname:  # not joined yet
+        return None
+    return await read_kube(joiner, node)
+
+
+async def read_kube(joiner: KubeNodeJoiner, node: Node) -> KubeSeen:
+    """The node's Node: registered, Ready, cordoned (by whom), the labels it lacks."""
+    try:
+        found, labels = await asyncio.wait_for(joiner.observe(node), KUBE_TIMEOUT_S)
+    except TimeoutError:
+        return KubeSeen(False, error=f"no answer in {KUBE_TIMEOUT_S:g} s")
+    except ProvisionerError as exc:
+        return KubeSeen(False, error=str(exc) or type(exc).__name__)
+    if found is None:
+        return KubeSeen(False)
+    missing = tuple(f"{key}={value}" for key, value in sorted(labels.items())
+                    if found.labels.get(key) != value)
+    cordoned = None
+    if found.unschedulable:
+        cordoned = found.annotations.get(ANNOTATION_CORDON) or "by someone else"
+    return KubeSeen(True, found.ready, cordoned, missing)
 
 
 async def node_why(request: web.Request) -> web.Response:

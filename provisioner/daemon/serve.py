@@ -193,7 +193,7 @@ class Daemon:
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             runner = await start_api(self._settings, store, conductor, metrics, topology,
                                      rotation, repair_service, acceptance, health,
-                                     slurm=slurm_client)
+                                     slurm=slurm_client, kube=joiner)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks, on_remote=runner.app[FEED].wake)

@@ -72,7 +72,8 @@ def why(node: Node, history: Sequence[HistoryEntry], members: Iterable[Member],
         seen: Seen | None = None) -> Why:
     seen = seen or Seen()
     holds = (_state(node), _maintenance(node), _gates(node, seen), _health(seen))
-    chain = explain(node, history, members, block=seen.block, slurm=seen.slurm)
+    chain = explain(node, history, members, block=seen.block, slurm=seen.slurm,
+                    kube=seen.kube)
     return Why(node.id, node.hostname, str(node.state), holds, chain)
 
 

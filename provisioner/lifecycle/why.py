@@ -102,20 +102,34 @@ class SlurmSeen:
 
 
 @dataclass(frozen=True, slots=True)
+class KubeSeen:
+    """What the Kubernetes API server says of the node's Node now, read by the caller."""
+
+    registered: bool
+    ready: bool = False
+    cordoned: str | None = None  # unschedulable: by whom or why (its annotation), else None
+    missing_labels: tuple[str, ...] = ()  # ``key=value`` the node should carry and lacks
+    error: str = ""  # the API server could not be asked (then the rest is unknown)
+
+
+@dataclass(frozen=True, slots=True)
 class Seen:
     """What the caller read beyond the node and its history (each optional)."""
 
     block: str | None = None  # where the published topology puts it
     slurm: SlurmSeen | None = None
+    kube: KubeSeen | None = None
     findings: Sequence[FindingRecord] = ()  # its open health findings
     os_held: tuple[str, ...] = ()  # ``Conductor.os_held``
     now: datetime | None = field(default=None)
 
 
 def explain(node: Node, history: Sequence[HistoryEntry], members: Iterable[Member],
-            *, block: str | None = None, slurm: SlurmSeen | None = None) -> Chain:
+            *, block: str | None = None, slurm: SlurmSeen | None = None,
+            kube: KubeSeen | None = None) -> Chain:
     ctx = _Facts(node, history)
-    return Chain((_bmc(ctx), _power(ctx), _boot(ctx), _callback(ctx), _kube(ctx), _gpu(ctx),
+    return Chain((_bmc(ctx), _power(ctx), _boot(ctx), _callback(ctx), _kube(ctx, kube),
+                  _gpu(ctx),
                   _validation(ctx), _domain(ctx, members), _slurm(ctx, block, slurm)))
 
 
@@ -208,16 +222,36 @@ def _callback(c: _Facts) -> Link:
                  "daemon's boot HTTP server")
 
 
-def _kube(c: _Facts) -> Link:
+def _kube(c: _Facts, seen: KubeSeen | None) -> Link:
     node = c.node
+    if c.rank >= 3 and seen is not None and not seen.error:
+        return _kube_seen(seen)
     if c.rank >= 3:
-        return _link("kube", Status.OK, c.entered(S.VALIDATING))
+        asked = f"; the API server not asked: {seen.error}" if seen and seen.error else ""
+        return _link("kube", Status.OK, c.entered(S.VALIDATING) + asked)
     if node.state is S.JOIN_FAILED:
         return _link("kube", Status.FAIL, c.failure(S.JOIN_FAILED),
                      "check kubelet on the node (journalctl -u kubelet) and the join token, "
                      "then Retry")
     return _link("kube", Status.WAIT, "not joined yet" if node.state is not S.JOINING
                  else "joining: waiting for the Node to be Ready")
+
+
+def _kube_seen(seen: KubeSeen) -> Link:
+    if not seen.registered:
+        return _link("kube", Status.FAIL, "no Node of this name in Kubernetes",
+                     "check kubelet on the node; Retry joins it again")
+    if not seen.ready:
+        return _link("kube", Status.FAIL, "the Node is NotReady",
+                     "journalctl -u kubelet on the node; kubectl describe node")
+    if seen.cordoned is not None:
+        return _link("kube", Status.FAIL, f"the Node is cordoned ({seen.cordoned})",
+                     "kubectl uncordon once the reason is dealt with")
+    if seen.missing_labels:
+        return _link("kube", Status.FAIL, "the Node lacks labels: "
+                     + ", ".join(seen.missing_labels[:8]),
+                     "someone removed them: Retry, or kubectl label them back")
+    return _link("kube", Status.OK, "the Node is Ready, schedulable, with its labels")
 
 
 def _gpu(c: _Facts) -> Link:
