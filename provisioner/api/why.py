@@ -24,6 +24,7 @@ from provisioner.kube.model import ANNOTATION_CORDON
 from provisioner.lifecycle.schedulable import Why, why
 from provisioner.lifecycle.states import NodeState
 from provisioner.lifecycle.why import KubeSeen, Seen, SlurmSeen, clique_members, rank
+from provisioner.slurm.model import SlurmClient
 from provisioner.store.findings import FindingFilter
 from provisioner.topology.emit import block_of
 
@@ -79,8 +80,14 @@ async def _slurm(app: web.Application, node: Node) -> SlurmSeen | None:
     client = app.get(SLURM)
     if client is None or node.state is not NodeState.ACTIVE or not node.hostname:
         return None
+    return await read_slurm(client, node.hostname)
+
+
+async def read_slurm(client: SlurmClient, name: str) -> SlurmSeen:
+    """What slurmctld says of node ``name`` now: its state, reason, whether it is
+    registered and drained."""
     try:
-        found = await asyncio.wait_for(client.node(node.hostname), SLURM_TIMEOUT_S)
+        found = await asyncio.wait_for(client.node(name), SLURM_TIMEOUT_S)
     except TimeoutError:
         return SlurmSeen(None, error=f"no answer in {SLURM_TIMEOUT_S:g} s")
     except ProvisionerError as exc:
