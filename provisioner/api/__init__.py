@@ -15,6 +15,7 @@ from provisioner.api.ui.session import SessionStore
 from provisioner.config import ApiSettings
 from provisioner.config.profiles import ProfileRegistry
 from provisioner.domain import TokenInfo
+from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.health import HealthFindings
@@ -44,6 +45,8 @@ HEALTH: Final = web.AppKey("health", HealthFindings)
 PROFILES: Final = web.AppKey("profiles", ProfileRegistry)
 #: where power-off asks whether a node runs jobs (absent: no Slurm, nothing to ask)
 SLURM: Final = web.AppKey("slurm", SlurmClient)
+#: where ``GET /nodes/{id}/why`` reads the node's Node and its labels (absent: no Kubernetes)
+KUBE: Final = web.AppKey("kube", KubeNodeJoiner)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

@@ -26,6 +26,7 @@ from provisioner.api import (
     EVENTS,
     FEED,
     HEALTH,
+    KUBE,
     METRICS,
     NODES,
     OWNERSHIP,
@@ -40,6 +41,7 @@ from provisioner.api import (
     TOPOLOGY,
 )
 from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
+from provisioner.api.audit import ROUTES as AUDIT_ROUTES
 from provisioner.api.events import EventFeed, EventHub, stream
 from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
@@ -56,6 +58,7 @@ from provisioner.api.tokens import ROUTES as TOKEN_ROUTES
 from provisioner.api.topology import ROUTES as TOPOLOGY_ROUTES
 from provisioner.api.ui import routes as ui
 from provisioner.api.ui.session import COOKIE, SessionStore
+from provisioner.api.why import ROUTES as WHY_ROUTES
 from provisioner.config import ApiSettings
 from provisioner.config.profiles import ProfileRegistry
 from provisioner.domain import Role
@@ -67,6 +70,7 @@ from provisioner.errors import (
     ProvisionerError,
     StoreUnavailable,
 )
+from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.health import HealthFindings
@@ -104,11 +108,12 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              acceptance: DomainAcceptance | None = None,
              health: HealthFindings | None = None,
              profiles: ProfileRegistry | None = None,
-             slurm: SlurmClient | None = None) -> web.Application:
+             slurm: SlurmClient | None = None,
+             kube: KubeNodeJoiner | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
               *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
-              *_OWN_ROUTES)
+              *WHY_ROUTES, *AUDIT_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
                           middlewares=[_timing, _errors, _auth])
     app[CONDUCTOR], app[NODES], app[TOKENS] = conductor, nodes, tokens
@@ -148,6 +153,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[PROFILES] = profiles
     if slurm is not None:
         app[SLURM] = slurm
+    if kube is not None:
+        app[KUBE] = kube
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:

@@ -18,6 +18,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import FatalError, RetryableError
+from provisioner.retry import JITTER, Backoff, retry_async
 
 log = logging.getLogger(__name__)
 
@@ -140,10 +141,12 @@ BmcFactory = Callable[[str, BmcEndpoint, BmcCredentials], Bmc]
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:
-    """Retries ``RetryableError`` with doubling back-off, never ``FatalError``.
+    """Retries ``RetryableError`` with doubling, jittered back-off (``provisioner.retry``),
+    never ``FatalError``.
 
     ``deadline_s`` bounds all attempts together (None: only ``retries`` bounds them). A
-    ``BmcCircuitOpen`` is not retried: the breaker already decided when to try again."""
+    ``BmcCircuitOpen`` is not retried: the breaker already decided when to try again.
+    ``jitter``: the random share of each pause (0: exactly ``delay_s``)."""
 
     retries: int = 3
     backoff_s: float = 1.0
@@ -151,30 +154,28 @@ class RetryPolicy:
     deadline_s: float | None = None
     sleep: Sleep = field(default=asyncio.sleep, compare=False)
     clock: Clock = field(default=time.monotonic, compare=False)
+    jitter: float = JITTER
+
+    @property
+    def backoff(self) -> Backoff:
+        return Backoff(self.backoff_s, self.max_backoff_s, self.jitter)
 
     def delay_s(self, retry: int) -> float:
-        """The pause before retry number ``retry`` (0-based)."""
-        return float(min(self.backoff_s * (2**retry), self.max_backoff_s))
+        """The longest pause before retry number ``retry`` (0-based)."""
+        return self.backoff.ceiling_s(retry)
 
     async def run(self, attempt: Callable[[], Awaitable[T]], *, what: str) -> T:
-        started = self.clock()
-        retry = 0
-        while True:
-            try:
-                return await attempt()
-            except BmcCircuitOpen:
-                raise
-            except RetryableError as exc:
-                pause = self.delay_s(retry)
-                if retry >= self.retries or self._past_deadline(started, pause):
-                    raise
-                log.warning("%s failed (%s); retry %d of %d in %.2g s", what, exc,
-                            retry + 1, self.retries, pause)
-                await self.sleep(pause)
-                retry += 1
+        def noted(exc: BaseException, retry: int, pause: float) -> None:
+            log.warning("%s failed (%s); retry %d of %d in %.2g s", what, exc, retry,
+                        self.retries, pause)
 
-    def _past_deadline(self, started: float, pause: float) -> bool:
-        return self.deadline_s is not None and self.clock() + pause - started > self.deadline_s
+        return await retry_async(attempt, backoff=self.backoff, retryable=_retryable,
+                                 tries=self.retries + 1, deadline_s=self.deadline_s,
+                                 sleep=self.sleep, clock=self.clock, on_retry=noted)
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, RetryableError) and not isinstance(exc, BmcCircuitOpen)
 
 
 # -- idempotent templates ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from provisioner import __version__
 from provisioner.cli import (
+    audit,
     completion,
     config,
     db,
@@ -31,6 +32,7 @@ from provisioner.cli import (
     servicing,
     tokens,
     topology,
+    why,
 )
 from provisioner.cli.client import PROG, ApiError, UsageError
 from provisioner.errors import ConfigError, ProvisionerError
@@ -87,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     repair.add_node_commands(node_group)
     servicing.add_node_commands(node_group)
     health.add_node_commands(node_group)
+    why.add_node_commands(node_group)
     events.add_commands(sub)
+    audit.add_commands(sub)
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)

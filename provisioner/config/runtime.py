@@ -45,6 +45,9 @@ class StoreSettings(Section):
         True, description="Apply pending migrations at start (a newer schema is always refused)"
     )
     pool_size: int = Field(4, ge=1, le=64, description="Store threads (SQLite uses one writer)")
+    history_retention_days: int = Field(
+        400, ge=0, description="Node history rows older than this are pruned (hourly), "
+        "except each node's last row; 0 keeps them for ever")
 
 
 class LifecycleSettings(Section):

@@ -53,7 +53,7 @@ from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.repair import RepairService, ladder_listener
 from provisioner.lifecycle.routing import Unavailable
-from provisioner.lifecycle.sweeps import ExpirySweeps
+from provisioner.lifecycle.sweeps import ExpirySweeps, HistoryRetention
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
 from provisioner.log import NODE_NAMES, setup_logging
 from provisioner.metrics import Metrics
@@ -193,7 +193,7 @@ class Daemon:
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             runner = await start_api(self._settings, store, conductor, metrics, topology,
                                      rotation, repair_service, acceptance, health,
-                                     slurm=slurm_client)
+                                     slurm=slurm_client, kube=joiner)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks, on_remote=runner.app[FEED].wake)
@@ -227,6 +227,10 @@ class Daemon:
                                       interval_s=store.ownership.lease_s,
                                       instance=store.instance)
                 works.append(("expiry-sweeps", sweeps.run))
+                if self._settings.store.history_retention_days > 0:
+                    retention = HistoryRetention(
+                        store.nodes, days=self._settings.store.history_retention_days)
+                    works.append(("history-retention", retention.run))
                 # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
                 singleton = Singleton(store.ownership, "fleet", works)
                 children.append(group.create_task(singleton.run(), name="singletons"))

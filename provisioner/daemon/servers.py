@@ -17,6 +17,7 @@ from provisioner.config import Settings
 from provisioner.config.profiles import profile_registry
 from provisioner.httpguard import GuardedSite, HttpLimits, guarded_runner
 from provisioner.install.images import AgentJobs
+from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
@@ -37,13 +38,14 @@ async def start_api(settings: Settings, store: Store, conductor: Conductor, metr
                     repairs: RepairService | None = None,
                     acceptance: DomainAcceptance | None = None,
                     health: HealthFindings | None = None,
-                    slurm: SlurmClient | None = None) -> web.AppRunner:
+                    slurm: SlurmClient | None = None,
+                    kube: KubeNodeJoiner | None = None) -> web.AppRunner:
     """The API, listening (behind the HTTP guard) before READY=1."""
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings.api, topology=topology,
                    rotation=rotation, ownership=store.ownership, repairs=repairs,
                    acceptance=acceptance, health=health,
-                   profiles=profile_registry(settings), slurm=slurm)
+                   profiles=profile_registry(settings), slurm=slurm, kube=kube)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
     runner = guarded_runner(app, limits, name="API")

@@ -44,6 +44,7 @@ from provisioner.kube.model import (
 )
 from provisioner.kube.ratelimit import TokenBucket
 from provisioner.kube.wire import cluster_info, config_map, node, pod
+from provisioner.retry import Backoff, retry_async
 from provisioner.watchdog import Watchdog
 
 log = logging.getLogger(__name__)
@@ -277,36 +278,46 @@ class KubeClient:
             parsed: dict[str, Any] = json.loads(body) if body else {}
             return parsed
 
-        delay = self._settings.retry_backoff_s
-        for attempt in range(self._settings.retries + 1):
+        tries = 0
+
+        async def attempt() -> dict[str, Any]:
+            nonlocal tries
+            tries += 1
             if await self._bucket.acquire() > 0.001:
                 self.stats.throttled += 1
             self.stats.requests += 1
             try:
                 return await self._watchdog.call(blocking, what=f"kube request for {what}",
                                                  deadline_s=self._settings.call_deadline_s)
-            except _Transient as exc:
-                if isinstance(exc, _Throttled) and exc.pdb and not retry_429:
-                    raise  # a PodDisruptionBudget said no: the caller's back-off decides
-                if attempt == self._settings.retries:
-                    self.stats.failures += 1
-                    raise KubeUnavailable(f"{what}: {exc.detail} (after {attempt + 1} tries)"
-                                          ) from None
-                wait_s = exc.retry_after_s if exc.retry_after_s is not None else delay
-                self.stats.retries += 1
-                log.warning("kube: %s: %s; retry %d in %.1f s", what, exc.detail, attempt + 1,
-                            wait_s)
-                await self._sleep(wait_s)
-                delay = min(delay * 2, _MAX_BACKOFF_S)
             except KubeConflict:
                 self.stats.conflicts += 1
                 raise
-            except KubeNotFound:
+            except (_Transient, KubeNotFound):
                 raise
             except Exception:  # CallDeadlineExceeded and PoolExhausted too: never retried here
                 self.stats.failures += 1
                 raise
-        raise AssertionError("unreachable")
+
+        def pdb_refused(exc: BaseException) -> bool:
+            """A PodDisruptionBudget said no: the caller's back-off decides."""
+            return isinstance(exc, _Throttled) and bool(exc.pdb) and not retry_429
+
+        def noted(exc: BaseException, retry: int, pause: float) -> None:
+            self.stats.retries += 1
+            log.warning("kube: %s: %s; retry %d in %.1f s", what,
+                        exc.detail if isinstance(exc, _Transient) else exc, retry, pause)
+
+        try:
+            return await retry_async(
+                attempt, backoff=Backoff(self._settings.retry_backoff_s, _MAX_BACKOFF_S),
+                retryable=lambda exc: isinstance(exc, _Transient) and not pdb_refused(exc),
+                tries=self._settings.retries + 1, sleep=self._sleep, on_retry=noted,
+                hint=lambda exc: exc.retry_after_s if isinstance(exc, _Transient) else None)
+        except _Transient as exc:
+            if pdb_refused(exc):
+                raise
+            self.stats.failures += 1
+            raise KubeUnavailable(f"{what}: {exc.detail} (after {tries} tries)") from None
 
 
 class _Transient(Exception):

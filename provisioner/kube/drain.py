@@ -17,6 +17,7 @@ from provisioner.kube.model import (
     NodeInfo,
     PodInfo,
 )
+from provisioner.retry import Backoff
 
 log = logging.getLogger(__name__)
 _MAX_BACKOFF_S = 60.0
@@ -82,7 +83,8 @@ class Drainer:
         """Cordon ``name`` and evict its pods until none is left (DaemonSet/mirror aside)."""
         await cordon(self._client, name, reason)
         deadline = self._now() + self._timeout_s
-        backoff = self._backoff_s
+        backoff = Backoff(self._backoff_s, _MAX_BACKOFF_S)  # doubling, jittered
+        refusals = 0
         while True:
             pods = [p for p in await self._client.list_pods(name) if evictable(p)]
             if not pods:
@@ -93,9 +95,10 @@ class Drainer:
             if self._now() >= deadline:
                 raise DrainTimeout(name, self._timeout_s, blocked, waiting)
             if blocked:
+                delay = backoff.delay_s(refusals)
+                refusals += 1
                 log.warning("node %s: eviction refused by PodDisruptionBudget %s; retry in %.0f s",
-                            name, ", ".join(sorted(set(blocked.values()))), backoff)
-                delay, backoff = backoff, min(backoff * 2, _MAX_BACKOFF_S)
+                            name, ", ".join(sorted(set(blocked.values()))), delay)
             else:
                 delay = self._poll_s
             await self._sleep(min(delay, max(deadline - self._now(), 0.0)))

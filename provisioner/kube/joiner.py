@@ -95,6 +95,13 @@ class KubeNodeJoiner:
                                      what="GPU-ready",
                                      timeout_s=self._settings.gpu_ready_timeout_s)
 
+    async def observe(self, node: Node) -> tuple[NodeInfo | None, dict[str, str]]:
+        """The node's Node as the API server has it now (None: not registered) and the
+        labels ``label`` gives it (``provisioner node why``)."""
+        desired = desired_metadata(node, self.profile(node), validated=self._validated(node),
+                                   extra_labels=self._topology_labels(node))
+        return await self._client.find_node(node_name(node)), desired.labels
+
     async def maintenance(self, node: Node, on: bool, reason: str = "maintenance") -> None:
         """On: cordon and drain. Off: uncordon."""
         if on:

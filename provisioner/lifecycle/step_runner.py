@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Final
 
 from provisioner.domain import Node
-from provisioner.errors import Fenced, NodeBusy, ProvisionerError, StoreUnavailable
+from provisioner.errors import Fenced, ProvisionerError, StoreUnavailable
 from provisioner.ids import NodeId
 from provisioner.lifecycle.budgets import Budgets
 from provisioner.lifecycle.context import RunContext
@@ -20,6 +20,7 @@ from provisioner.lifecycle.outcome import StepOutcome
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.steps import KEYED_STEPS, WAITING_STEPS, Step
+from provisioner.retry import RACE, raced, retry_async
 from provisioner.tasks import TaskSet
 
 log = logging.getLogger(__name__)
@@ -98,20 +99,17 @@ class StepRunner(LeasedSteps):
                        reason: str) -> Node | None:
         """Write a step's outcome; retried when another daemon's write (a maintenance flag,
         a history row) raced it; dropped, and logged, when our lease was lost."""
-        for attempt in range(_OUTCOME_TRIES):
-            try:
-                return await self._transition(node_id, event, actor=SYSTEM_ACTOR,
-                                              reason=reason, expect=state, step=True)
-            except (Fenced, StoreUnavailable) as exc:
-                log.warning("node %s: %s; %s of its %s step dropped", node_id, exc, event,
-                            state)
-                self._fences.pop(node_id, None)
-                return None
-            except NodeBusy:
-                if attempt == _OUTCOME_TRIES - 1:
-                    raise
-                await asyncio.sleep(0.05 * (attempt + 1))
-        return None
+        async def write() -> Node | None:
+            return await self._transition(node_id, event, actor=SYSTEM_ACTOR, reason=reason,
+                                          expect=state, step=True)
+
+        try:
+            return await retry_async(write, backoff=RACE, retryable=raced,
+                                     tries=_OUTCOME_TRIES)
+        except (Fenced, StoreUnavailable) as exc:
+            log.warning("node %s: %s; %s of its %s step dropped", node_id, exc, event, state)
+            self._fences.pop(node_id, None)
+            return None
 
     async def _execute(self, node_id: NodeId, state: NodeState) -> tuple[Event, str] | None:
         waits = state in WAITING_STEPS  # bounds its own wait; holds no budget slot

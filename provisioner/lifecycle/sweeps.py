@@ -5,17 +5,24 @@ not each scan the same rows: lapsed DHCP leases are marked expired and declined 
 whose hold is over are freed (the shared ``lease`` table), and expired API and agent tokens
 are deleted (``api_token``). Neither sweep is needed for correctness (an expired token is
 refused and a lapsed lease is reclaimed whether swept or not); they keep the tables small
-and the lease states true. Caches (the MAC cache, the negative discovery cache) are each
-daemon's own and expire in it."""
+and the lease states true. ``HistoryRetention`` prunes history rows older than
+``store.history_retention_days`` (never a node's last row), hourly. Caches (the MAC cache,
+the negative discovery cache) are each daemon's own and expire in it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final
 
 from provisioner.store.leases import LeaseRepo
+from provisioner.store.node_reads import NodeReads
 from provisioner.store.tokens import TokenRepo
+
+PRUNE_INTERVAL_S: Final = 3600.0
 
 log = logging.getLogger(__name__)
 
@@ -54,5 +61,35 @@ class ExpirySweeps:
                 raise
             except Exception as exc:  # the loop's task boundary: the database may be away
                 log.warning("expiry sweep failed: %s: %s", type(exc).__name__,
+                            str(exc).splitlines()[0] if str(exc) else "")
+            await asyncio.sleep(self.interval_s)
+
+
+class HistoryRetention:
+    def __init__(self, repo: NodeReads, *, days: int, interval_s: float = PRUNE_INTERVAL_S,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+        self._repo = repo
+        self.days = days
+        self.interval_s = interval_s
+        self._clock = clock
+
+    async def prune(self) -> int:
+        """Delete the rows older than ``days`` (0: none); how many went."""
+        if self.days <= 0:
+            return 0
+        gone = await self._repo.prune_history(self._clock() - timedelta(days=self.days))
+        if gone:
+            log.info("history retention: %d rows older than %d days pruned", gone, self.days)
+        return gone
+
+    async def run(self) -> None:
+        """Prune every ``interval_s`` while this daemon leads (cancelled when it stops)."""
+        while True:
+            try:
+                await self.prune()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop's task boundary: the database may be away
+                log.warning("history pruning failed: %s: %s", type(exc).__name__,
                             str(exc).splitlines()[0] if str(exc) else "")
             await asyncio.sleep(self.interval_s)

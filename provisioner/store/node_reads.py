@@ -23,6 +23,7 @@ from provisioner.domain import (
     NodeSummary,
 )
 from provisioner.ids import NodeId
+from provisioner.store.history import AuditQuery, audit, prune_batch
 from provisioner.store.models import NodeRow, TransitionRow
 from provisioner.store.node_rows import (
     escape_like,
@@ -240,6 +241,23 @@ class NodeReads(SessionRepo):
             return found[::-1] if newest else found
 
         return await self._run(work)
+
+    async def audit(self, query: AuditQuery) -> builtins.list[FleetEvent]:
+        """The fleet's history rows matching ``query`` (``store.history``)."""
+        return await self._run(lambda s: audit(s.connection(), query))
+
+    async def prune_history(self, before: datetime) -> int:
+        """Delete the history rows written before ``before``, except each node's last one,
+        in batches (one transaction each); how many went."""
+        def work(s: Session) -> int:
+            gone = prune_batch(s.connection(), before)
+            s.commit()
+            return gone
+
+        total = 0
+        while (gone := await self._run(work)) > 0:
+            total += gone
+        return total
 
     async def credentials(self, node_id: str) -> BmcCredentials:
         def work(s: Session) -> BmcCredentials:

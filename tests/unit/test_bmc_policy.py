@@ -96,7 +96,8 @@ def t() -> FakeTime:
 def policy(t: FakeTime, **kw: float) -> RetryPolicy:
     values: dict[str, float] = {"retries": 3, "backoff_s": 1.0} | kw
     return RetryPolicy(retries=int(values["retries"]), backoff_s=values["backoff_s"],
-                       deadline_s=values.get("deadline_s"), sleep=t.sleep, clock=t.clock)
+                       deadline_s=values.get("deadline_s"), sleep=t.sleep, clock=t.clock,
+                       jitter=values.get("jitter", 0.0))
 
 
 async def test_power_already_in_state_is_success_without_a_request(t: FakeTime) -> None:
@@ -312,3 +313,12 @@ async def test_limiter_a_stuck_bmc_does_not_hold_global_slots() -> None:
             assert limiter.in_flight("healthy") == 1
     stuck.set()
     await asyncio.gather(*blocked)
+
+
+async def test_retry_pauses_are_jittered_below_their_doubling_ceiling(t: FakeTime) -> None:
+    bmc = ScriptedBmc(t)
+    bmc.errors.extend([BmcTimeout(f"t{i}") for i in range(3)])
+    await ensure_power(bmc, ON, policy=policy(t, jitter=0.5), confirm_timeout_s=5)
+    assert len(t.sleeps) == 3
+    for pause, ceiling in zip(t.sleeps, (1.0, 2.0, 4.0), strict=True):
+        assert ceiling / 2 <= pause <= ceiling

@@ -1,4 +1,4 @@
-"""The why-not-schedulable chain (``provisioner.api.ui.explain``): pure, from a node, its
+"""The why-not-schedulable chain (``provisioner.lifecycle.why``): pure, from a node, its
 history and its NVLink domain's members."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from provisioner.api.ui.explain import LINKS, Status, explain, rank
 from provisioner.domain import BmcEndpoint, HistoryEntry, Node
 from provisioner.ids import NodeId
 from provisioner.lifecycle.states import NodeState as S
+from provisioner.lifecycle.why import LINKS, Status, explain, rank
 from provisioner.validation.domain import Member, Standing
 
 NOW = datetime(2026, 11, 25, 10, 0, tzinfo=UTC)

@@ -14,12 +14,12 @@ from provisioner.api import NODES, TOPOLOGY
 from provisioner.api.schemas_topology import SwitchOut, TopologyOut, topology_out
 from provisioner.api.ui import DOMAINS, ENV
 from provisioner.api.ui.auth import page
-from provisioner.api.ui.explain import LINKS, Chain, Status, explain
 from provisioner.api.ui.render import html
 from provisioner.api.ui.session import Session
 from provisioner.domain import Node, NodeSummary
 from provisioner.errors import NotFound
 from provisioner.lifecycle.validation import member_of
+from provisioner.lifecycle.why import LINKS, Chain, Status, explain
 from provisioner.validation.domain import Member
 
 _MAX_DEPTH = 6

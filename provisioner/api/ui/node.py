@@ -14,20 +14,19 @@ from urllib.parse import urlencode
 
 from aiohttp import web
 
-from provisioner.api import CONDUCTOR, NODES, TOPOLOGY, actor
+from provisioner.api import CONDUCTOR, NODES, actor
 from provisioner.api.nodes import ACTIONS, allowed_actions, apply_action
 from provisioner.api.power import via_bmc
 from provisioner.api.ui import ENV
 from provisioner.api.ui.auth import FormData, form, page, refuse
-from provisioner.api.ui.explain import clique_members, explain
 from provisioner.api.ui.facts import sections
 from provisioner.api.ui.render import html, node_ref
 from provisioner.api.ui.session import Session
+from provisioner.api.why import explain_node
 from provisioner.bmc.base import BootDevice, PowerAction
 from provisioner.domain import Node, Role
 from provisioner.errors import Conflict, InvalidRequest, NotFound
 from provisioner.lifecycle.validation import report_of
-from provisioner.topology.emit import block_of
 from provisioner.validation.record import ValidationRecord
 
 POWER_ACTIONS: Final = ("on", "off", "soft-off", "cycle", "status")
@@ -49,17 +48,12 @@ async def node_page(request: web.Request, session: Session) -> web.Response:
     except NotFound as exc:
         return refuse(request, 404, str(exc))
     history = await request.app[NODES].history(node.id)
-    members = await clique_members(request.app[NODES], node)
-    block = None
-    if (live := request.app.get(TOPOLOGY)) is not None and node.hostname:
-        snapshot = (await live.view()).snapshot  # where the published topology puts it
-        block = block_of(snapshot.blocks).get(node.hostname) or snapshot.annotations.get(
-            node.hostname)
-    chain = explain(node, history, members, block=block)
+    answer = await explain_node(request.app, node)  # the API's and the CLI's answer too
     record = ValidationRecord.from_facts(node.facts)
     context = {
         "session": session, "node": node, "ref": node_ref(node.hostname, node.id),
-        "history": list(reversed(history)), "chain": chain,
+        "history": list(reversed(history)), "chain": answer.chain,
+        "holds": answer.holds, "schedulable": answer.schedulable,
         "step_status": request.app[CONDUCTOR].step_status(node.id),
         "validation": record, "facts": sections(node.facts),
         "report": sections(report_of(node.facts)) if "last_report" in node.facts else [],

@@ -1,19 +1,25 @@
-"""Why is this node (or NVLink domain) not schedulable? Walks the chain BMC reachable →
-powered → booted → OS called back → Kubernetes Ready → GPU operator ready → validation
-passed → whole domain passed → Slurm registered, each link with its evidence (a history
-row, the validation record, the domain's members) and what to do when it is the first one
-that fails. ``explain`` is pure: it decides from a node, its history and its domain's
-members (``clique_members`` reads those).
+"""Why is this node (or NVLink domain) not schedulable? The one reasoning behind the
+console's chain, ``GET /api/v1/nodes/{id}/why`` and ``provisioner node why``.
+
+``explain`` walks the path BMC reachable → powered → booted → OS called back → Kubernetes
+Ready → GPU operator ready → validation passed → whole domain passed → Slurm registered,
+each link with its evidence (a history row, the validation record, the domain's members,
+what slurmctld says now) and what to do when it is the first one that fails. ``why`` adds
+what holds a node whatever its path: its lifecycle state, maintenance, the deploy gates
+(SKU, an existing OS) and open health findings. Both are pure: they decide from a node, its
+history, its domain's members and what the caller read (``Seen``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Final
 
 from provisioner.domain import HistoryEntry, Node
+from provisioner.health.records import FindingRecord
 from provisioner.lifecycle.states import FAILED, FAILED_TWIN, NodeState
 from provisioner.lifecycle.validation import member_of, report_of
 from provisioner.store.repo import NodeRepo
@@ -84,11 +90,47 @@ async def clique_members(repo: NodeRepo, node: Node) -> list[Member]:
     return [m for m in found if m is not None and m.clique == record.clique]
 
 
+@dataclass(frozen=True, slots=True)
+class SlurmSeen:
+    """What slurmctld says of the node now, read by the caller."""
+
+    state: str | None  # "IDLE+DRAIN"; None: slurmctld does not know the node
+    reason: str = ""
+    not_registered: str | None = None  # ``SlurmNode.not_registered_because()``
+    draining: bool = False
+    error: str = ""  # slurmctld could not be asked (then the rest is unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSeen:
+    """What the Kubernetes API server says of the node's Node now, read by the caller."""
+
+    registered: bool
+    ready: bool = False
+    cordoned: str | None = None  # unschedulable: by whom or why (its annotation), else None
+    missing_labels: tuple[str, ...] = ()  # ``key=value`` the node should carry and lacks
+    error: str = ""  # the API server could not be asked (then the rest is unknown)
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What the caller read beyond the node and its history (each optional)."""
+
+    block: str | None = None  # where the published topology puts it
+    slurm: SlurmSeen | None = None
+    kube: KubeSeen | None = None
+    findings: Sequence[FindingRecord] = ()  # its open health findings
+    os_held: tuple[str, ...] = ()  # ``Conductor.os_held``
+    now: datetime | None = field(default=None)
+
+
 def explain(node: Node, history: Sequence[HistoryEntry], members: Iterable[Member],
-            *, block: str | None = None) -> Chain:
+            *, block: str | None = None, slurm: SlurmSeen | None = None,
+            kube: KubeSeen | None = None) -> Chain:
     ctx = _Facts(node, history)
-    return Chain((_bmc(ctx), _power(ctx), _boot(ctx), _callback(ctx), _kube(ctx), _gpu(ctx),
-                  _validation(ctx), _domain(ctx, members), _slurm(ctx, block)))
+    return Chain((_bmc(ctx), _power(ctx), _boot(ctx), _callback(ctx), _kube(ctx, kube),
+                  _gpu(ctx),
+                  _validation(ctx), _domain(ctx, members), _slurm(ctx, block, slurm)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,16 +222,36 @@ def _callback(c: _Facts) -> Link:
                  "daemon's boot HTTP server")
 
 
-def _kube(c: _Facts) -> Link:
+def _kube(c: _Facts, seen: KubeSeen | None) -> Link:
     node = c.node
+    if c.rank >= 3 and seen is not None and not seen.error:
+        return _kube_seen(seen)
     if c.rank >= 3:
-        return _link("kube", Status.OK, c.entered(S.VALIDATING))
+        asked = f"; the API server not asked: {seen.error}" if seen and seen.error else ""
+        return _link("kube", Status.OK, c.entered(S.VALIDATING) + asked)
     if node.state is S.JOIN_FAILED:
         return _link("kube", Status.FAIL, c.failure(S.JOIN_FAILED),
                      "check kubelet on the node (journalctl -u kubelet) and the join token, "
                      "then Retry")
     return _link("kube", Status.WAIT, "not joined yet" if node.state is not S.JOINING
                  else "joining: waiting for the Node to be Ready")
+
+
+def _kube_seen(seen: KubeSeen) -> Link:
+    if not seen.registered:
+        return _link("kube", Status.FAIL, "no Node of this name in Kubernetes",
+                     "check kubelet on the node; Retry joins it again")
+    if not seen.ready:
+        return _link("kube", Status.FAIL, "the Node is NotReady",
+                     "journalctl -u kubelet on the node; kubectl describe node")
+    if seen.cordoned is not None:
+        return _link("kube", Status.FAIL, f"the Node is cordoned ({seen.cordoned})",
+                     "kubectl uncordon once the reason is dealt with")
+    if seen.missing_labels:
+        return _link("kube", Status.FAIL, "the Node lacks labels: "
+                     + ", ".join(seen.missing_labels[:8]),
+                     "someone removed them: Retry, or kubectl label them back")
+    return _link("kube", Status.OK, "the Node is Ready, schedulable, with its labels")
 
 
 def _gpu(c: _Facts) -> Link:
@@ -199,6 +261,8 @@ def _gpu(c: _Facts) -> Link:
     count = len(gpus)
     if c.rank < 3:
         return _link("gpu", Status.WAIT, "not reached yet")
+    if raw is None and c.node.state is S.ACTIVE:  # registered running: never reported
+        return _link("gpu", Status.UNKNOWN, "no GPU inventory reported")
     if count == 0:
         return _link("gpu", Status.FAIL, "the node's last report lists no GPU",
                      "check the GPU Operator's driver and device-plugin pods on the node "
@@ -254,11 +318,21 @@ def _standing(node: Node, record: ValidationRecord) -> Standing:
         else Standing.PENDING
 
 
-def _slurm(c: _Facts, block: str | None) -> Link:
+def _slurm(c: _Facts, block: str | None, seen: SlurmSeen | None) -> Link:
     node = c.node
     where = f"; in the published topology: {block}" if block else ""
+    if node.state is S.ACTIVE and seen is not None and not seen.error:
+        said = f"slurmctld: {seen.state}" + (f" ({seen.reason})" if seen.reason else "")
+        if seen.state is None:
+            return _link("slurm", Status.FAIL, "slurmctld does not know this node",
+                         "Retry registration, or check the node's slurmd")
+        if seen.not_registered is not None or seen.draining:
+            return _link("slurm", Status.FAIL, said,
+                         "scontrol show node; resume it once the reason is dealt with")
+        return _link("slurm", Status.OK, said + where)
     if node.state is S.ACTIVE:
-        return _link("slurm", Status.OK, c.entered(S.ACTIVE) + where)
+        slurmctld = f"; slurmctld not asked: {seen.error}" if seen and seen.error else ""
+        return _link("slurm", Status.OK, c.entered(S.ACTIVE) + where + slurmctld)
     if node.state is S.REGISTER_FAILED:
         return _link("slurm", Status.FAIL, c.failure(S.REGISTER_FAILED),
                      "check slurmctld and the node's slurmd (scontrol show node), then Retry")
