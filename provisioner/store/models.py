@@ -52,7 +52,8 @@ class NodeMacRow(SQLModel, table=True):
 
 class TransitionRow(SQLModel, table=True):
     __tablename__ = "transition"
-    __table_args__ = (UniqueConstraint("node_id", "seq", name="uq_transition_node_seq"),)
+    __table_args__ = (UniqueConstraint("node_id", "seq", name="uq_transition_node_seq"),
+                      Index("ix_transition_created_at", "created_at"))
 
     id: int | None = Field(default=None, primary_key=True)
     node_id: str = Field(foreign_key="node.id", index=True, ondelete="CASCADE")

@@ -2,7 +2,7 @@
 first daemon, so a daemon with another ``secret.key`` refuses to start
 
 Revision ID: 0012
-Revises: 0008
+Revises: 0011
 Create Date: 2026-11-27
 """
 
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0008"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 
