@@ -231,3 +231,41 @@ async def test_an_active_domain_is_accepted_inside_a_maintenance_reservation(
         await acceptance.aclose()
         await topology.aclose()
         await client.aclose()
+
+
+async def test_jobs_that_do_not_end_in_time_release_the_reservation_untested(
+        cluster: tuple[Slurm, Path], store: Store, make_node) -> None:  # type: ignore[no-untyped-def]
+    """Past ``jobs_wait_s`` nothing is tested: the run is interrupted, naming the busy node,
+    and the reservation is released (the domain is not held)."""
+    slurm, _ = cluster
+    profile = AcceptanceProfile(fabric_class="hgx-h200", tests=["dcgm", "nccl"],
+                                nccl_scope="node", jobs_wait_s=1)
+    validation = ValidationSettings(profiles={"nvl": ValidationProfile(
+        gpu_count=4, nvlink_domain=True, nvlink_domain_nodes=2, acceptance=profile)})
+    for i, name in enumerate(DOMAIN_NODES, start=1):
+        node = await make_node(NodeState.ACTIVE, profile="nvl", hostname=name,
+                               serial=f"RES{i}")
+        record = ValidationRecord(passed=True, at="2026-11-27T00:00:00+00:00", clique=CLIQUE,
+                                  domain_nodes=2)
+        await store.nodes.merge_facts(node.id, {"validation": record.to_facts()})
+    client = ScontrolSlurm(slurm_conf=slurm.conf, timeout_s=20.0)
+    long_job = sbatch(slurm, DOMAIN_NODES[1], 60)
+    until(lambda: job_state(slurm, long_job)[0] == "RUNNING", "the long job to run")
+    launcher = RecordedLauncher(slurm, slow=set(), before=long_job)
+    acceptance = DomainAcceptance(store.nodes, store.acceptance, launcher, validation,
+                                  poll_s=0.2, reservations=SlurmMaintenance(client, client))
+    try:
+        started = await acceptance.rerun(CLIQUE, lambda node_id: asyncio.sleep(0))
+        gave_up = await finished(acceptance)
+        assert gave_up.status == "interrupted", gave_up.summary
+        assert f"jobs still running on {DOMAIN_NODES[1]} after 1 s" in gave_up.summary
+        assert gave_up.result["reservation"] == {"name": started.reservation, "held": False}
+        assert launcher.seen == []  # nothing was tested
+        with pytest.raises(RuntimeError):
+            slurm.scontrol("show", "reservation", str(started.reservation))
+        assert await acceptance.held_nodes() == set()
+        assert job_state(slurm, long_job)[0] == "RUNNING"  # the user's job is left alone
+    finally:
+        run(slurm, "scancel", long_job)
+        await acceptance.aclose()
+        await client.aclose()
