@@ -3,7 +3,8 @@ real slurmds (one ``slurmd -N`` per node on this host, tests/peers/slurm.py
 ``static_cluster``): ``DomainAcceptance.rerun`` (what ``provisioner fabric accept`` calls)
 through ``SlurmMaintenance`` over ``ScontrolSlurm``.
 
-- A job runs on a domain node when the operator asks: the reservation is made at once on
+- A job runs on a domain node when the operator asks (``POST /api/v1/fabric/domains/{id}/
+  acceptance``; the reply names the reservation): the reservation is made at once on
   exactly the domain's two nodes (maint, ignore_jobs) and the tests start only after that
   job ended.
 - While the tests run, read back from Slurm: ``scontrol show reservation`` names exactly
@@ -32,21 +33,28 @@ from typing import Any
 import pytest
 
 from provisioner.acceptance.domain import ToolRun
+from provisioner.api.app import make_app
 from provisioner.config import (
     AcceptanceProfile,
+    ApiSettings,
+    LifecycleSettings,
     TopologySettings,
     ValidationProfile,
     ValidationSettings,
 )
-from provisioner.domain import Node
+from provisioner.domain import Node, Role
 from provisioner.lifecycle.acceptance import DomainAcceptance
+from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import NodeState
+from provisioner.metrics import Metrics
+from provisioner.simulation.world import SimWorld
 from provisioner.slurm.reservation import SlurmMaintenance
 from provisioner.slurm.scontrol import ScontrolSlurm
 from provisioner.store.store import Store
 from provisioner.topology.emit import block_of
 from provisioner.topology_live.live import LiveTopology
 from provisioner.validation.record import ValidationRecord
+from tests.conftest import fake_ports
 from tests.peers.slurm import Slurm, slurm_unavailable_reason, static_cluster
 from tests.topology_support import nvsmi
 
@@ -159,7 +167,8 @@ async def finished(acceptance: DomainAcceptance) -> Any:
 
 
 async def test_an_active_domain_is_accepted_inside_a_maintenance_reservation(
-        cluster: tuple[Slurm, Path], store: Store, make_node) -> None:  # type: ignore[no-untyped-def]
+        cluster: tuple[Slurm, Path], store: Store, world: SimWorld, make_node,  # type: ignore[no-untyped-def]
+        aiohttp_client) -> None:
     slurm, _ = cluster
     profile = AcceptanceProfile(fabric_class="hgx-h200", tests=["dcgm", "nccl"],
                                 nccl_scope="node", jobs_wait_s=30)
@@ -191,9 +200,19 @@ async def test_an_active_domain_is_accepted_inside_a_maintenance_reservation(
         async def no_retry(node_id: str) -> object:
             raise AssertionError(f"an active node is never retried ({node_id})")
 
-        started = await acceptance.rerun(CLIQUE, no_retry, requested_by="token:ops")
-        name = started.reservation
-        assert name is not None and started.nodes == list(DOMAIN_NODES)
+        conductor = Conductor(store.nodes, fake_ports(world),
+                              LifecycleSettings(auto_inspect=False, auto_deploy=False))
+        api = await aiohttp_client(make_app(
+            conductor=conductor, nodes=store.nodes, tokens=store.tokens, metrics=Metrics(),
+            settings=ApiSettings(), acceptance=acceptance))
+        token = (await store.tokens.create("ops", Role.OPERATOR))[1]
+        reply = await api.post(f"/api/v1/fabric/domains/{CLIQUE}/acceptance",
+                               headers={"Authorization": f"Bearer {token}"})
+        assert reply.status == 202, await reply.text()
+        body = await reply.json()  # what `provisioner fabric accept` prints
+        name = body["reservation"]
+        assert name == f"provisioner-acceptance-{CLIQUE}"
+        assert body["retried"] == list(DOMAIN_NODES)
         shown = await reserved(slurm, name)  # made at once, while the user's job runs
         assert "Nodes=acc-[01-02]" in shown and job_state(slurm, before)[0] == "RUNNING"
         failed = await finished(acceptance)
@@ -206,7 +225,7 @@ async def test_an_active_domain_is_accepted_inside_a_maintenance_reservation(
 
         assert failed.status == "failed" and failed.slowest == DOMAIN_NODES[1], failed.summary
         assert failed.result["reservation"] == {"name": name, "held": True}
-        assert failed.requested_by == f"token:ops (reservation {name})"
+        assert failed.requested_by.endswith(f" (reservation {name})")
         assert "Nodes=acc-[01-02]" in slurm.scontrol("show", "reservation", "-o", name)
         assert await acceptance.held_nodes() == set(DOMAIN_NODES)
         held = block_of((await topology.refresh(publish=False)).snapshot.blocks)
