@@ -3,8 +3,8 @@ real slurmds (one ``slurmd -N`` per node on this host, tests/peers/slurm.py
 ``static_cluster``): ``DomainAcceptance.rerun`` (what ``provisioner fabric accept`` calls)
 through ``SlurmMaintenance`` over ``ScontrolSlurm``.
 
-- A job runs on a domain node when the operator asks (``POST /api/v1/fabric/domains/{id}/
-  acceptance``; the reply names the reservation): the reservation is made at once on
+- A job runs on a domain node when the operator asks (``provisioner fabric accept DOMAIN``
+  against the API, which names the reservation): the reservation is made at once on
   exactly the domain's two nodes (maint, ignore_jobs) and the tests start only after that
   job ended.
 - While the tests run, read back from Slurm: ``scontrol show reservation`` names exactly
@@ -34,6 +34,7 @@ import pytest
 
 from provisioner.acceptance.domain import ToolRun
 from provisioner.api.app import make_app
+from provisioner.cli.entry import main
 from provisioner.config import (
     AcceptanceProfile,
     ApiSettings,
@@ -168,7 +169,7 @@ async def finished(acceptance: DomainAcceptance) -> Any:
 
 async def test_an_active_domain_is_accepted_inside_a_maintenance_reservation(
         cluster: tuple[Slurm, Path], store: Store, world: SimWorld, make_node,  # type: ignore[no-untyped-def]
-        aiohttp_client) -> None:
+        aiohttp_client, capsys: pytest.CaptureFixture[str]) -> None:
     slurm, _ = cluster
     profile = AcceptanceProfile(fabric_class="hgx-h200", tests=["dcgm", "nccl"],
                                 nccl_scope="node", jobs_wait_s=30)
@@ -206,13 +207,13 @@ async def test_an_active_domain_is_accepted_inside_a_maintenance_reservation(
             conductor=conductor, nodes=store.nodes, tokens=store.tokens, metrics=Metrics(),
             settings=ApiSettings(), acceptance=acceptance))
         token = (await store.tokens.create("ops", Role.OPERATOR))[1]
-        reply = await api.post(f"/api/v1/fabric/domains/{CLIQUE}/acceptance",
-                               headers={"Authorization": f"Bearer {token}"})
-        assert reply.status == 202, await reply.text()
-        body = await reply.json()  # what `provisioner fabric accept` prints
-        name = body["reservation"]
-        assert name == f"provisioner-acceptance-{CLIQUE}"
-        assert body["retried"] == list(DOMAIN_NODES)
+        base = str(api.make_url("")).rstrip("/")
+        code = await asyncio.to_thread(main, ["fabric", "accept", CLIQUE, "--url", base,
+                                              "--token", token])
+        name = f"provisioner-acceptance-{CLIQUE}"
+        assert code == 0 and capsys.readouterr().out == (
+            f"{CLIQUE}: accepting acc-01, acc-02 inside Slurm reservation {name} (released "
+            f"on a pass; provisioner fabric acceptance {CLIQUE})\n")
         shown = await reserved(slurm, name)  # made at once, while the user's job runs
         assert "Nodes=acc-[01-02]" in shown and job_state(slurm, before)[0] == "RUNNING"
         failed = await finished(acceptance)
