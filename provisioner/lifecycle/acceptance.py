@@ -223,8 +223,14 @@ class DomainAcceptance:
         extra: dict[str, object] = {}
         try:
             if reservation is not None and self._reservations is not None:
-                await hold(self._reservations, reservation, names, wait_s=profile.jobs_wait_s,
-                           poll_s=self._poll_s)
+                try:
+                    await hold(self._reservations, reservation, names,
+                               wait_s=profile.jobs_wait_s, poll_s=self._poll_s)
+                except JobsStillRunning:
+                    raise
+                except ProvisionerError as exc:  # Slurm refused: nothing tested, not held
+                    raise JobsStillRunning(f"could not reserve the nodes in Slurm ({exc}): "
+                                           "released, nothing was tested") from exc
             runs = await self._launcher.launch(run.id, run.domain, members, profile, cls.gpus)
             scope = scope_of(profile.nccl_scope, cls.gpus)
             verdict = judge_domain(run.domain, cls, names,
@@ -258,8 +264,9 @@ class DomainAcceptance:
             log.log(logging.INFO if status == PASSED else logging.WARNING, "%s", summary)
 
     async def _settle(self, reservation: str, status: str) -> dict[str, object]:
-        """Release the reservation unless the run failed (then it holds the domain; a
-        daemon stop leaves it, the next run takes it over)."""
+        """Release the reservation unless the run failed (then it holds the domain until a
+        later run passes). Nothing tested (jobs that did not end, Slurm refused, a daemon
+        stop): released, not held."""
         held = status == FAILED
         if status in (PASSED, INTERRUPTED) and self._reservations is not None:
             try:

@@ -41,7 +41,8 @@ class Reservations(Protocol):
 
 
 class JobsStillRunning(ProvisionerError):
-    """The domain's jobs did not end within ``jobs_wait_s``: nothing was tested."""
+    """The nodes could not be had for the tests (their jobs did not end within
+    ``jobs_wait_s``, or Slurm refused the reservation): nothing was tested."""
 
 
 def reservation_name(domain: str) -> str:

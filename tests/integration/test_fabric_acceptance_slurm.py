@@ -289,3 +289,35 @@ async def test_jobs_that_do_not_end_in_time_release_the_reservation_untested(
         run(slurm, "scancel", long_job)
         await acceptance.aclose()
         await client.aclose()
+
+
+async def test_a_domain_slurm_does_not_know_is_not_tested_nor_held(
+        cluster: tuple[Slurm, Path], store: Store, make_node) -> None:  # type: ignore[no-untyped-def]
+    """slurmctld refuses the reservation (a node it does not know): interrupted with
+    Slurm's words, nothing tested, nothing held."""
+    slurm, _ = cluster
+    profile = AcceptanceProfile(fabric_class="hgx-h200", tests=["dcgm", "nccl"],
+                                nccl_scope="node", jobs_wait_s=5)
+    validation = ValidationSettings(profiles={"nvl": ValidationProfile(
+        gpu_count=4, nvlink_domain=True, nvlink_domain_nodes=2, acceptance=profile)})
+    for i, name in enumerate(("acc-01", "acc-99"), start=1):
+        node = await make_node(NodeState.ACTIVE, profile="nvl", hostname=name,
+                               serial=f"RES{i}")
+        record = ValidationRecord(passed=True, at="2026-11-27T00:00:00+00:00", clique=CLIQUE,
+                                  domain_nodes=2)
+        await store.nodes.merge_facts(node.id, {"validation": record.to_facts()})
+    client = ScontrolSlurm(slurm_conf=slurm.conf, timeout_s=20.0)
+    launcher = RecordedLauncher(slurm, slow=set(), before="0")
+    acceptance = DomainAcceptance(store.nodes, store.acceptance, launcher, validation,
+                                  poll_s=0.2, reservations=SlurmMaintenance(client, client))
+    try:
+        await acceptance.rerun(CLIQUE, lambda node_id: asyncio.sleep(0))
+        refused = await finished(acceptance)
+        assert refused.status == "interrupted", refused.summary
+        assert "could not reserve the nodes in Slurm" in refused.summary
+        assert "Invalid node name specified" in refused.summary
+        assert refused.result["reservation"]["held"] is False and launcher.seen == []
+        assert await acceptance.held_nodes() == set()
+    finally:
+        await acceptance.aclose()
+        await client.aclose()
