@@ -40,6 +40,15 @@ def test_the_recorded_runs_show_nvls_set_up() -> None:
                                                   "NVLS set up, 16 nvls channels")
 
 
+def test_the_per_device_multicast_lines_are_read() -> None:
+    """The real line of NVIDIA/nccl issue 892 (an H800 with NVLS) before the two-node log."""
+    text = "NCCL INFO NVLS multicast support is available on dev 3\n" + TWO.read_text()
+    run = parse_nccl(text)
+    assert run.nvls.available_on == (3,) and run.nvls.used
+    assert algorithm("gb200-nvl72", text)[2] == (
+        "NVLS set up, 16 nvls channels, multicast on 1 device(s)")
+
+
 def test_a_device_without_multicast_fails_naming_it() -> None:
     lines = TWO.read_text().splitlines(keepends=True)
     text = UNAVAILABLE + "\n" + "".join(lines[3:])  # the three NVLS INFO lines replaced
