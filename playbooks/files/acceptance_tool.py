@@ -23,7 +23,9 @@ import sys
 import time
 
 MARKER = "PROVISIONER_ACCEPTANCE_RUN"
-KEEP = 4 * 1024 * 1024  # bytes of each stream kept
+KEEP = 4 * 1024 * 1024  # bytes of each stream kept from its end
+KEEP_HEAD = 1024 * 1024  # and from its start: NCCL_DEBUG=INFO's set-up lines (NVLS) of a
+                         # long run come first
 
 
 def run(out_dir, name, deadline_s, run_id, argv):
@@ -67,8 +69,19 @@ def _kill_session(proc):
 def _tail(path):
     with open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, handle.tell() - KEEP))
-        return handle.read().decode("utf-8", "replace")
+        size = handle.tell()
+        if size <= KEEP_HEAD + KEEP:
+            handle.seek(0)
+            return handle.read().decode("utf-8", "replace")
+        handle.seek(0)
+        head = handle.read(KEEP_HEAD)
+        head = head[:head.rfind(b"\n") + 1]  # whole lines only: a cut row reads as a cut run
+        handle.seek(size - KEEP)
+        tail = handle.read()
+        tail = tail[tail.find(b"\n") + 1:]
+        left = size - len(head) - len(tail)
+        return "%s# [acceptance_tool: %d bytes left out]\n%s" % (
+            head.decode("utf-8", "replace"), left, tail.decode("utf-8", "replace"))
 
 
 def cleanup(run_id):

@@ -3,9 +3,11 @@
 Rules (issue 26): all-reduce bus bandwidth at large messages (8-16 GiB; the largest size in
 the run when it ran smaller, and the line says so) against ``floor x (1 - tolerance)``;
 any ``#wrong`` value other than 0 fails, and so does a run with validation off (``N/A``:
-nothing was checked); on a class that expects NVLS, an algorithm other than NVLS fails where
-the output names one; a test that did not run, an empty output or one cut before its end
-fails. A class with no floor for a test fails it too: nothing is passed unjudged.
+nothing was checked); on a class that expects NVLS (NVL72), an algorithm other than NVLS
+fails, and so does a run whose ``NCCL_DEBUG=INFO`` lines show no NVLS set up (or a device
+without multicast) or that has no INFO lines to show it; a test that did not run, an empty
+output or one cut before its end fails. A class with no floor for a test fails it too:
+nothing is passed unjudged.
 """
 
 from __future__ import annotations
@@ -132,14 +134,48 @@ def _busbw(cls: FabricClass, test: str, run: NcclRun) -> Figure:
 
 
 def _algorithm(expected: str, test: str, run: NcclRun) -> Figure:
+    excluded = [a for a in run.algorithms if a.startswith("^") and expected in a]
     others = [a for a in run.algorithms if expected not in a]
-    if others:
+    if others or excluded:
         return Figure(test, "algorithm", ",".join(run.algorithms), expected, False,
-                      f"the run used {','.join(others)}, not {expected}")
+                      f"the run used {','.join(others or excluded)}, not {expected}")
+    if expected == "NVLS":
+        return _nvls(test, run)
     if not run.algorithms:
         return Figure(test, "algorithm", "unnamed", expected, True,
                       "the output names no algorithm (NCCL_DEBUG=INFO shows it)")
     return Figure(test, "algorithm", expected, expected, True, "as expected")
+
+
+def _nvls(test: str, run: NcclRun) -> Figure:
+    """NVLS (NVLink SHARP) must be set up: NCCL's INFO lines say so (``Connected NVLS
+    tree``, ``NVLS comm``, ``16 nvls channels``), no device lacks multicast, or the run
+    asked for it (``NCCL_ALGO=NVLS``). Absent, or not shown at all, fails."""
+    nvls = run.nvls
+    if nvls.unavailable_on:
+        devs = ",".join(map(str, nvls.unavailable_on))
+        return Figure(test, "algorithm", "no NVLS", "NVLS", False,
+                      f"NVLS absent: 'NVLS multicast support is not available' on dev {devs} "
+                      "(IMEX channels, fabric manager or the NVSwitch multicast)")
+    if nvls.channels == 0:
+        return Figure(test, "algorithm", "no NVLS", "NVLS", False,
+                      "NVLS absent: NCCL set up 0 nvls channels")
+    if nvls.used:
+        what = [w for w, seen in (("set up", nvls.set_up),
+                                  (f"{nvls.channels} nvls channels", bool(nvls.channels)),
+                                  (f"multicast on {len(nvls.available_on)} device(s)",
+                                   bool(nvls.available_on))) if seen]
+        return Figure(test, "algorithm", "NVLS", "NVLS", True, "NVLS " + ", ".join(what))
+    if "NVLS" in run.algorithms:
+        return Figure(test, "algorithm", "NVLS", "NVLS", True, "the run asked for NVLS "
+                      "(NCCL_ALGO=NVLS)")
+    if not nvls.info:
+        return Figure(test, "algorithm", "unshown", "NVLS", False,
+                      "the output has no NCCL INFO lines: NVLS cannot be shown (run "
+                      "all_reduce_perf with NCCL_DEBUG=INFO)")
+    return Figure(test, "algorithm", "no NVLS", "NVLS", False,
+                  "NVLS absent: NCCL's INFO lines show no NVLS set-up ('Connected NVLS "
+                  "tree', 'NVLS comm', 'N nvls channels')")
 
 
 def judge_nvbandwidth(cls: FabricClass, run: NvbandwidthRun) -> list[Figure]:

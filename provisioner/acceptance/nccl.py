@@ -16,13 +16,19 @@ Layouts read (NVIDIA/nccl-tests ``src/common.cu``; captures in tests/fixtures/ac
   without the average line did not finish (killed, crashed, or the output was cut);
 * algorithm hints: ``NCCL_ALGO=NVLS`` where the command line or an environment dump is in the
   output, and NCCL's own INFO lines that name an algorithm (``... algorithm NVLS``,
-  ``Algo NVLS`` under ``NCCL_DEBUG_SUBSYS=TUNING``).
+  ``Algo NVLS`` under ``NCCL_DEBUG_SUBSYS=TUNING``);
+* NVLS (NVLink SHARP) under ``NCCL_DEBUG=INFO``, as NCCL prints it at communicator set-up
+  (src/transport/nvls.cc, src/init.cc; captures: aws-samples/aws-do-eks nccl-test README,
+  NVIDIA/nccl issues 892 and 1538, aws/aws-ofi-nccl issue 715):
+  ``NVLS multicast support is available on dev 3`` (or ``is not available``; 2.27+ add
+  `` (NVLS_NCHANNELS 16)``), ``NVLS comm 0x... headRank 0 nHeads 8 ...``, ``Connected NVLS
+  tree`` and ``24 coll channels, 16 nvls channels, 32 p2p channels, ...``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _TAG = re.compile(r"^\[\d+,\d+\]<std(?:out|err)>:")
 _HEADER = re.compile(r"#\s*nThread\s+\d+\s+nGpus\s+\d+\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)"
@@ -35,6 +41,9 @@ _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([0-9.eE+-]+)")
 _OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s+(\S+)")
 _ALGO_ENV = re.compile(r"\bNCCL_ALGO=([A-Za-z_,^]+)")
 _ALGO_INFO = re.compile(r"NCCL INFO.*?\b(?:algorithm|Algo)\s+([A-Za-z_]+)")
+_NVLS_SUPPORT = re.compile(r"NVLS multicast support is (not )?available on dev (\d+)")
+_NVLS_SET_UP = re.compile(r"NCCL INFO (?:Connected NVLS|NVLS comm 0x)")
+_NVLS_CHANNELS = re.compile(r"NCCL INFO (\d+) coll channels, (\d+) nvls channels")
 _FAILURE = re.compile(r"Test (?:NCCL |CUDA )?failure|NCCL WARN|Segmentation fault|Aborted|"
                       r"out of memory|Test FAILED", re.IGNORECASE)
 # longest names first: "reduce" is in "all_reduce" and "reduce_scatter"
@@ -68,6 +77,24 @@ class Row:
 
 
 @dataclass(frozen=True, slots=True)
+class Nvls:
+    """What NCCL's INFO lines say of NVLS. ``info``: the output has NCCL INFO lines at all
+    (``NCCL_DEBUG=INFO`` was set); ``channels``: the largest ``N nvls channels`` seen."""
+
+    info: bool = False
+    available_on: tuple[int, ...] = ()
+    unavailable_on: tuple[int, ...] = ()
+    set_up: bool = False
+    channels: int | None = None
+
+    @property
+    def used(self) -> bool:
+        """Set up with channels, and no device without multicast."""
+        return ((self.set_up or bool(self.channels)) and self.channels != 0
+                and not self.unavailable_on)
+
+
+@dataclass(frozen=True, slots=True)
 class NcclRun:
     test: str | None
     ranks: tuple[Rank, ...]
@@ -79,6 +106,7 @@ class NcclRun:
     algorithms: tuple[str, ...]
     failures: tuple[str, ...]
     cut_rows: int
+    nvls: Nvls = field(default_factory=lambda: Nvls())
 
     @property
     def complete(self) -> bool:
@@ -104,6 +132,10 @@ def parse_nccl(text: str, name_hint: str = "") -> NcclRun:
     avg: float | None = None
     oob: int | None = None
     cut = 0
+    info, set_up = False, False
+    available: list[int] = []
+    unavailable: list[int] = []
+    channels: int | None = None
     for raw in text.splitlines():
         line = _TAG.sub("", raw).rstrip()
         if m := _STARTING.search(line):
@@ -124,13 +156,22 @@ def parse_nccl(text: str, name_hint: str = "") -> NcclRun:
             rows.extend(parsed or ())
         algorithms.extend(a for m in _ALGO_ENV.finditer(line) for a in m.group(1).split(","))
         algorithms.extend(m.group(1) for m in _ALGO_INFO.finditer(line))
+        if "NCCL INFO" in line:
+            info = True
+            if m := _NVLS_SUPPORT.search(line):
+                (unavailable if m.group(1) else available).append(int(m.group(2)))
+            set_up = set_up or bool(_NVLS_SET_UP.search(line))
+            if m := _NVLS_CHANNELS.search(line):
+                channels = max(channels or 0, int(m.group(2)))
         if _FAILURE.search(line):
             failures.append(" ".join(line.split())[:200])
     if test is None:  # before 2.19 the output names its test only on a command line
         test = next((n for n in TEST_NAMES if n in text), None)
+    nvls = Nvls(info, tuple(sorted(set(available))), tuple(sorted(set(unavailable))), set_up,
+                channels)
     return NcclRun(test, tuple(ranks), tuple(rows), max_bytes, validation, avg, oob,
                    tuple(dict.fromkeys(a.upper() for a in algorithms if a)),
-                   tuple(failures), cut)
+                   tuple(failures), cut, nvls)
 
 
 def _row(line: str) -> tuple[Row, Row] | None:

@@ -1,7 +1,8 @@
 """Fabric acceptance of a domain (issue 26): ``GET /api/v1/fabric/domains/{id}/acceptance``
 returns its last run with each test's figure and floor per node; ``POST`` reruns a held
 domain after a repair (its ``validate_failed`` nodes are retried through the conductor, are
-checked anew and, once all passed, start a new run). ``{id}``: the NVLink clique
+checked anew and, once all passed, start a new run), or accepts an active domain inside a
+Slurm maintenance reservation on its nodes. ``{id}``: the NVLink clique
 (``<ClusterUUID>.<CliqueId>``), or the hostname of a node that names none."""
 
 from __future__ import annotations
@@ -58,7 +59,11 @@ class AcceptanceOut(BaseModel):
 class RerunOut(BaseModel):
     domain: str
     retried: list[str] = Field(description="the held nodes retried: they are checked anew, "
-                               "then the domain's acceptance runs again")
+                               "then the domain's acceptance runs again; for an active "
+                               "domain, the nodes accepted inside the reservation")
+    reservation: str | None = Field(None, description="the Slurm maintenance reservation "
+                                    "an active domain's acceptance runs in (released on a "
+                                    "pass, kept on a failure: the domain is held)")
 
 
 def acceptance_out(run: AcceptanceRun) -> AcceptanceOut:
@@ -97,8 +102,9 @@ async def start_acceptance(request: web.Request) -> web.Response:
         return await conductor.fire(node_id, Event.RETRY, actor=who,
                                     reason=f"fabric acceptance of {domain} rerun")
 
-    retried = await _acceptance(request).rerun(domain, retry)
-    return respond(RerunOut(domain=domain, retried=retried), status=202)
+    started = await _acceptance(request).rerun(domain, retry, requested_by=who)
+    return respond(RerunOut(domain=domain, retried=started.nodes,
+                            reservation=started.reservation), status=202)
 
 
 _ID: Final = ("id", "the NVLink domain (ClusterUUID.CliqueId), or a lone node's hostname")
@@ -110,7 +116,9 @@ ROUTES: Final = (
           path_params=(_ID,), errors=(404, 503)),
     Route("POST", f"{PREFIX}/fabric/domains/{{id}}/acceptance", start_acceptance,
           "Rerun a held domain's acceptance after a repair: its validate_failed nodes are "
-          "retried, checked anew, and the domain's acceptance runs again once all passed "
-          "(409 while a run goes on, or when no node is held)", Role.OPERATOR, RerunOut,
+          "retried, checked anew, and the domain's acceptance runs again once all passed; "
+          "an active domain is accepted inside a Slurm maintenance reservation on exactly "
+          "its nodes, released on a pass (409 while a run goes on, or for an active domain "
+          "without Slurm)", Role.OPERATOR, RerunOut,
           status=202, body_required=False, path_params=(_ID,), errors=(404, 409, 503)),
 )

@@ -49,7 +49,8 @@ def add_commands(sub: Subcommands) -> None:
     accept = commands.add_parser(
         "accept", parents=[api], allow_abbrev=False,
         help="rerun a held domain's fabric acceptance after a repair (its validate_failed "
-             "nodes are retried; the domain is accepted anew once all passed)")
+             "nodes are retried; the domain is accepted anew once all passed), or accept an "
+             "active domain inside a Slurm maintenance reservation")
     accept.add_argument("domain", metavar="DOMAIN",
                         help="NVLink domain (ClusterUUID.CliqueId) or a lone node's hostname")
     accept.add_argument("--json", action="store_true", help="the API's JSON")
@@ -71,6 +72,11 @@ def cmd_fabric_accept(args: argparse.Namespace) -> int:
         print(formatting.dump_json(reply))
         return 0
     retried = reply.get("retried") or []
+    if reply.get("reservation"):
+        print(f"{args.domain}: accepting {', '.join(map(str, retried))} inside Slurm "
+              f"reservation {reply['reservation']} (released on a pass; provisioner fabric "
+              f"acceptance {args.domain})")
+        return 0
     print(f"{args.domain}: retried {', '.join(map(str, retried))}; the domain's acceptance "
           f"runs again once they passed their own checks (provisioner fabric acceptance "
           f"{args.domain})")

@@ -18,7 +18,8 @@ class AcceptanceProfile(Section):
     domain's nodes over SSH (``playbooks/acceptance.yml``) and are judged against the fabric
     class's floors (``provisioner fabric judge --list-classes``). A failed domain is held in
     ``validate_failed`` naming its slowest node; ``provisioner fabric accept DOMAIN`` reruns
-    it after a repair."""
+    it after a repair, or accepts an active domain inside a Slurm maintenance reservation
+    (kept on a failure: the domain is held, its block shrinks)."""
 
     fabric_class: str = Field(
         min_length=1, description="The class whose floors apply (hgx-h100, gb200-nvl72, "
@@ -40,6 +41,10 @@ class AcceptanceProfile(Section):
     test_deadline_s: float = Field(
         1800.0, gt=0, description="Each test is killed (with everything it started, on every "
         "node) when still running after this long, and fails")
+    jobs_wait_s: float = Field(
+        3600.0, gt=0, description="An active domain (`provisioner fabric accept`): how long "
+        "the jobs on its nodes may run on inside the Slurm maintenance reservation before "
+        "the run gives up (the reservation released, nothing tested)")
     tolerance: float | None = Field(
         None, ge=0, le=0.5, description="Tolerance for every floor (default: the class's)")
     floors: dict[Literal["nccl_busbw", "nvbw_host", "nvbw_p2p", "ib_bw"], float] = Field(

@@ -60,6 +60,7 @@ from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
 from provisioner.simulation.rack import simulated_nodes
 from provisioner.simulation.world import SimWorld
+from provisioner.slurm.client import make_maintenance
 from provisioner.slurm.handoff import SlurmHandoff
 from provisioner.slurm.repair import SiteRepairs
 from provisioner.slurm.sync import SlurmSync
@@ -163,7 +164,11 @@ class Daemon:
                 store.nodes, store.acceptance,
                 AnsibleAcceptance(ansible, self._settings.install,
                                   results_dir=self._settings.state_dir / "acceptance"),
-                self._settings.validation, instance=store.instance)  # ConfigError: exit 2
+                self._settings.validation, instance=store.instance,  # ConfigError: exit 2
+                reservations=(make_maintenance(self._settings.slurm, slurm_client)
+                              if slurm_client is not None else None),
+                on_hold=topology.invalidate)
+            topology.hold_with(acceptance.held_nodes)  # a held active domain: out of blocks
             stack.push_async_callback(acceptance.aclose)  # after the conductor stopped
             bmc = self._bmc(stack, world)
             real = RealDrivers(

@@ -22,6 +22,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
@@ -39,6 +40,13 @@ from provisioner.acceptance.model import Figure
 from provisioner.config import AcceptanceProfile, ValidationSettings
 from provisioner.domain import Node
 from provisioner.errors import ConfigError, Conflict, NotFound, ProvisionerError
+from provisioner.lifecycle.acceptance_active import (
+    JobsStillRunning,
+    Reservations,
+    hold,
+    reservation_name,
+    reservation_result,
+)
 from provisioner.lifecycle.ports import AcceptanceOutcome, Note
 from provisioner.lifecycle.states import NodeState
 from provisioner.lifecycle.validation import DOMAIN_STATES, member_of
@@ -95,10 +103,20 @@ def check_fabric_classes(settings: ValidationSettings) -> None:
                               "(provisioner fabric judge --list-classes)")
 
 
+@dataclass(frozen=True, slots=True)
+class Rerun:
+    """What ``rerun`` started: the held nodes it retried, or (an active domain) the nodes
+    accepted inside ``reservation``."""
+
+    nodes: list[str]
+    reservation: str | None = None
+
+
 class DomainAcceptance:
     def __init__(self, repo: NodeRepo, runs: AcceptanceRepo, launcher: AcceptanceLauncher,
                  settings: ValidationSettings, *, instance: str | None = None,
-                 poll_s: float = 2.0,
+                 poll_s: float = 2.0, reservations: Reservations | None = None,
+                 on_hold: Callable[[], None] | None = None,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         check_fabric_classes(settings)  # a typo fails at start-up
         self._repo = repo
@@ -108,6 +126,8 @@ class DomainAcceptance:
         self._instance = instance
         self._poll_s = poll_s
         self._clock = clock
+        self._reservations = reservations
+        self._on_hold = on_hold
         self._locks: dict[str, asyncio.Lock] = {}
         self._mine: dict[str, asyncio.Task[None]] = {}
         self._tasks = TaskSet()
@@ -196,15 +216,30 @@ class DomainAcceptance:
                               source=f"profile {profile_name}")
 
     async def _execute(self, run: AcceptanceRun, members: Sequence[Node],
-                       profile: AcceptanceProfile, cls: FabricClass) -> None:
+                       profile: AcceptanceProfile, cls: FabricClass,
+                       reservation: str | None = None) -> None:
         names = [m.hostname or m.id for m in members]
         status, verdict = FAILED, None
+        extra: dict[str, object] = {}
         try:
+            if reservation is not None and self._reservations is not None:
+                try:
+                    await hold(self._reservations, reservation, names,
+                               wait_s=profile.jobs_wait_s, poll_s=self._poll_s)
+                except JobsStillRunning:
+                    raise
+                except ProvisionerError as exc:  # Slurm refused: nothing tested, not held
+                    raise JobsStillRunning(f"could not reserve the nodes in Slurm ({exc}): "
+                                           "released, nothing was tested") from exc
             runs = await self._launcher.launch(run.id, run.domain, members, profile, cls.gpus)
             scope = scope_of(profile.nccl_scope, cls.gpus)
             verdict = judge_domain(run.domain, cls, names,
                                    expected_tests(profile, names, scope), runs)
             status = PASSED if verdict.passed else FAILED
+        except JobsStillRunning as exc:
+            status = INTERRUPTED
+            verdict = DomainVerdict(run.domain, cls.name, (NodeResult(DOMAIN, (Figure(
+                "acceptance", "reservation", "-", "-", False, str(exc)),)),))
         except ProvisionerError as exc:
             verdict = DomainVerdict(run.domain, cls.name, (NodeResult(DOMAIN, (Figure(
                 "acceptance", "launch", "-", "-", False, f"could not run the tests: {exc}"),)),
@@ -213,20 +248,44 @@ class DomainAcceptance:
             status = INTERRUPTED
             raise
         finally:
+            if reservation is not None:
+                extra = await asyncio.shield(self._settle(reservation, status))
             summary = (verdict.summary() if verdict is not None else
                        f"fabric acceptance {run.id} of {run.domain} interrupted (daemon stop)")
+            if status == INTERRUPTED and verdict is not None:
+                summary = f"fabric acceptance of {run.domain} interrupted: " + (
+                    verdict.nodes[0].failures()[0] if verdict.nodes else summary)
             await asyncio.shield(self._runs.finish(
                 run.id, status, summary=summary, slowest=verdict.slowest if verdict else None,
-                result=verdict.to_json() if verdict else {}))
+                result=(verdict.to_json() if verdict else {}) | extra))
+            if reservation is not None and self._on_hold is not None:
+                self._on_hold()  # the published topology leaves held nodes out
             self._mine.pop(run.id, None)
             log.log(logging.INFO if status == PASSED else logging.WARNING, "%s", summary)
 
+    async def _settle(self, reservation: str, status: str) -> dict[str, object]:
+        """Release the reservation unless the run failed (then it holds the domain until a
+        later run passes). Nothing tested (jobs that did not end, Slurm refused, a daemon
+        stop): released, not held."""
+        held = status == FAILED
+        if status in (PASSED, INTERRUPTED) and self._reservations is not None:
+            try:
+                await self._reservations.release(reservation)
+            except ProvisionerError as exc:
+                log.warning("fabric acceptance: releasing reservation %s failed: %s",
+                            reservation, exc)
+                held = True
+        return reservation_result(reservation, held)
+
     # -- operators ---------------------------------------------------------------------------
 
-    async def rerun(self, domain: str, retry: Callable[[str], Awaitable[object]]) -> list[str]:
+    async def rerun(self, domain: str, retry: Callable[[str], Awaitable[object]], *,
+                    requested_by: str = "operator") -> Rerun:
         """Rerun a held domain after a repair: retry each of its ``validate_failed`` nodes
         (through the conductor): they are checked anew and, once all passed, start a new
-        run. Conflict when none is held or a run is going on; the retried nodes' names."""
+        run. A domain whose nodes are all ``active`` is accepted inside a Slurm maintenance
+        reservation (``acceptance_active``). Conflict when a run is going on, or nothing is
+        held and there is no Slurm to reserve the nodes in."""
         latest = await self._runs.latest(domain)
         if latest is not None and latest.status == RUNNING and (
                 self._clock() <= latest.deadline_at + timedelta(seconds=_GRACE_S)):
@@ -240,14 +299,50 @@ class DomainAcceptance:
             raise NotFound("NVLink domain", domain)
         held = sorted((n for n in nodes if n.state is NodeState.VALIDATE_FAILED),
                       key=lambda n: n.hostname or n.id)
+        if not held and all(n.state is NodeState.ACTIVE for n in nodes):
+            return await self._accept_active(domain, nodes, requested_by)
         if not held:
             states = sorted({str(n.state) for n in nodes})
-            raise Conflict(f"domain {domain} holds no failed node (states: "
-                           f"{', '.join(states)}); acceptance of an active domain needs a "
-                           "Slurm maintenance reservation, which is not built yet")
+            raise Conflict(f"domain {domain} holds no failed node and is not all active "
+                           f"(states: {', '.join(states)})")
         for node in held:
             await retry(node.id)
-        return [n.hostname or n.id for n in held]
+        return Rerun([n.hostname or n.id for n in held])
+
+    async def _accept_active(self, domain: str, nodes: Sequence[Node],
+                             requested_by: str) -> Rerun:
+        if self._reservations is None:
+            raise Conflict(f"domain {domain} is active: its acceptance runs inside a Slurm "
+                           "maintenance reservation, and this daemon has no Slurm "
+                           "(slurm.enabled)")
+        members = sorted(nodes, key=lambda n: n.hostname or n.id)
+        profile = self.profile_of(members[0])
+        if profile is None:
+            raise Conflict(f"profile {members[0].profile!r} of domain {domain} has no "
+                           "acceptance (validation.profiles.<p>.acceptance)")
+        lock = self._locks.setdefault(domain, asyncio.Lock())
+        async with lock:
+            latest = await self._runs.latest(domain)
+            if latest is not None and latest.status == RUNNING and latest.id in self._mine:
+                raise Conflict(f"fabric acceptance {latest.id} of {domain} is still running")
+            cls = self._class(profile, members[0].profile or "")
+            name = reservation_name(domain)
+            run_id = uuid.uuid4().hex
+            budget = self._launcher.budget_s(profile) + profile.jobs_wait_s
+            run = await self._runs.start(
+                run_id, domain, cls.name, [(m.id, m.hostname or m.id) for m in members],
+                deadline_at=self._clock() + timedelta(seconds=budget),
+                requested_by=f"{requested_by} (reservation {name})", instance=self._instance)
+            self._mine[run_id] = self._tasks.spawn(
+                self._execute(run, members, profile, cls, reservation=name),
+                name=f"acceptance:{domain}")
+        log.info("fabric acceptance %s of active domain %s (%s) in reservation %s",
+                 run_id, domain, cls.name, name)
+        return Rerun([m.hostname or m.id for m in members], name)
+
+    async def held_nodes(self) -> set[str]:
+        """The nodes of active domains held by a failed run's reservation."""
+        return await self._runs.held_nodes()
 
     async def latest(self, domain: str) -> AcceptanceRun | None:
         return await self._runs.latest(domain)

@@ -22,6 +22,7 @@ from provisioner.slurm.model import (
     SlurmUnavailable,
 )
 from provisioner.slurm.parse import node_from_scontrol, nodes_from_scontrol
+from provisioner.slurm.reservation import Reservation, reservation_from_scontrol
 
 log = logging.getLogger(__name__)
 _NOT_FOUND = ("not found", "invalid node name")
@@ -68,6 +69,29 @@ class ScontrolSlurm:
         if await self.node(name) is None:
             return False
         await self._run(["delete", f"nodename={name}"])
+        return True
+
+    async def create_reservation(self, name: str, nodes: Sequence[str], users: str) -> None:
+        await self._run(["create", "reservation", f"reservationname={name}",
+                         f"nodes={','.join(nodes)}", "starttime=now", "duration=infinite",
+                         f"users={users}", "flags=maint,ignore_jobs"])
+
+    async def update_reservation(self, name: str, nodes: Sequence[str]) -> None:
+        await self._run(["update", f"reservationname={name}", f"nodes={','.join(nodes)}"])
+
+    async def reservation(self, name: str) -> Reservation | None:
+        try:
+            out = await self._run(["show", "reservation", "-o", name])
+        except SlurmRejected as exc:
+            if "not found" in str(exc).lower():
+                return None
+            raise
+        return reservation_from_scontrol(out)
+
+    async def delete_reservation(self, name: str) -> bool:
+        if await self.reservation(name) is None:
+            return False
+        await self._run(["delete", f"reservationname={name}"])
         return True
 
     async def aclose(self) -> None:

@@ -96,6 +96,27 @@ class AcceptanceRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def held_nodes(self) -> set[str]:
+        """The node names of every domain whose latest run failed and kept its Slurm
+        reservation (``result["reservation"]["held"]``: an active domain held); a rerun going
+        on keeps the domain held until it passed."""
+        def work(s: Session) -> set[str]:
+            latest: dict[str, FabricAcceptanceRow] = {}
+            for row in s.exec(select(FabricAcceptanceRow)
+                              .where(FabricAcceptanceRow.status != RUNNING)
+                              .order_by(col(FabricAcceptanceRow.started_at))):
+                latest[row.domain] = row  # the last finished one of each domain wins
+            held: set[str] = set()
+            for row in latest.values():
+                if row.status != FAILED or '"held": true' not in row.result:
+                    continue
+                reservation = json.loads(row.result).get("reservation") or {}
+                if reservation.get("held"):
+                    held.update(str(name) for _, name in json.loads(row.nodes))
+            return held
+
+        return await self._run(work)
+
     async def get(self, run_id: str) -> AcceptanceRun | None:
         def work(s: Session) -> AcceptanceRun | None:
             row = s.get(FabricAcceptanceRow, run_id)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -102,6 +102,12 @@ class LiveTopology:
         self._view: LiveView | None = None
         self._status: dict[str, PublishStatus] = {p.name: PublishStatus()
                                                   for p in self._publishers}
+        self._held: Callable[[], Awaitable[set[str]]] | None = None
+
+    def hold_with(self, held: Callable[[], Awaitable[set[str]]]) -> None:
+        """``held``: hostnames left out of the topology although their state is a member's
+        (an active NVLink domain held by a failed fabric acceptance: its block shrinks)."""
+        self._held = held
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -174,7 +180,8 @@ class LiveTopology:
         fabrics = await self._read_fabrics()
         members = await self._read_members()
         scans = [v for _, v in self._inputs.scans.values() if isinstance(v, IbScan)]
-        reports = [r for _, _, r in self._inputs.reports.values() if isinstance(r, GpuReport)]
+        reports = [r for _, host, r in self._inputs.reports.values()
+                   if isinstance(r, GpuReport) and host in members]  # held: left out
         findings = [v for _, v in self._inputs.scans.values() if isinstance(v, Finding)]
         findings += [r for _, _, r in self._inputs.reports.values() if isinstance(r, Finding)]
         settings = self._settings
@@ -215,7 +222,8 @@ class LiveTopology:
                 xml = xmls.get(row.node_id)
                 report = await self._gpu_report(row.node_id, row.hostname, xml)
                 cache[row.node_id] = (row.version, row.hostname, report)
-        return {row.hostname for row in rows}
+        held = await self._held() if self._held is not None else set()
+        return {row.hostname for row in rows} - held
 
     async def _gpu_report(self, node_id: str, hostname: str,
                           xml: str | None) -> GpuReport | Finding | None:

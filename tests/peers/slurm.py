@@ -239,3 +239,31 @@ def running_slurmrestd(slurm: Slurm, workdir: Path,
 def _listening(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextmanager
+def static_cluster(prefix: str, names: Sequence[str]) -> Iterator[tuple[Slurm, Path]]:
+    """munged, slurmctld and one ``slurmd -D -N NAME`` per name, all on this host: each node
+    is a static ``NodeName`` with a ``Port`` of its own (a dynamic ``slurmd -Z`` cannot take
+    one, so only one of those fits a host). Jobs run on them (``sbatch -w NAME``)."""
+    with open_workdir(prefix) as workdir, running_munged() as sock:
+        lines = [f"NodeName={n} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                 f"Port={free_tcp_port()} CPUs=2 RealMemory=2000" for n in names]
+        extra = {"SlurmdSpoolDir": str(workdir / "spool" / "%n"),
+                 "SlurmdPidFile": str(workdir / "slurmd-%n.pid"),
+                 "SlurmdLogFile": str(workdir / "slurmd-%n.log")}
+        with running_slurmctld(workdir, lines, None, sock, plugin="topology/none",
+                               extra=extra) as slurm:
+            procs = []
+            try:
+                for name in names:
+                    (workdir / "spool" / name).mkdir(parents=True, exist_ok=True)
+                    procs.append(subprocess.Popen(
+                        ["slurmd", "-D", "-N", name], env=slurm.env(),
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                _wait(lambda: slurm.scontrol("show", "node", "-o").count("State=IDLE")
+                      == len(names), procs[0], 30, lambda: slurm.scontrol("show", "node"))
+                yield slurm, workdir
+            finally:
+                for proc in procs:
+                    _stop(proc)
