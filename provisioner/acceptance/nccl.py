@@ -43,7 +43,10 @@ _ALGO_ENV = re.compile(r"\bNCCL_ALGO=([A-Za-z_,^]+)")
 _ALGO_INFO = re.compile(r"NCCL INFO.*?\b(?:algorithm|Algo)\s+([A-Za-z_]+)")
 _NVLS_SUPPORT = re.compile(r"NVLS multicast support is (not )?available on dev (\d+)")
 _NVLS_SET_UP = re.compile(r"NCCL INFO (?:Connected NVLS|NVLS comm 0x)")
-_NVLS_CHANNELS = re.compile(r"NCCL INFO (\d+) coll channels, (\d+) nvls channels")
+# NCCL 2.18–2.2x: "24 coll channels, 16 nvls channels, …"; 2.28 adds collnet between:
+# "64 coll channels, 64 collnet channels, 0 nvls channels, …" (a real H200 log)
+_NVLS_CHANNELS = re.compile(r"NCCL INFO (\d+) coll channels, (?:\d+ collnet channels, )?"
+                            r"(\d+) nvls channels")
 _FAILURE = re.compile(r"Test (?:NCCL |CUDA )?failure|NCCL WARN|Segmentation fault|Aborted|"
                       r"out of memory|Test FAILED", re.IGNORECASE)
 # longest names first: "reduce" is in "all_reduce" and "reduce_scatter"

@@ -92,3 +92,15 @@ def test_fabric_judge_reads_an_nccl_debug_log(capsys: pytest.CaptureFixture[str]
     assert "all_reduce_perf algorithm NVLS floor NVLS PASS NVLS set up, 16 nvls channels" in out
     assert any(line.startswith("all_reduce_perf busbw 438.85GB/s floor 770GB/sx(1-0.1) FAIL")
                for line in out), out
+
+
+def test_a_real_run_without_nvls_fails_the_nvl72_algorithm() -> None:
+    """NCCL 2.28.9's whole INFO log of one H200 (captured on a lent machine): it sets up
+    ``0 nvls channels`` and prints no multicast line; on an NVL72 class that is a failure
+    that says so, whatever the bandwidth."""
+    text = (FIXTURES / "nccl-all_reduce.h200x1.nccl-debug-info.lent-2026-11-27.txt").read_text()
+    run = parse_nccl(text)
+    assert run.nvls.info and run.nvls.channels == 0 and not run.nvls.used
+    assert run.complete and {r.size for r in run.rows} == {1073741824}
+    passed, _value, reason = algorithm("gb200-nvl72", text)
+    assert not passed and "0 nvls channels" in reason, reason
