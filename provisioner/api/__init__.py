@@ -20,6 +20,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.metrics import Metrics
 from provisioner.slurm.model import SlurmClient
 from provisioner.store.ownership import OwnershipRepo
@@ -44,6 +45,8 @@ HEALTH: Final = web.AppKey("health", HealthFindings)
 PROFILES: Final = web.AppKey("profiles", ProfileRegistry)
 #: where power-off asks whether a node runs jobs (absent: no Slurm, nothing to ask)
 SLURM: Final = web.AppKey("slurm", SlurmClient)
+#: firmware waves (absent: a daemon without them answers 400)
+WAVES: Final = web.AppKey("waves", WaveDriver)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

@@ -38,9 +38,11 @@ from provisioner.api import (
     SLURM,
     TOKENS,
     TOPOLOGY,
+    WAVES,
 )
 from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
 from provisioner.api.events import EventFeed, EventHub, stream
+from provisioner.api.firmware import ROUTES as FIRMWARE_ROUTES
 from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
@@ -69,9 +71,12 @@ from provisioner.errors import (
 )
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.drift import counts as firmware_counts
+from provisioner.lifecycle.drift import read_fleet
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.slurm.model import SlurmClient
 from provisioner.store.ownership import OwnershipRepo
@@ -104,9 +109,10 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              acceptance: DomainAcceptance | None = None,
              health: HealthFindings | None = None,
              profiles: ProfileRegistry | None = None,
-             slurm: SlurmClient | None = None) -> web.Application:
+             slurm: SlurmClient | None = None,
+             waves: WaveDriver | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
-              *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
+              *REPAIR_ROUTES, *SERVICING_ROUTES, *FIRMWARE_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
               *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
@@ -148,6 +154,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[PROFILES] = profiles
     if slurm is not None:
         app[SLURM] = slurm
+    if waves is not None:
+        app[WAVES] = waves
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
@@ -170,6 +178,8 @@ async def metrics_text(request: web.Request) -> web.Response:
     await metrics.refresh(request.app[NODES])
     if (health := request.app.get(HEALTH)) is not None:
         await metrics.refresh_health(health.repo)
+    metrics.refresh_firmware(firmware_counts(
+        await read_fleet(request.app[NODES], request.app[CONDUCTOR].servicing)))
     return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
 
