@@ -18,6 +18,7 @@ from provisioner.cli import (
     db,
     events,
     fabric,
+    firmware,
     formatting,
     health,
     inventory,
@@ -91,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)
+    firmware.add_commands(sub)
     ramdisk.add_commands(sub)
     health.add_commands(sub)
     repair.add_commands(sub)
