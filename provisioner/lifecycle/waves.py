@@ -31,7 +31,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.drift import domain_of, node_firmware
 from provisioner.lifecycle.service_record import PASSED, ServiceRecord
 from provisioner.store.repo import NodeRepo
-from provisioner.store.waves import DONE, FAILED, RUNNING, Wave, WaveNode, WaveRepo
+from provisioner.store.waves import DONE, FAILED, OPEN, RUNNING, Wave, WaveNode, WaveRepo
 from provisioner.validation.drift import DRIFTED, Candidate, Limits, plan_wave
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ NODE_RUNNING: Final = "running"
 NODE_PASSED: Final = "passed"
 NODE_FAILED: Final = "failed"
 SKIPPED: Final = "skipped"
-_OPEN: Final = frozenset({STARTING, NODE_RUNNING})
+_OPEN: Final = OPEN
 
 Lead = Callable[[], tuple[str, int] | None]
 
@@ -123,7 +123,7 @@ class WaveDriver:
 
     async def tick(self) -> None:
         """One round over the running waves."""
-        for wave in await self._waves.list(status=RUNNING):
+        for wave in await self._waves.unsettled():
             await self._drive(wave)
 
     async def _drive(self, wave: Wave) -> None:
@@ -131,8 +131,11 @@ class WaveDriver:
         if self._lead is not None and lead is None:
             return  # not (or no longer) the leader
         nodes = {str(n.id): n for n in await self._nodes.get_many(list(wave.nodes))}
+        was = wave.status
         wave = _observed(wave, nodes)
-        if wave.failures >= wave.stop_after_failures:
+        if wave.status != RUNNING:  # stopped or failed: its last runbooks end; none starts
+            wave = _unstarted(wave, nodes)
+        elif wave.failures >= wave.stop_after_failures:
             failed = sorted(w.name for w in wave.nodes.values() if w.status == NODE_FAILED)
             wave = replace(wave, status=FAILED, reason=f"stopped after {wave.failures} "
                            f"failures (limit {wave.stop_after_failures}): {', '.join(failed)}")
@@ -146,7 +149,7 @@ class WaveDriver:
         saved = await self._waves.save(wave, lead=lead)
         if saved is None:
             return  # stopped by an operator, or the lead moved: read again next round
-        if saved.status != RUNNING:
+        if saved.status != RUNNING and was == RUNNING:
             log.info("firmware wave %s: %s (%s)", saved.id, saved.status, saved.reason)
         for cand in chosen:
             await self._start(saved, cand, lead)
@@ -226,3 +229,14 @@ def _observed(wave: Wave, nodes: Mapping[str, Node]) -> Wave:
         elif node.state is not NodeState.ACTIVE:
             wave = wave.with_node(node_id, NODE_FAILED)
     return replace(wave, failures=wave.count(NODE_FAILED))
+
+
+def _unstarted(wave: Wave, nodes: Mapping[str, Node]) -> Wave:
+    """A wave that no longer runs: its nodes marked but never started are pending again."""
+    for node_id, entry in wave.nodes.items():
+        node = nodes.get(node_id)
+        record = ServiceRecord.from_facts(node.facts) if node is not None else None
+        if entry.status == STARTING and (record is None
+                                         or record.actor != wave_actor(wave.id)):
+            wave = wave.with_node(node_id, PENDING)
+    return wave

@@ -24,6 +24,9 @@ STOPPED: Final = "stopped"
 FAILED: Final = "failed"
 DONE: Final = "done"
 WAVE_STATUSES: Final = (RUNNING, STOPPED, FAILED, DONE)
+OPEN: Final = frozenset({"starting", "running"})
+"""A wave's nodes whose runbook may still run: the wave is settled (``finished_at``) only
+once it is not running and none is left."""
 LEAD: Final = "fleet"
 """The singleton whose leader drives the waves."""
 
@@ -95,7 +98,8 @@ def _fill(row: FirmwareWaveRow, wave: Wave) -> None:
     row.groups = json.dumps({"domains": dict(wave.domain_sizes),
                              "racks": dict(wave.rack_sizes)})
     row.updated_at = utcnow()
-    if wave.status != RUNNING and row.finished_at is None:
+    if wave.status != RUNNING and row.finished_at is None and not any(
+            n.status in OPEN for n in wave.nodes.values()):
         row.finished_at = row.updated_at
 
 
@@ -142,6 +146,16 @@ class WaveRepo(SessionRepo):
                 query = query.where(col(FirmwareWaveRow.status) == status)
             rows = s.exec(query.order_by(col(FirmwareWaveRow.created_at).desc())
                           .limit(limit)).all()
+            return [_wave(r) for r in rows]
+
+        return await self._run(work)
+
+    async def unsettled(self) -> builtins.list[Wave]:
+        """Running waves, and ended ones whose nodes' runbooks may still run."""
+
+        def work(s: Session) -> builtins.list[Wave]:
+            rows = s.exec(select(FirmwareWaveRow).where(col(FirmwareWaveRow.finished_at)
+                                                        .is_(None))).all()
             return [_wave(r) for r in rows]
 
         return await self._run(work)
