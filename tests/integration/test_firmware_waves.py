@@ -151,3 +151,29 @@ async def test_wave_survives_its_daemon_stopping_and_domains_end_equal(
                     if n.rack == f"rack-{d:02d}"}
         assert versions == {"1.2.0"}
         assert {f.domain for f in drift if f.rack == f"rack-{d:02d}"} == {clique(d)}
+
+
+async def test_only_the_fleet_singletons_leader_drives_a_wave(
+        store: Store, world: SimWorld, driver: RedfishDriver) -> None:
+    """Under HA every daemon runs a driver only while it leads ``fleet``; a daemon that
+    lost the lead (a stale fence) writes nothing and starts nothing."""
+    await make_fleet(store, world, 1)
+    cond = conductor(store, world, driver)
+    fence = await store.ownership.lead("fleet")
+    assert fence is not None
+    leader = WaveDriver(store.waves, store.nodes, cond, lead=lambda: (store.instance, fence))
+    stale = WaveDriver(store.waves, store.nodes, cond, lead=lambda: ("daemon-b", fence))
+    follower = WaveDriver(store.waves, store.nodes, cond, lead=lambda: None)
+    wave = await stale.start(PROFILE, actor="op", max_nodes=2, max_domain_share=1.0,
+                             max_rack_share=1.0)
+    try:
+        for other in (stale, follower):
+            await other.tick()
+            assert (await store.waves.get(wave.id)).version == wave.version
+            assert await store.nodes.in_states([NodeState.SERVICING]) == []
+        await leader.tick()
+        driven = await store.waves.get(wave.id)
+        assert driven.version == wave.version + 1 and driven.count("starting") == 2
+        assert len(await store.nodes.in_states([NodeState.SERVICING])) == 2
+    finally:
+        await cond.stop()
