@@ -98,6 +98,27 @@ class _HungCollector:
         yield GaugeMetricFamily(self._NAME, self._HELP, labels=["pool"])
 
 
+class _FirmwareCollector:
+    """``provisioner_firmware_nodes{status,profile}``: nodes per firmware drift status
+    (conforming, drifted, updating, failed, unknown) per profile with a firmware baseline,
+    from the counts of the last ``refresh_firmware``."""
+
+    _NAME, _HELP = ("provisioner_firmware_nodes",
+                    "Nodes per firmware status against their profile's baseline")
+
+    def __init__(self) -> None:
+        self.counts: Mapping[tuple[str, str], int] = {}
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(self._NAME, self._HELP, labels=["status", "profile"])
+        for (status, profile), count in sorted(self.counts.items()):
+            family.add_metric([status, profile], float(count))
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(self._NAME, self._HELP, labels=["status", "profile"])
+
+
 class Metrics:
     def __init__(self, instance: str | None = None) -> None:
         """``instance``: this daemon's id (``provisioner_build_info``), for per-daemon views
@@ -126,6 +147,8 @@ class Metrics:
         self._registry.register(self._hung)
         self._findings = _FindingCollector()
         self._registry.register(self._findings)
+        self._firmware = _FirmwareCollector()
+        self._registry.register(self._firmware)
 
     def watch_pool(self, pool: str, hung: Callable[[], int]) -> None:
         """Export ``hung()`` (a watchdog's abandoned threads) as ``provisioner_hung_threads``:
@@ -147,6 +170,10 @@ class Metrics:
     async def refresh_health(self, repo: FindingCounter) -> None:
         """Re-read the open findings per class; call before ``render``."""
         self._findings.counts = dict(await repo.open_counts())
+
+    def refresh_firmware(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """(status, profile) -> nodes, as ``lifecycle.drift.counts`` reads them."""
+        self._firmware.counts = dict(counts)
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self._registry)

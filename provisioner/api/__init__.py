@@ -21,6 +21,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.metrics import Metrics
 from provisioner.slurm.model import SlurmClient
 from provisioner.store.ownership import OwnershipRepo
@@ -47,6 +48,8 @@ PROFILES: Final = web.AppKey("profiles", ProfileRegistry)
 SLURM: Final = web.AppKey("slurm", SlurmClient)
 #: where ``GET /nodes/{id}/why`` reads the node's Node and its labels (absent: no Kubernetes)
 KUBE: Final = web.AppKey("kube", KubeNodeJoiner)
+#: firmware waves (absent: a daemon without them answers 400)
+WAVES: Final = web.AppKey("waves", WaveDriver)
 #: the caller's token, set by the auth middleware on every authenticated request
 PRINCIPAL: Final = web.RequestKey("principal", TokenInfo)
 

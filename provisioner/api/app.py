@@ -39,10 +39,12 @@ from provisioner.api import (
     SLURM,
     TOKENS,
     TOPOLOGY,
+    WAVES,
 )
 from provisioner.api.acceptance import ROUTES as ACCEPTANCE_ROUTES
 from provisioner.api.audit import ROUTES as AUDIT_ROUTES
 from provisioner.api.events import EventFeed, EventHub, stream
+from provisioner.api.firmware import ROUTES as FIRMWARE_ROUTES
 from provisioner.api.health import ROUTES as HEALTH_ROUTES
 from provisioner.api.instances import ROUTES as INSTANCE_ROUTES
 from provisioner.api.inventory import ROUTES as INVENTORY_ROUTES
@@ -73,9 +75,12 @@ from provisioner.errors import (
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.drift import counts as firmware_counts
+from provisioner.lifecycle.drift import read_fleet
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.metrics import CONTENT_TYPE, Metrics
 from provisioner.slurm.model import SlurmClient
 from provisioner.store.ownership import OwnershipRepo
@@ -109,9 +114,10 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
              health: HealthFindings | None = None,
              profiles: ProfileRegistry | None = None,
              slurm: SlurmClient | None = None,
-             kube: KubeNodeJoiner | None = None) -> web.Application:
+             kube: KubeNodeJoiner | None = None,
+             waves: WaveDriver | None = None) -> web.Application:
     routes = (*NODE_ROUTES, *NODE_ADMIN_ROUTES, *INVENTORY_ROUTES, *POWER_ROUTES,
-              *REPAIR_ROUTES, *SERVICING_ROUTES, *TOPOLOGY_ROUTES,
+              *REPAIR_ROUTES, *SERVICING_ROUTES, *FIRMWARE_ROUTES, *TOPOLOGY_ROUTES,
               *ACCEPTANCE_ROUTES, *INSTANCE_ROUTES, *TOKEN_ROUTES, *HEALTH_ROUTES,
               *WHY_ROUTES, *AUDIT_ROUTES, *_OWN_ROUTES)
     app = web.Application(client_max_size=settings.max_body_bytes,
@@ -155,6 +161,8 @@ def make_app(*, conductor: Conductor, nodes: NodeRepo, tokens: TokenRepo, metric
         app[SLURM] = slurm
     if kube is not None:
         app[KUBE] = kube
+    if waves is not None:
+        app[WAVES] = waves
     roles: dict[tuple[str, str], Role | None] = {(r.method, r.path): r.role for r in routes}
     app[OPENAPI] = openapi_document(routes, title="provisioner", version=API_VERSION)
     for route in routes:
@@ -177,6 +185,8 @@ async def metrics_text(request: web.Request) -> web.Response:
     await metrics.refresh(request.app[NODES])
     if (health := request.app.get(HEALTH)) is not None:
         await metrics.refresh_health(health.repo)
+    metrics.refresh_firmware(firmware_counts(
+        await read_fleet(request.app[NODES], request.app[CONDUCTOR].servicing)))
     return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
 

@@ -194,6 +194,10 @@ class SiteServicing:
         return Baseline(dict(profile.bios), tuple(Wanted(f.id, f.version, f.image)
                                                   for f in profile.firmware))
 
+    def wave_runbook(self, profile: str) -> str | None:
+        found = self._settings.profiles.get(profile)
+        return found.wave_runbook if found is not None else None
+
     def image_uri(self, image: str) -> str:
         return self._settings.image_uri(image)
 

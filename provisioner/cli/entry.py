@@ -20,6 +20,7 @@ from provisioner.cli import (
     db,
     events,
     fabric,
+    firmware,
     formatting,
     health,
     inventory,
@@ -95,6 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     inventory.add_commands(sub)
     topology.add_commands(sub)
     fabric.add_commands(sub)
+    firmware.add_commands(sub)
     ramdisk.add_commands(sub)
     health.add_commands(sub)
     repair.add_commands(sub)

@@ -39,6 +39,9 @@ class ServicingProfile(Section):
 
     onboarding_runbook: str | None = Field(
         None, description="Run between inspected and deploying on every new node; unset: none")
+    wave_runbook: str | None = Field(
+        None, description="The runbook a firmware wave runs on this profile's drifted "
+        "nodes (`provisioner firmware wave start`); unset: the wave must name one")
     bios: dict[str, str | int | bool] = Field(
         default_factory=dict, description="BIOS attributes (name = value), checked against "
         "the BMC's attribute registry before anything is applied")
@@ -76,10 +79,12 @@ class ServicingSettings(Section):
                         info: ValidationInfo) -> dict[str, ServicingProfile]:
         runbooks = info.data.get("runbooks", {})
         for name, profile in value.items():
-            wanted = profile.onboarding_runbook
-            if wanted is not None and wanted not in runbooks:
-                raise ValueError(f"profile {name}: onboarding_runbook {wanted!r} is not a "
-                                 f"[servicing.runbooks] entry ({', '.join(runbooks) or 'none'})")
+            for key, wanted in (("onboarding_runbook", profile.onboarding_runbook),
+                                ("wave_runbook", profile.wave_runbook)):
+                if wanted is not None and wanted not in runbooks:
+                    raise ValueError(f"profile {name}: {key} {wanted!r} is not a "
+                                     "[servicing.runbooks] entry "
+                                     f"({', '.join(runbooks) or 'none'})")
         return value
 
     @model_validator(mode="after")

@@ -41,6 +41,7 @@ from provisioner.lifecycle.routing import (
     RoutedInstaller,
     RoutedKube,
     RoutedRepairs,
+    RoutedServicing,
     RoutedSlurm,
     RoutedValidator,
 )
@@ -53,7 +54,9 @@ from provisioner.simulation.drivers import (
     FakeRepairs,
     FakeSlurm,
     FakeValidator,
+    machine_key,
 )
+from provisioner.simulation.firmware import SimServiceBmc
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 
@@ -131,7 +134,8 @@ def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: Real
         soft_off=lambda node: soft_off_for(settings.bmc.profile(node.profile)),
         rotate_bmc=None if rotation is None else rotate_if_opted_in(settings.bmc, rotation),
         acceptance=real.acceptance,
-        servicing=real.servicing,
+        servicing=RoutedServicing(real.servicing, lambda node: SimServiceBmc(
+            world, machine_key(node), delay_s=delay_s)),
     )
 
 

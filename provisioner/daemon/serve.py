@@ -55,6 +55,7 @@ from provisioner.lifecycle.repair import RepairService, ladder_listener
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps, HistoryRetention
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.log import NODE_NAMES, setup_logging
 from provisioner.metrics import Metrics
 from provisioner.sdnotify import SystemdNotifier, watchdog_interval_s
@@ -196,9 +197,13 @@ class Daemon:
             repair_service = RepairService(conductor, store.nodes, self._settings.health)
             health = HealthFindings(store.findings, conductor)
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
+            lead: list[Singleton] = []  # the fleet singleton, made below: it drives waves
+            waves = WaveDriver(store.waves, store.nodes, conductor, lead=lambda: (
+                (store.instance, lead[0].fence) if lead and lead[0].fence is not None
+                else None))
             runner = await start_api(self._settings, store, conductor, metrics, topology,
                                      rotation, repair_service, acceptance, health,
-                                     slurm=slurm_client, kube=joiner)
+                                     slurm=slurm_client, kube=joiner, waves=waves)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
                              jobs, callbacks, on_remote=runner.app[FEED].wake)
@@ -237,7 +242,9 @@ class Daemon:
                         store.nodes, days=self._settings.store.history_retention_days)
                     works.append(("history-retention", retention.run))
                 # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
+                works.append(("firmware-waves", waves.run))
                 singleton = Singleton(store.ownership, "fleet", works)
+                lead.append(singleton)
                 children.append(group.create_task(singleton.run(), name="singletons"))
                 await self._stop.wait()
                 for child in children:

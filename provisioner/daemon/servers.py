@@ -26,6 +26,7 @@ from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.metrics import Metrics
 from provisioner.slurm.model import SlurmClient
 from provisioner.store.notify import Listener, NodeChanged
@@ -39,13 +40,15 @@ async def start_api(settings: Settings, store: Store, conductor: Conductor, metr
                     acceptance: DomainAcceptance | None = None,
                     health: HealthFindings | None = None,
                     slurm: SlurmClient | None = None,
-                    kube: KubeNodeJoiner | None = None) -> web.AppRunner:
+                    kube: KubeNodeJoiner | None = None,
+                    waves: WaveDriver | None = None) -> web.AppRunner:
     """The API, listening (behind the HTTP guard) before READY=1."""
     app = make_app(conductor=conductor, nodes=store.nodes, tokens=store.tokens,
                    metrics=metrics, settings=settings.api, topology=topology,
                    rotation=rotation, ownership=store.ownership, repairs=repairs,
                    acceptance=acceptance, health=health,
-                   profiles=profile_registry(settings), slurm=slurm, kube=kube)
+                   profiles=profile_registry(settings), slurm=slurm, kube=kube,
+                   waves=waves)
     # slow clients, floods from one address (httpguard); the event stream lives on
     limits = HttpLimits(streaming_paths=frozenset({EVENTS_PATH}))
     runner = guarded_runner(app, limits, name="API")

@@ -3,6 +3,7 @@ nodes use the real ones, or ``Unavailable`` where the configuration leaves one o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from provisioner.lifecycle.ports import (
     SlurmRegistrar,
     Validator,
 )
+from provisioner.lifecycle.service_ports import Baseline, ServiceBmc, Servicing, TaskLimits
 from provisioner.validation.record import ValidationRecord
 
 
@@ -165,3 +167,33 @@ class RoutedRepairs:
 
     async def wait_os(self, node: Node) -> None:
         await self._pick(node).wait_os(node)
+
+
+class RoutedServicing:
+    """The site's runbooks and baselines; a simulated node's BMC for servicing is the
+    simulation's (``simulated(node)``), a real node's the site's Redfish one."""
+
+    def __init__(self, real: Servicing, simulated: Callable[[Node], ServiceBmc]) -> None:
+        self._real, self._simulated = real, simulated
+
+    def runbook(self, name: str) -> tuple[str, ...]:
+        return self._real.runbook(name)
+
+    def onboarding(self, node: Node) -> str | None:
+        return self._real.onboarding(node)
+
+    def baseline(self, node: Node) -> Baseline:
+        return self._real.baseline(node)
+
+    def wave_runbook(self, profile: str) -> str | None:
+        return self._real.wave_runbook(profile)
+
+    def image_uri(self, image: str) -> str:
+        return self._real.image_uri(image)
+
+    @property
+    def limits(self) -> TaskLimits:
+        return self._real.limits
+
+    async def bmc(self, node: Node) -> ServiceBmc:
+        return self._simulated(node) if is_simulated(node) else await self._real.bmc(node)

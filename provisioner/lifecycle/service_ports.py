@@ -55,6 +55,10 @@ class Servicing(Protocol):
 
     def baseline(self, node: Node) -> Baseline: ...
 
+    def wave_runbook(self, profile: str) -> str | None:
+        """The runbook a firmware wave runs on ``profile``'s nodes; None: none set."""
+        ...
+
     def image_uri(self, image: str) -> str: ...
 
     @property
@@ -77,6 +81,9 @@ class NoServicing:
 
     def baseline(self, node: Node) -> Baseline:
         return Baseline()
+
+    def wave_runbook(self, profile: str) -> str | None:
+        return None
 
     def image_uri(self, image: str) -> str:
         return image

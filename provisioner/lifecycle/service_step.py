@@ -155,15 +155,21 @@ Run = Callable[["StepContext", str, BmcGetter], Awaitable[str]]
 async def firmware_inventory(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
     components = await (await bmc()).firmware_inventory()
     view = match_firmware(components, ctx.ports.servicing.baseline(ctx.node).firmware)
-    await ctx.merge_facts({FIRMWARE_KEY: {
-        "at": now(), "components": [{"id": c.id, "name": c.name, "version": c.version,
-                                     "updateable": c.updateable} for c in components]}})
+    await _keep_inventory(ctx, components)
     drifted = ", ".join(f"{m.component.id} {m.component.version} (baseline "
                         f"{m.wanted.version})" for m in view.drifted)
     missing = ", ".join(w.pattern for w in view.unmatched)
     return (f"{len(components)} components; " + (f"drifted: {drifted}" if drifted else
                                                  "none drifted")
             + (f"; not reported by the BMC: {missing}" if missing else ""))
+
+
+async def _keep_inventory(ctx: StepContext, components: list[Component]) -> None:
+    """The inventory as last read, in ``facts["firmware"]`` (the node's firmware view and
+    the fleet's drift read it)."""
+    await ctx.merge_facts({FIRMWARE_KEY: {
+        "at": now(), "components": [{"id": c.id, "name": c.name, "version": c.version,
+                                     "updateable": c.updateable} for c in components]}})
 
 
 async def bios_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
@@ -202,7 +208,8 @@ async def bios_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
 async def firmware_update(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
     baseline = ctx.ports.servicing.baseline(ctx.node).firmware
     service = await bmc()
-    view = match_firmware(await service.firmware_inventory(), baseline)
+    inventory = await service.firmware_inventory()
+    view = match_firmware(inventory, baseline)
     if view.unmatched:
         raise FatalError("the BMC does not report baseline components: "
                          + ", ".join(w.pattern for w in view.unmatched))
@@ -218,10 +225,13 @@ async def firmware_update(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
         await ctx.substep(f"{name}:{cid}:done", _waiter(ctx, service, cid))
         updated.append(cid)
     if not updated:
+        await _keep_inventory(ctx, inventory)
         return "every component at the baseline"
     if any("bmc" not in cid.lower() for cid in updated):
         await ctx.substep(f"{name}:reboot", lambda: _reboot(ctx))
-    view = match_firmware(await service.firmware_inventory(), baseline)
+    inventory = await service.firmware_inventory()
+    await _keep_inventory(ctx, inventory)
+    view = match_firmware(inventory, baseline)
     if view.drifted:
         raise FatalError("firmware not at the baseline after the update: " + ", ".join(
             f"{m.component.id} reports {m.component.version} (wanted {m.wanted.version})"

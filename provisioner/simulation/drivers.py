@@ -134,16 +134,21 @@ class FakeRepairs(_Sim):
             await self._world.ensure(key, "fault_cleared", FAULT, "")
 
 
+#: a simulated machine's NVLink domain (an NVL72 tray's clique); unset: HGX, none
+CLIQUE: Final = "clique"
+
+
 class FakeValidator(_Sim):
     """Simulated machines are what their profile asks for: they pass (after the simulated
     delay, or fail at ``fail_rate`` to rehearse a held node), unless a simulated fault is
-    on them (``FAULT``). No NVLink domain: HGX."""
+    on them (``FAULT``). Their NVLink domain is the machine's ``CLIQUE`` (none: HGX)."""
 
     async def check(self, node: Node) -> ValidationRecord:
         await self._work("validation", node)
         fault = await self._world.get(machine_key(node), FAULT)
+        clique = await self._world.get(machine_key(node), CLIQUE)
         return ValidationRecord(passed=not fault, at=datetime.now(UTC).isoformat(),
-                                checks=("simulated",),
+                                checks=("simulated",), clique=clique or None,
                                 failures=(f"simulated fault ({fault})",) if fault else ())
 
     async def wait_domain(self, node: Node, record: ValidationRecord,

@@ -218,3 +218,29 @@ class SecretKeyCheckRow(SQLModel, table=True):
     token: str = Field(max_length=512)
     written_by: str = Field(default="", max_length=128)
     written_at: datetime = Field(default_factory=utcnow)
+
+
+class FirmwareWaveRow(SQLModel, table=True):
+    """A firmware wave (issue 25): its limits, its nodes (JSON: id -> status, name, domain,
+    rack), the sizes of the domains and racks it counts shares of (JSON), its status. Every
+    write compares ``version``; the driver's also its lead of the ``fleet`` singleton."""
+
+    __tablename__ = "firmware_wave"
+
+    id: str = Field(primary_key=True, max_length=36)
+    profile: str = Field(index=True, max_length=128)
+    runbook: str = Field(max_length=64)
+    max_nodes: int
+    max_domain_share: float
+    max_rack_share: float
+    stop_after_failures: int
+    status: str = Field(index=True, max_length=16)  # running, stopped, failed, done
+    reason: str = Field(default="", max_length=1024)
+    nodes: str = Field(sa_column=Column(Text, nullable=False))
+    groups: str = Field(sa_column=Column(Text, nullable=False))
+    failures: int = Field(default=0)
+    version: int = Field(default=1)
+    started_by: str = Field(default="", max_length=128)
+    created_at: datetime = Field(default_factory=utcnow)
+    updated_at: datetime = Field(default_factory=utcnow)
+    finished_at: datetime | None = None

@@ -26,6 +26,7 @@ from provisioner.store.repo import NodeRepo
 from provisioner.store.secretbox import SecretBox
 from provisioner.store.tokens import TokenRepo
 from provisioner.store.topology import TopologyRepo
+from provisioner.store.waves import WaveRepo
 
 
 @dataclass
@@ -48,6 +49,7 @@ class Store:
     ownership: OwnershipRepo
     acceptance: AcceptanceRepo
     findings: FindingRepo
+    waves: WaveRepo
 
     @property
     def instance(self) -> str:
@@ -111,7 +113,7 @@ def open_store(settings: Settings, *, migrate: bool | None = None,
                  topology=TopologyRepo(engine, pool),
                  bmc_secrets=BmcSecretRepo(engine, pool, box), ownership=ownership,
                  acceptance=AcceptanceRepo(engine, pool),
-                 findings=FindingRepo(engine, pool))
+                 findings=FindingRepo(engine, pool), waves=WaveRepo(engine, pool))
 
 
 def _secrets_stored(engine: Engine) -> int:

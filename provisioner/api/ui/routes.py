@@ -9,6 +9,7 @@ from aiohttp import web
 from provisioner.api.ui import ASSETS, DOMAINS, ENV
 from provisioner.api.ui.auth import Handler, form, page, refuse, signin, signin_form, signout
 from provisioner.api.ui.fabric import domain_page, fabric_page
+from provisioner.api.ui.firmware import firmware_page
 from provisioner.api.ui.fleet import FLEET, FleetView, fleet
 from provisioner.api.ui.node import act, node_page
 from provisioner.api.ui.render import load_assets, make_environment, serve_asset
@@ -50,6 +51,7 @@ def setup(app: web.Application, nodes: NodeRepo, *,
         ("POST", "/ui/nodes/{node}/{kind:action|power|bootdev}", act),
         ("GET", "/ui/fabric", fabric_page),
         ("GET", "/ui/fabric/domains/{clique}", domain_page),
+        ("GET", "/ui/firmware", firmware_page),
         ("GET", "/ui/static/{name}", _asset),
         ("GET", "/ui/{tail:.*}", _unknown),  # last: any other console path
     ]
