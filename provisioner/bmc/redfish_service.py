@@ -20,6 +20,7 @@ Redfish UpdateService", never skips.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final
 
@@ -142,8 +143,31 @@ class RedfishService:
         return TaskState(str(state or "Completed"),
                          percent if isinstance(percent, int) else None, messages)
 
+    async def tasks_for(self, image_uri: str) -> list[str] | None:
+        root = await self._get("/redfish/v1/")
+        service_uri = _dig(root, "Tasks", "@odata.id")
+        if not isinstance(service_uri, str):
+            return None
+        tasks_uri = _dig(await self._get(service_uri), "Tasks", "@odata.id")
+        if not isinstance(tasks_uri, str):
+            return None
+        named, running = [], []
+        for member in _members(await self._get(tasks_uri))[-_TASKS_READ:]:
+            status, data, _ = await self._client.exchange("GET", member)
+            if status >= 400 or not isinstance(data, dict):
+                continue
+            if image_uri in json.dumps(data.get("Payload") or {}):
+                named.append(_local(member))
+            elif not TaskState(str(data.get("TaskState") or "Completed")).finished:
+                running.append(_local(member))
+        return named or running
+
     async def aclose(self) -> None:
         """Nothing: the session belongs to the driver."""
+
+
+_TASKS_READ: Final = 32
+"""The newest tasks a resumed update reads (a BMC keeps its finished tasks for a while)."""
 
 
 def _members(collection: JsonObject) -> list[str]:

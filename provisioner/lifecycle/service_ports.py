@@ -41,6 +41,11 @@ class ServiceBmc(Protocol):
 
     async def task(self, uri: str) -> TaskState: ...
 
+    async def tasks_for(self, image_uri: str) -> list[str] | None:
+        """The BMC's tasks that update from ``image_uri`` (their payload names it), else
+        those still running; None when the BMC has no TaskService to ask."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

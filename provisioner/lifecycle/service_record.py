@@ -13,6 +13,10 @@ KEY: Final = "servicing"
 ONBOARDING: Final = "onboarding"
 ACTIVE: Final = "active"
 PASSED: Final = "passed"
+ASKING: Final = "asking:"
+"""A task entry that holds ``ASKING`` + the image URI: the update was being asked for when the
+daemon stopped (written before ``SimpleUpdate``), so a resumed step looks for the BMC's task
+before it asks again."""
 
 
 def now() -> str:
@@ -48,6 +52,13 @@ class ServiceRecord:
 
     def with_task(self, component: str, uri: str) -> ServiceRecord:
         return replace(self, tasks={**self.tasks, component: uri})
+
+    def with_intent(self, component: str, image_uri: str) -> ServiceRecord:
+        return self.with_task(component, ASKING + image_uri)
+
+    def asking(self, component: str) -> bool:
+        """Whether the update of ``component`` was being asked for, its task unknown."""
+        return self.tasks.get(component, "").startswith(ASKING)
 
     def closed(self, outcome: str) -> ServiceRecord:
         return replace(self, outcome=outcome, ended_at=now())

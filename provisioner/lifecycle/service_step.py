@@ -15,9 +15,11 @@ Steps (``SERVICE_STEPS``):
   applied), the changed attributes written with the apply time the BMC supports, a power
   cycle, then read back: a value the BMC did not take fails the step.
 * ``firmware_update``: each baseline component whose version differs, by ``SimpleUpdate``
-  with the image from our HTTP server; the task URI is kept in the servicing record
-  before its checkpoint, so a resumed step polls that task and never starts a second
-  update. Reboot handling: a BMC component (Id containing ``BMC``) is waited for until the
+  with the image from our HTTP server; the intent is written before the request and the
+  task URI after it, both before the checkpoint, so a resumed step polls that task, or finds
+  it among the BMC's tasks (``tasks_for``: its payload names our image, else the one
+  running) when the daemon stopped before the BMC's answer, and never asks twice. Reboot
+  handling: a BMC component (Id containing ``BMC``) is waited for until the
   BMC answers ``bmc_good_reads`` reads in a row; any other component (BIOS, NIC, GPU)
   activates on the power cycle that follows the updates; then every component is read back.
 
@@ -241,9 +243,32 @@ async def firmware_update(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
 
 def _starter(ctx: StepContext, service: ServiceBmc,
              part: FirmwareMatch) -> Callable[[], Awaitable[None]]:
+    """Ask the BMC for the update, the intent written first: a daemon that stops after the
+    BMC took the request and before its task was written looks for that task on resume
+    (``tasks_for``: named by its image, else the one running) and follows it; it asks
+    again only when the BMC shows none, and fails when the BMC cannot say."""
+    cid = part.component.id
+
     async def start() -> None:
-        uri = await service.simple_update(ctx.ports.servicing.image_uri(part.wanted.image),
-                                          [part.component.uri or part.component.id])
+        image = ctx.ports.servicing.image_uri(part.wanted.image)
+        record = _record(ctx)
+        if cid in record.tasks and not record.asking(cid):
+            return  # its task was written, the daemon stopped before the checkpoint
+        if record.asking(cid):
+            found = await service.tasks_for(image)
+            if found is None:
+                raise FatalError(
+                    f"{cid}: the daemon stopped while asking the BMC for this update, and "
+                    "the BMC has no TaskService to tell whether it started: look at the "
+                    "BMC, then run the runbook again")
+            if found:
+                await _write(ctx, _record(ctx).with_task(cid, found[-1]))
+                await ctx.record("firmware_update", f"{cid}: the update asked for before a "
+                                 f"restart is the BMC's task {found[-1]}: followed, not "
+                                 "asked for again")
+                return
+        await _write(ctx, _record(ctx).with_intent(cid, image))
+        uri = await service.simple_update(image, [part.component.uri or cid])
         await _write(ctx, _record(ctx).with_task(part.component.id, uri))
         await ctx.record("firmware_update", f"{part.component.id}: {part.component.version}"
                          f" → {part.wanted.version} from {part.wanted.image}"

@@ -188,7 +188,10 @@ class WaveDriver:
                                           actor=wave_actor(wave.id),
                                           reason=f"firmware wave {wave.id}: runbook "
                                                  f"{wave.runbook}")
-        except (Conflict, InvalidRequest, NotFound) as exc:  # moved meanwhile: not ours now
+        except Conflict as exc:  # busy now (a step, the lease of a daemon that died): later
+            log.info("firmware wave %s: %s not started yet: %s", wave.id, cand.name, exc)
+            await self._mark(wave.id, cand.node_id, PENDING, lead)
+        except (InvalidRequest, NotFound) as exc:  # moved meanwhile: not ours now
             log.info("firmware wave %s: %s skipped: %s", wave.id, cand.name, exc)
             await self._mark(wave.id, cand.node_id, SKIPPED, lead)
 

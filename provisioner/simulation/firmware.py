@@ -72,5 +72,10 @@ class SimServiceBmc:
         await self._world.ensure(self._key, f"fw_install:{cid}", f"fw:{cid}", version)
         return TaskState("Completed", 100)
 
+    async def tasks_for(self, image_uri: str) -> list[str] | None:
+        return [_TASKS + cid for cid in SIMULATED_FIRMWARE
+                if await self._world.get(self._key, f"fw_pending:{cid}")
+                == image_version(image_uri)]
+
     async def aclose(self) -> None:
         return None

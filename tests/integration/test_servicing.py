@@ -212,6 +212,37 @@ async def test_stopped_during_a_firmware_task_resumes_it_without_a_second_update
     await second.stop()
 
 
+async def test_stopped_between_asking_and_hearing_the_task_follows_it(  # type: ignore[no-untyped-def]
+        store, world, make_node, bmc_sim, driver) -> None:
+    """The daemon stops after the BMC took SimpleUpdate and made its task, before the answer
+    (the task's URI) came back: the resumed step finds that task (its payload names our
+    image) and follows it; the BMC is asked for the BIOS update once. Without the intent
+    written first, the resumed step asked again (a second update on a real BMC)."""
+    sim, url = bmc_sim
+    sim.answer_hold = asyncio.Event()
+    node = await new_node(make_node, url)
+    steps = ["firmware_inventory", "firmware_update"]
+    first = conductor(store, world, driver, settings(steps))
+    await first.fire(node.id, Event.DEPLOY, actor="op")
+    async with asyncio.timeout(10):
+        while not sim.tasks:  # noqa: ASYNC110  (the BMC's own state, no event to wait on)
+            await asyncio.sleep(0.02)
+    await first.stop()  # gone before the BMC's answer
+    record = ServiceRecord.from_facts((await store.nodes.get(node.id)).facts)
+    assert record is not None and record.asking("BIOS") and len(sim.updates) == 1
+    sim.answer_hold = None
+    second = conductor(store, world, driver, settings(steps))
+    assert await second.recover() == 1
+    done = await wait_for_state(store, node.id, S.DEPLOYING)
+    targets = [u["Targets"][0].rsplit("/", 1)[-1] for u in sim.updates]
+    assert targets == ["BIOS", "NIC.Slot.1"], targets  # the BIOS once
+    record = ServiceRecord.from_facts(done.facts)
+    assert record is not None and record.tasks["BIOS"] == "/redfish/v1/TaskService/Tasks/1"
+    history = await store.nodes.history(node.id)
+    assert any("followed, not asked for again" in h.reason for h in history)
+    await second.stop()
+
+
 async def test_active_node_is_drained_serviced_and_back_through_the_gate(  # type: ignore[no-untyped-def]
         store, world, make_node, bmc_sim, driver) -> None:
     sim, url = bmc_sim

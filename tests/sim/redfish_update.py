@@ -37,6 +37,9 @@ class UpdateSim:
     task_polls: int = 2  # polls a task answers Running before Completed
     task_fault: str = ""  # "", "vanish", "stall", "exception"
     hold: asyncio.Event | None = None  # while set-able and unset, tasks stay Running
+    # while set-able and unset, SimpleUpdate makes its task, then keeps its answer back (a
+    # daemon that dies in that window never hears the task's URI)
+    answer_hold: asyncio.Event | None = None
     updates: list[dict[str, Any]] = field(default_factory=list)
     patches: list[dict[str, Any]] = field(default_factory=list)
     resets: list[str] = field(default_factory=list)
@@ -70,7 +73,18 @@ async def root(_request: web.Request) -> web.Response:
     return _json({"@odata.id": "/redfish/v1/", "RedfishVersion": "1.15.0",
                   "Systems": {"@odata.id": "/redfish/v1/Systems"},
                   "Registries": {"@odata.id": "/redfish/v1/Registries"},
-                  "UpdateService": {"@odata.id": "/redfish/v1/UpdateService"}})
+                  "UpdateService": {"@odata.id": "/redfish/v1/UpdateService"},
+                  "Tasks": {"@odata.id": "/redfish/v1/TaskService"}})
+
+
+async def task_service(_request: web.Request) -> web.Response:
+    return _json({"@odata.id": "/redfish/v1/TaskService", "Id": "TaskService",
+                  "Tasks": {"@odata.id": TASKS}})
+
+
+async def tasks(request: web.Request) -> web.Response:
+    return _json({"@odata.id": TASKS, "Members": [
+        {"@odata.id": f"{TASKS}/{tid}"} for tid in request.app[SIM].tasks]})
 
 
 async def systems(_request: web.Request) -> web.Response:
@@ -168,7 +182,10 @@ async def simple_update(request: web.Request) -> web.Response:
         return _error(f"unknown target {target}")
     version = str(body["ImageURI"]).rsplit("/", 1)[-1].removesuffix(".bin").split("-")[-1]
     tid = str(len(sim.tasks) + 1)
-    sim.tasks[tid] = {"target": target, "version": version, "polls": 0}
+    sim.tasks[tid] = {"target": target, "version": version, "polls": 0,
+                      "body": json.dumps(body)}
+    if sim.answer_hold is not None:
+        await sim.answer_hold.wait()
     return web.Response(status=202, headers={"Location": f"{TASKS}/{tid}"})
 
 
@@ -180,7 +197,10 @@ async def task(request: web.Request) -> web.Response:
         if state is not None:
             sim.versions[state["target"]] = state["version"]  # it did finish, then forgot
         return _error("task not found", 404)
-    body = {"@odata.id": f"{TASKS}/{tid}", "Id": tid}
+    # as the DMTF Task schema and real BMCs give it: the request that made the task
+    body = {"@odata.id": f"{TASKS}/{tid}", "Id": tid, "Payload": {
+        "HttpOperation": "POST", "JsonBody": state["body"],
+        "TargetUri": "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate"}}
     if sim.task_fault == "stall" or (sim.hold is not None and not sim.hold.is_set()):
         return _json({**body, "TaskState": "Running", "PercentComplete": 10})
     state["polls"] += 1
@@ -215,5 +235,7 @@ def make_app(sim: UpdateSim) -> web.Application:
     app.router.add_get("/redfish/v1/UpdateService/FirmwareInventory/{cid}", component)
     app.router.add_post("/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
                         simple_update)
+    app.router.add_get("/redfish/v1/TaskService", task_service)
+    app.router.add_get(TASKS, tasks)
     app.router.add_get(TASKS + "/{tid}", task)
     return app
