@@ -57,6 +57,7 @@ from provisioner.store.acceptance import (
     RUNNING,
     AcceptanceRepo,
     AcceptanceRun,
+    Standing,
 )
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
@@ -346,6 +347,10 @@ class DomainAcceptance:
 
     async def latest(self, domain: str) -> AcceptanceRun | None:
         return await self._runs.latest(domain)
+
+    async def standings(self) -> dict[str, Standing]:
+        """Every domain's latest run and last pass (the console's fabric view)."""
+        return await self._runs.standings()
 
     async def aclose(self) -> None:
         await self._tasks.cancel_all()
