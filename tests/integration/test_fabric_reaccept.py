@@ -61,9 +61,9 @@ async def domain(store: Store, make_node: Any, name: str, size: int = 2, *,
 
 
 def past_run(store: Store, domain: str, nodes: Sequence[Node], status: str, days_ago: float,
-             *, held: bool = False) -> None:
+             *, held: bool = False, now: datetime = NOW) -> None:
     """A run row as an earlier daemon left it, at a time of the test's choosing."""
-    started = NOW - timedelta(days=days_ago)
+    started = now - timedelta(days=days_ago)
     result = {"reservation": {"name": f"provisioner-acceptance-{domain}", "held": held}}
     with Session(store.engine) as s:
         s.add(FabricAcceptanceRow(
