@@ -195,3 +195,22 @@ async def test_the_rerun_form_needs_csrf_same_origin_and_an_operator(
                                allow_redirects=False) as resp:
         assert resp.status == 403
     assert (await store.nodes.find("nvl-03")).state is NodeState.VALIDATE_FAILED
+
+
+async def test_a_domain_of_one_node_is_listed_and_has_its_page(
+        api: Api, store: Store, make_node: Any) -> None:
+    """An HGX node names no NVLink clique: its domain is its hostname."""
+    node = await make_node(NodeState.ACTIVE, profile="nvl", hostname="hgx-07")
+    await judged(store, "hgx-07", [node], {"hgx-07"}, held=True)
+    browser = Browser(api)
+    await browser.sign_in(Role.OPERATOR)
+    _, text = await browser.get("/ui/fabric")
+    page = Elements(text)
+    assert page.find("div", data_clique="hgx-07")
+    assert "Single-node domains" in " ".join(page.text)
+    status, text = await browser.get("/ui/fabric/domains/hgx-07")
+    assert status == 200
+    page = Elements(text)
+    assert page.find("section", id="acceptance")[0]["data-held"] == "yes"
+    assert page.find("tr", data_hostname="hgx-07")  # the explainer's row of the node
+    assert page.find("form", action="/ui/fabric/domains/hgx-07/accept")

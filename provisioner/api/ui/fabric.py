@@ -14,7 +14,7 @@ from aiohttp import web
 from provisioner.api import NODES, TOPOLOGY
 from provisioner.api.schemas_topology import SwitchOut, TopologyOut, topology_out
 from provisioner.api.ui import DOMAINS, ENV
-from provisioner.api.ui.acceptance import view, views
+from provisioner.api.ui.acceptance import acceptance_of, view, views
 from provisioner.api.ui.auth import page
 from provisioner.api.ui.render import html
 from provisioner.api.ui.session import Session
@@ -109,6 +109,7 @@ async def fabric_page(request: web.Request, session: Session) -> web.Response:
     return html(request.app[ENV], "fabric.html.j2", {
         "session": session, "topo": topo, "domains": found, "acceptance": accepted,
         "lone": {d: v for d, v in accepted.items() if d not in found},
+        "accepting": acceptance_of(request) is not None,
         "tree": tree(topo) if topo else [], "blocks": blocks(topo) if topo else {},
         "unhealthy": [n for n in topo.nodes if n.health not in ("ok", "unknown")]
         if topo else [],
@@ -155,6 +156,7 @@ async def domain_page(request: web.Request, session: Session) -> web.Response:
     return html(request.app[ENV], "domain.html.j2", {
         "session": session, "clique": clique, "explained": explained, "links": LINKS,
         "first": first, "first_status": status, "acceptance": accepted,
+        "accepting": acceptance_of(request) is not None,
         "can_act": session.role.allows(Role.OPERATOR),
         "done": request.query.get("done", "")[:500],
         "failed": request.query.get("failed", "")[:500],
