@@ -158,8 +158,7 @@ class ReacceptSweep:
         for item in due:
             if len(started) >= slots:
                 break
-            when = (item.last_pass.isoformat(timespec="seconds") if item.last_pass
-                    else "never")
+            when = item.last_pass.date().isoformat() if item.last_pass else "never"
             try:
                 run = await self._acceptance.rerun(
                     item.domain, _never_retry, requested_by=f"{SWEEP_ACTOR} (last pass {when})")
