@@ -50,6 +50,10 @@ class AcceptanceProfile(Section):
     floors: dict[Literal["nccl_busbw", "nvbw_host", "nvbw_p2p", "ib_bw"], float] = Field(
         default_factory=dict, description="Floor values that replace the class's: "
         "nccl_busbw and nvbw_* in GB/s, ib_bw in Gb/s")
+    reaccept_interval_days: float = Field(
+        0.0, ge=0, description="Re-accept an active domain whose last pass is older than "
+        "this, inside a Slurm maintenance reservation as `provisioner fabric accept` does "
+        "(the fleet's reaccept sweep; 0: never on a schedule)")
 
 
 class ValidationProfile(Section):
@@ -120,3 +124,13 @@ class ValidationSettings(Section):
         "for up to this long before it is held (0: held at once)")
     fabric_settle_interval_s: float = Field(
         30.0, gt=0, description="Wait between two collections of a settling node's facts")
+    reaccept_max_concurrent: int = Field(
+        1, ge=1, le=64, description="Scheduled re-acceptance (a profile's "
+        "acceptance.reaccept_interval_days): at most this many domains under a run at once, "
+        "fleet-wide (runs started by operators count)")
+    reaccept_retry_s: float = Field(
+        21600.0, gt=0, description="A scheduled re-acceptance that was interrupted (jobs "
+        "that did not end in jobs_wait_s, Slurm refused) is tried again after this long")
+    reaccept_sweep_interval_s: float = Field(
+        600.0, gt=0, description="How often the fleet's reaccept sweep looks for active "
+        "domains due")

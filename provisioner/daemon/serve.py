@@ -45,6 +45,7 @@ from provisioner.install.images import AgentJobs
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync
 from provisioner.lifecycle.acceptance import DomainAcceptance
+from provisioner.lifecycle.acceptance_sweep import ReacceptSweep
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
@@ -241,6 +242,13 @@ class Daemon:
                     retention = HistoryRetention(
                         store.nodes, days=self._settings.store.history_retention_days)
                     works.append(("history-retention", retention.run))
+                reaccept = ReacceptSweep(acceptance, store.nodes, store.acceptance,
+                                         self._settings.validation)
+                if reaccept.enabled and slurm_client is not None:
+                    works.append(("reaccept-sweep", reaccept.run))
+                elif reaccept.enabled:
+                    log.warning("acceptance.reaccept_interval_days is set but slurm is not "
+                                "enabled: active domains are not re-accepted on a schedule")
                 # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
                 works.append(("firmware-waves", waves.run))
                 singleton = Singleton(store.ownership, "fleet", works)

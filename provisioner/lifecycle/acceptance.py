@@ -57,6 +57,7 @@ from provisioner.store.acceptance import (
     RUNNING,
     AcceptanceRepo,
     AcceptanceRun,
+    Standing,
 )
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
@@ -64,7 +65,7 @@ from provisioner.validation.record import ValidationRecord
 
 log = logging.getLogger(__name__)
 STARTED_EVENT: Final = "fabric_acceptance"
-_GRACE_S: Final = 60.0
+GRACE_S: Final = 60.0
 
 
 class AcceptanceLauncher(Protocol):
@@ -167,7 +168,7 @@ class DomainAcceptance:
         if run is None or run.started_at < since or node_id not in run.node_ids:
             return None
         if (run.status == RUNNING and run.id not in self._mine
-                and self._clock() > run.deadline_at + timedelta(seconds=_GRACE_S)):
+                and self._clock() > run.deadline_at + timedelta(seconds=GRACE_S)):
             await self._runs.finish(run.id, INTERRUPTED, summary=(
                 f"fabric acceptance {run.id} of {domain} interrupted: its daemon went away"),
                 slowest=None, result={})
@@ -288,7 +289,7 @@ class DomainAcceptance:
         held and there is no Slurm to reserve the nodes in."""
         latest = await self._runs.latest(domain)
         if latest is not None and latest.status == RUNNING and (
-                self._clock() <= latest.deadline_at + timedelta(seconds=_GRACE_S)):
+                self._clock() <= latest.deadline_at + timedelta(seconds=GRACE_S)):
             raise Conflict(f"fabric acceptance {latest.id} of {domain} is still running")
         stamps = await self._repo.clique_stamps(DOMAIN_STATES)
         nodes = [n for n in await self._repo.get_many(list(stamps))
@@ -346,6 +347,10 @@ class DomainAcceptance:
 
     async def latest(self, domain: str) -> AcceptanceRun | None:
         return await self._runs.latest(domain)
+
+    async def standings(self) -> dict[str, Standing]:
+        """Every domain's latest run and last pass (the console's fabric view)."""
+        return await self._runs.standings()
 
     async def aclose(self) -> None:
         await self._tasks.cancel_all()

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from sqlalchemy import func
 from sqlmodel import Session, col, select
 
 from provisioner.store.models import FabricAcceptanceRow, utcnow
@@ -40,6 +41,21 @@ class AcceptanceRun:
     @property
     def node_ids(self) -> tuple[str, ...]:
         return tuple(node_id for node_id, _ in self.nodes)
+
+    @property
+    def held(self) -> bool:
+        """A failed run that kept its Slurm maintenance reservation: the domain is held."""
+        reservation = self.result.get("reservation")
+        return (self.status == FAILED and isinstance(reservation, Mapping)
+                and bool(reservation.get("held")))
+
+
+@dataclass(frozen=True, slots=True)
+class Standing:
+    """A domain's latest run and when its last passed run finished (None: never)."""
+
+    latest: AcceptanceRun
+    last_pass: datetime | None
 
 
 def _aware(value: datetime) -> datetime:
@@ -121,5 +137,24 @@ class AcceptanceRepo(SessionRepo):
         def work(s: Session) -> AcceptanceRun | None:
             row = s.get(FabricAcceptanceRow, run_id)
             return _run(row) if row is not None else None
+
+        return await self._run(work)
+
+    async def standings(self) -> dict[str, Standing]:
+        """Every domain that ever had a run: its latest run and its last pass."""
+        def work(s: Session) -> dict[str, Standing]:
+            row = FabricAcceptanceRow
+            newest = (select(row.domain, func.max(row.started_at).label("at"))
+                      .group_by(row.domain).subquery())
+            latest = s.exec(select(row).join(newest, (col(row.domain) == newest.c.domain)
+                                             & (col(row.started_at) == newest.c.at))).all()
+            passes = dict(s.exec(select(row.domain, func.max(row.finished_at))
+                                 .where(row.status == PASSED).group_by(row.domain)).all())
+            out: dict[str, Standing] = {}
+            for found in sorted(latest, key=lambda r: (r.domain, r.started_at)):
+                last_pass = passes.get(found.domain)
+                out[found.domain] = Standing(_run(found),
+                                             _aware(last_pass) if last_pass else None)
+            return out
 
         return await self._run(work)

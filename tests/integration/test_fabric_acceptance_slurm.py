@@ -27,6 +27,7 @@ import asyncio
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,7 @@ from provisioner.config import (
 )
 from provisioner.domain import Node, Role
 from provisioner.lifecycle.acceptance import DomainAcceptance
+from provisioner.lifecycle.acceptance_sweep import ReacceptSweep
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.states import NodeState
 from provisioner.metrics import Metrics
@@ -56,6 +58,7 @@ from provisioner.topology.emit import block_of
 from provisioner.topology_live.live import LiveTopology
 from provisioner.validation.record import ValidationRecord
 from tests.conftest import fake_ports
+from tests.integration.test_fabric_reaccept import past_run
 from tests.peers.slurm import Slurm, slurm_unavailable_reason, static_cluster
 from tests.topology_support import nvsmi
 
@@ -158,10 +161,10 @@ class RecordedLauncher:
                 "inside": (state, reason), "outside": job_state(slurm, outside)[0]}
 
 
-async def finished(acceptance: DomainAcceptance) -> Any:
+async def finished(acceptance: DomainAcceptance, domain: str = CLIQUE) -> Any:
     async with asyncio.timeout(60):
         while True:
-            latest = await acceptance.latest(CLIQUE)
+            latest = await acceptance.latest(domain)
             if latest is not None and latest.status != "running":
                 return latest
             await asyncio.sleep(0.2)
@@ -318,6 +321,72 @@ async def test_a_domain_slurm_does_not_know_is_not_tested_nor_held(
         assert "Invalid node name specified" in refused.summary
         assert refused.result["reservation"]["held"] is False and launcher.seen == []
         assert await acceptance.held_nodes() == set()
+    finally:
+        await acceptance.aclose()
+        await client.aclose()
+
+
+class ReservationLauncher:
+    """Healthy recorded outputs; notes the reservation each launch ran inside."""
+
+    def __init__(self, slurm: Slurm) -> None:
+        self.slurm = slurm
+        self.seen: list[tuple[str, list[str]]] = []
+
+    def budget_s(self, profile: AcceptanceProfile) -> float:
+        return 60.0
+
+    async def launch(self, run_id: str, domain: str, nodes: Sequence[Node],
+                     profile: AcceptanceProfile, class_gpus: int | None) -> list[ToolRun]:
+        text = await asyncio.to_thread(self.slurm.scontrol, "show", "reservation", "-o")
+        fields = dict(w.split("=", 1) for w in text.split() if "=" in w)
+        hosts = await asyncio.to_thread(run, self.slurm, "scontrol", "show", "hostnames",
+                                        fields.get("Nodes", ""))
+        self.seen.append((fields.get("ReservationName", ""), hosts.split()))
+        return [r for n in nodes for r in (ToolRun(n.hostname or n.id, "dcgm", 0, DCGM),
+                                           ToolRun(n.hostname or n.id, "nccl", 0, NCCL))]
+
+
+async def test_the_reaccept_sweep_reserves_one_due_domain_at_a_time(
+        cluster: tuple[Slurm, Path], store: Store, make_node) -> None:  # type: ignore[no-untyped-def]
+    """Two active domains whose last pass is older than 7 days (an NVLink pair and an HGX
+    node alone), at most one at once: the older pass first, inside its own reservation;
+    the second only once the first passed; then nothing is due."""
+    slurm, _ = cluster
+    profile = AcceptanceProfile(fabric_class="hgx-h200", tests=["dcgm", "nccl"],
+                                nccl_scope="node", jobs_wait_s=10, reaccept_interval_days=7)
+    validation = ValidationSettings(reaccept_max_concurrent=1, profiles={
+        "nvl": ValidationProfile(gpu_count=4, nvlink_domain=True, acceptance=profile)})
+    pair = []
+    for i, name in enumerate([*DOMAIN_NODES, OUTSIDE], start=1):
+        node = await make_node(NodeState.ACTIVE, profile="nvl", hostname=name,
+                               serial=f"SWP{i}")
+        record = ValidationRecord(passed=True, at="2026-11-01T00:00:00+00:00",
+                                  clique=CLIQUE if name != OUTSIDE else None,
+                                  domain_nodes=2 if name != OUTSIDE else None)
+        await store.nodes.merge_facts(node.id, {"validation": record.to_facts()})
+        pair.append(node)
+    now = datetime.now(UTC)
+    past_run(store, CLIQUE, pair[:2], "passed", days_ago=20, now=now)
+    past_run(store, OUTSIDE, pair[2:], "passed", days_ago=10, now=now)
+    client = ScontrolSlurm(slurm_conf=slurm.conf, timeout_s=20.0)
+    launcher = ReservationLauncher(slurm)
+    acceptance = DomainAcceptance(store.nodes, store.acceptance, launcher, validation,
+                                  poll_s=0.2, reservations=SlurmMaintenance(client, client))
+    sweep = ReacceptSweep(acceptance, store.nodes, store.acceptance, validation)
+    try:
+        assert await sweep.sweep() == [CLIQUE]
+        assert await sweep.sweep() == []  # the cap: one domain under a run at once
+        first = await finished(acceptance)
+        assert first.status == "passed", first.summary
+        assert first.requested_by.startswith("reaccept-sweep (last pass ")
+        assert await sweep.sweep() == [OUTSIDE]
+        lone = await finished(acceptance, OUTSIDE)
+        assert lone.status == "passed", lone.summary
+        assert launcher.seen == [(f"provisioner-acceptance-{CLIQUE}", list(DOMAIN_NODES)),
+                                 (f"provisioner-acceptance-{OUTSIDE}", [OUTSIDE])]
+        assert "ReservationName" not in slurm.scontrol("show", "reservation", "-o")
+        assert await sweep.sweep() == []  # both passed just now
     finally:
         await acceptance.aclose()
         await client.aclose()

@@ -1,6 +1,7 @@
 """``/ui/fabric``: NVLink domains (clique → nodes with state and validation), the InfiniBand
 tree (core → spine → leaf → nodes, unhealthy links marked), Slurm blocks and the published
-``topology.conf``; ``/ui/fabric/domains/<clique>``: why that domain is (not) schedulable."""
+``topology.conf``, each domain's last fabric acceptance; ``/ui/fabric/domains/<clique>``: why
+that domain is (not) schedulable and its acceptance figure by figure (``ui/acceptance.py``)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from aiohttp import web
 from provisioner.api import NODES, TOPOLOGY
 from provisioner.api.schemas_topology import SwitchOut, TopologyOut, topology_out
 from provisioner.api.ui import DOMAINS, ENV
+from provisioner.api.ui.acceptance import acceptance_of, view, views
 from provisioner.api.ui.auth import page
 from provisioner.api.ui.render import html
 from provisioner.api.ui.session import Session
-from provisioner.domain import Node, NodeSummary
+from provisioner.domain import Node, NodeSummary, Role
 from provisioner.errors import NotFound
 from provisioner.lifecycle.validation import member_of
 from provisioner.lifecycle.why import LINKS, Chain, Status, explain
@@ -102,8 +104,12 @@ async def fabric_page(request: web.Request, session: Session) -> web.Response:
     topo = await _topology(request)
     fleet = {n.hostname: n for n in await request.app[NODES].summaries() if n.hostname}
     members = await request.app[DOMAINS].members()
+    found = domains(members, topo, fleet)
+    accepted = await views(request)
     return html(request.app[ENV], "fabric.html.j2", {
-        "session": session, "topo": topo, "domains": domains(members, topo, fleet),
+        "session": session, "topo": topo, "domains": found, "acceptance": accepted,
+        "lone": {d: v for d, v in accepted.items() if d not in found},
+        "accepting": acceptance_of(request) is not None,
         "tree": tree(topo) if topo else [], "blocks": blocks(topo) if topo else {},
         "unhealthy": [n for n in topo.nodes if n.health not in ("ok", "unknown")]
         if topo else [],
@@ -127,6 +133,9 @@ async def domain_page(request: web.Request, session: Session) -> web.Response:
     names = {m.name for m in members}
     if topo is not None:
         names |= {h for d in topo.domains if d.clique == clique for h in d.members}
+    accepted = await view(request, clique)
+    if not names and accepted is not None:  # a domain of one node (its hostname)
+        names = set(accepted.run.nodes)
     if not names:
         return html(request.app[ENV], "error.html.j2", {
             "session": session, "title": "Unknown NVLink domain",
@@ -146,7 +155,11 @@ async def domain_page(request: web.Request, session: Session) -> web.Response:
     first, status = domain_first([e.chain for e in explained])
     return html(request.app[ENV], "domain.html.j2", {
         "session": session, "clique": clique, "explained": explained, "links": LINKS,
-        "first": first, "first_status": status,
+        "first": first, "first_status": status, "acceptance": accepted,
+        "accepting": acceptance_of(request) is not None,
+        "can_act": session.role.allows(Role.OPERATOR),
+        "done": request.query.get("done", "")[:500],
+        "failed": request.query.get("failed", "")[:500],
     })
 
 

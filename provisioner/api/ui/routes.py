@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from provisioner.api.ui import ASSETS, DOMAINS, ENV
+from provisioner.api.ui.acceptance import accept
 from provisioner.api.ui.auth import Handler, form, page, refuse, signin, signin_form, signout
 from provisioner.api.ui.fabric import domain_page, fabric_page
 from provisioner.api.ui.firmware import firmware_page
@@ -51,6 +52,7 @@ def setup(app: web.Application, nodes: NodeRepo, *,
         ("POST", "/ui/nodes/{node}/{kind:action|power|bootdev}", act),
         ("GET", "/ui/fabric", fabric_page),
         ("GET", "/ui/fabric/domains/{clique}", domain_page),
+        ("POST", "/ui/fabric/domains/{clique}/accept", accept),
         ("GET", "/ui/firmware", firmware_page),
         ("GET", "/ui/static/{name}", _asset),
         ("GET", "/ui/{tail:.*}", _unknown),  # last: any other console path
