@@ -46,6 +46,7 @@ from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
+from provisioner.lifecycle.bmc_health import BmcHealthPoll
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
@@ -209,6 +210,8 @@ class Daemon:
                 children.append(group.create_task(  # rotations a crash left open
                     settle_rotations(rotation), name="bmc-rotation-settle"))
                 works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
+                bmc_health = BmcHealthPoll(store.nodes, health, bmc, self._settings.health)
+                works.append(("bmc-health", bmc_health.run))
                 if kube_client is not None:
                     sync = KubeSync(kube_client, maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,

@@ -24,7 +24,13 @@ from sqlmodel import Session, col, select
 from provisioner.errors import NotFound
 from provisioner.health.model import Action, HealthClass
 from provisioner.health.records import Change, FindingRecord, Origin, Outcome, Report
-from provisioner.store.models import HealthFindingRow, HealthSilenceRow, NodeRow, utcnow
+from provisioner.store.models import (
+    HealthCursorRow,
+    HealthFindingRow,
+    HealthSilenceRow,
+    NodeRow,
+    utcnow,
+)
 from provisioner.store.session import SessionRepo
 
 _KEY = ["node_id", "origin", "health_class", "subject"]
@@ -182,6 +188,28 @@ class FindingRepo(SessionRepo):
             return found
 
         return await self._run(work)
+
+    async def cursors(self, source: str) -> dict[str, str]:
+        """node id -> its cursor for ``source`` (the BMC poller reads them once a sweep)."""
+        def work(s: Session) -> dict[str, str]:
+            rows = s.exec(select(HealthCursorRow.node_id, HealthCursorRow.cursor).where(
+                col(HealthCursorRow.source) == source)).all()
+            return {node_id: cursor for node_id, cursor in rows}
+
+        return await self._run(work)
+
+    async def set_cursor(self, node_id: str, source: str, cursor: str) -> None:
+        def work(s: Session) -> None:
+            row = s.get(HealthCursorRow, (node_id, source))
+            if row is None:
+                if s.get(NodeRow, node_id) is None:  # deleted meanwhile: nothing to keep
+                    return
+                row = HealthCursorRow(node_id=node_id, source=source, cursor=cursor)
+            row.cursor, row.updated_at = cursor, utcnow()
+            s.add(row)
+            s.commit()
+
+        await self._run(work)
 
     async def open_counts(self) -> dict[str, int]:
         """Open, unsilenced findings per class (the ``provisioner_health_findings`` gauge)."""

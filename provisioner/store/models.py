@@ -204,3 +204,16 @@ class HealthSilenceRow(SQLModel, table=True):
     until: datetime
     reason: str = Field(default="", max_length=1024)
     actor: str = Field(default="", max_length=128)
+
+
+class HealthCursorRow(SQLModel, table=True):
+    """Where a health source got to on a node: the BMC poller's cursor (the last SEL or log
+    record it read, the states it last reported), so a restart raises no old record again."""
+
+    __tablename__ = "health_cursor"
+
+    node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE",
+                         max_length=36)
+    source: str = Field(primary_key=True, max_length=16)
+    cursor: str = Field(sa_column=Column(Text, nullable=False))
+    updated_at: datetime = Field(default_factory=utcnow)

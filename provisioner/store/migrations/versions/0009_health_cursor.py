@@ -1,0 +1,33 @@
+"""Health source cursors (issue 24): per node and source, the last BMC log record read and
+the states last reported, so a restarted poller raises no old record again
+
+Revision ID: 0009
+Revises: 0008
+Create Date: 2026-11-27
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0009"
+down_revision = "0008"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "health_cursor",
+        sa.Column("node_id", sa.String(length=36), nullable=False),
+        sa.Column("source", sa.String(length=16), nullable=False),
+        sa.Column("cursor", sa.Text(), nullable=False),
+        sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
+        sa.ForeignKeyConstraint(["node_id"], ["node.id"], ondelete="CASCADE"),
+        sa.PrimaryKeyConstraint("node_id", "source"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table("health_cursor")
