@@ -34,6 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, BinaryIO, Final
 
+import pyghmi.ipmi.events as pyghmi_events
 import pyghmi.ipmi.private.session as pyghmi_session
 from pyghmi.exceptions import IpmiException, PyghmiException
 from pyghmi.ipmi.command import Command
@@ -170,18 +171,35 @@ SEL_MAX: Final = 512  # records returned at most (the newest): a full SEL is ~3,
 
 def _sel(command: Any, args: dict[str, Any]) -> dict[str, Any]:
     """Get SEL Info (entries, last add and erase times); the records too, decoded by
-    pyghmi, unless the add and erase times are the caller's (``args["unless"]``): one
-    command per poll while nothing happens."""
+    pyghmi, unless all three are the caller's (``args["unless"]``, ``n``/``add``/``erase``):
+    one command per poll while nothing happens."""
     raw = bytes(command.xraw_command(netfn=0x0A, command=0x40)["data"])
     info = {"entries": int.from_bytes(raw[1:3], "little"),
             "last_add": int.from_bytes(raw[5:9], "little"),
             "last_erase": int.from_bytes(raw[9:13], "little")}
     unless = args.get("unless") or {}
-    if info["entries"] == 0 or (unless.get("add"), unless.get("erase")) == (
-            info["last_add"], info["last_erase"]):
+    if info["entries"] == 0 or (unless.get("n"), unless.get("add"), unless.get("erase")) == (
+            info["entries"], info["last_add"], info["last_erase"]):
         return {"info": info, "entries": [] if info["entries"] == 0 else None}
-    return {"info": info, "entries": [_sel_record(e) for e in
-                                      list(command.get_event_log())[-SEL_MAX:]]}
+    return {"info": info, "entries": [_sel_record(e) for e in _event_log(command)[-SEL_MAX:]]}
+
+
+class _NoSdr:
+    """A BMC without sensor records (ipmi_sim's): its sensors are named by number."""
+
+    sensors: dict[str, Any] = {}
+
+
+def _event_log(command: Any) -> list[dict[str, Any]]:
+    """``Command.get_event_log()``, also for a BMC whose SDR cannot be read (pyghmi then
+    fails the whole read): its records decoded without sensor names. The SDR is read once
+    a session (pyghmi keeps it, or our stand-in after a failure)."""
+    command.oem_init()
+    try:
+        sdr = command.init_sdr()
+    except IpmiException:
+        sdr = command._sdr = _NoSdr()  # not asked again on this session
+    return list(pyghmi_events.EventHandler(sdr, command).fetch_sel(command))
 
 
 def _sel_record(event: dict[str, Any]) -> dict[str, Any]:

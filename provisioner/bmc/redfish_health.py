@@ -37,6 +37,7 @@ MAX_ENTRIES: Final = 200  # entries read per log service and poll (expanded memb
 
 @dataclass
 class _Found:
+    system: str | None
     logs: list[str]
     detectors: list[str]
 
@@ -45,11 +46,10 @@ _FOUND: weakref.WeakKeyDictionary[Any, _Found] = weakref.WeakKeyDictionary()
 
 
 async def read_health(client: RedfishClient, cursor: str | None) -> BmcHealth:
-    system = await client.system()
-    resource, _ = await client.request("GET", system.uri)
     found = _FOUND.get(client)
     if found is None:
-        found = _FOUND[client] = await _discover(client, resource)
+        found = _FOUND[client] = await _discover(client)
+    resource = await _get(client, found.system) if found.system else {}
     states: list[Finding] = []
     if (status := status_finding("system", resource)) is not None:
         states.append(status)
@@ -72,7 +72,11 @@ async def read_health(client: RedfishClient, cursor: str | None) -> BmcHealth:
                      json.dumps({"logs": logs}, separators=(",", ":")), baseline)
 
 
-async def _discover(client: RedfishClient, system: Mapping[str, Any]) -> _Found:
+async def _discover(client: RedfishClient) -> _Found:
+    """The first system (its Reset action is not needed here), its log services, the leak
+    detectors of the chassis."""
+    systems = _members(await _get(client, "/redfish/v1/Systems"))
+    system = await _get(client, systems[0]) if systems else {}
     logs: list[str] = []
     if (uri := _link(system, "LogServices")) is not None:
         for service_uri in _members(await _get(client, uri)):
@@ -88,7 +92,7 @@ async def _discover(client: RedfishClient, system: Mapping[str, Any]) -> _Found:
             collection = _link(await _get(client, leak), "LeakDetectors") if leak else None
         if collection is not None:
             detectors += _members(await _get(client, collection))
-    return _Found(logs, detectors[:MAX_DETECTORS])
+    return _Found(systems[0] if systems else None, logs, detectors[:MAX_DETECTORS])
 
 
 async def _entries(client: RedfishClient, uri: str) -> list[Mapping[str, Any]]:

@@ -38,6 +38,7 @@ _THRESHOLD: Final = (
     "Upper Critical going low", "Upper Critical going high",
     "Upper Non-recoverable going low", "Upper Non-recoverable going high")
 _BAD: Final = frozenset({"warning", "critical"})
+_RANK: Final = {"ok": 0, "warning": 1, "critical": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,10 +53,12 @@ class Event:
 
 
 def sel_cursor(info: Mapping[str, Any], entries: list[Mapping[str, Any]]) -> str:
-    """The cursor after a read: the SEL's last add and erase times (Get SEL Info) and the
+    """The cursor after a read: the SEL's size and last add and erase times (Get SEL Info:
+    the times have a one-second grain, the size tells two adds within one apart) and the
     last record read (its id and timecode: a cleared SEL reuses ids)."""
     last = entries[-1] if entries else {}
-    return json.dumps({"add": info.get("last_add"), "erase": info.get("last_erase"),
+    return json.dumps({"n": info.get("entries"), "add": info.get("last_add"),
+                       "erase": info.get("last_erase"),
                        "rid": last.get("record_id"), "tc": last.get("timecode")},
                       separators=(",", ":"))
 
@@ -63,8 +66,8 @@ def sel_cursor(info: Mapping[str, Any], entries: list[Mapping[str, Any]]) -> str
 def sel_unchanged(info: Mapping[str, Any], cursor: str | None) -> bool:
     """Nothing added or erased since ``cursor`` (one Get SEL Info, no record read)."""
     seen = _load(cursor)
-    return bool(seen) and seen.get("add") == info.get("last_add") \
-        and seen.get("erase") == info.get("last_erase")
+    return bool(seen) and (seen.get("n"), seen.get("add"), seen.get("erase")) == (
+        info.get("entries"), info.get("last_add"), info.get("last_erase"))
 
 
 def new_sel(entries: list[Mapping[str, Any]], cursor: str | None) -> list[Mapping[str, Any]]:
@@ -157,16 +160,16 @@ def log_events(entries: Iterable[Mapping[str, Any]]) -> list[Event]:
 
 
 def status_finding(what: str, resource: Mapping[str, Any]) -> Finding | None:
-    """A resource's ``Status.Health`` (or ``HealthRollup``) when not OK: ``Critical`` drains,
-    ``Warning`` is recorded only."""
+    """A resource's ``Status.Health`` or ``HealthRollup`` (its parts), the worse, when not
+    OK: ``Critical`` drains, ``Warning`` is recorded only."""
     status = resource.get("Status")
     if not isinstance(status, Mapping):
         return None
-    health = str(status.get("Health") or status.get("HealthRollup") or "OK")
+    own, rollup = str(status.get("Health") or "OK"), str(status.get("HealthRollup") or "OK")
+    health = max(own, rollup, key=lambda h: _RANK.get(h.lower(), 0))  # a part's too
     if health.lower() not in _BAD:
         return None
-    rollup = status.get("HealthRollup")
-    detail = f" (rollup {rollup})" if rollup and rollup != health else ""
+    detail = f" (own {own}, rollup {rollup})" if own != rollup else ""
     action = Action.DRAIN if health.lower() == "critical" else Action.NONE
     name = str(resource.get("Id") or resource.get("Name") or what)
     return Finding(HealthClass.HARDWARE, action,
