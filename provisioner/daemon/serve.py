@@ -189,7 +189,8 @@ class Daemon:
                 node.id, node.hostname))  # other modules' "node <id>" lines: the hostname
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
-            repair_service = RepairService(conductor, store.nodes, self._settings.health)
+            repair_service = RepairService(conductor, store.nodes, self._settings.health,
+                                           breakers=store.findings)
             health = HealthFindings(store.findings, conductor)
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             runner = await start_api(self._settings, store, conductor, metrics, topology,

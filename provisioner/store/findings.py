@@ -11,6 +11,7 @@ node's history).
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from provisioner.errors import NotFound
 from provisioner.health.model import Action, HealthClass
 from provisioner.health.records import Change, FindingRecord, Origin, Outcome, Report
 from provisioner.store.models import (
+    HealthBreakerRow,
     HealthCursorRow,
     HealthFindingRow,
     HealthSilenceRow,
@@ -34,6 +36,7 @@ from provisioner.store.models import (
 from provisioner.store.session import SessionRepo
 
 _KEY = ["node_id", "origin", "health_class", "subject"]
+BREAKER = "fleet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +209,28 @@ class FindingRepo(SessionRepo):
                     return
                 row = HealthCursorRow(node_id=node_id, source=source, cursor=cursor)
             row.cursor, row.updated_at = cursor, utcnow()
+            s.add(row)
+            s.commit()
+
+        await self._run(work)
+
+    async def load_breaker(self) -> tuple[str, str, dict[str, str]] | None:
+        """The repair breaker as last saved: (reason, since, held) when open, else None."""
+        def work(s: Session) -> tuple[str, str, dict[str, str]] | None:
+            row = s.get(HealthBreakerRow, BREAKER)
+            if row is None or not row.tripped:
+                return None
+            held = json.loads(row.held or "{}")
+            return row.reason, row.since, {str(k): str(v) for k, v in held.items()}
+
+        return await self._run(work)
+
+    async def save_breaker(self, state: tuple[str, str, dict[str, str]] | None) -> None:
+        def work(s: Session) -> None:
+            row = s.get(HealthBreakerRow, BREAKER) or HealthBreakerRow(name=BREAKER)
+            reason, since, held = state or ("", "", {})
+            row.tripped, row.reason, row.since = state is not None, reason, since
+            row.held, row.updated_at = json.dumps(held, sort_keys=True), utcnow()
             s.add(row)
             s.commit()
 

@@ -217,3 +217,17 @@ class HealthCursorRow(SQLModel, table=True):
     source: str = Field(primary_key=True, max_length=16)
     cursor: str = Field(sa_column=Column(Text, nullable=False))
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+class HealthBreakerRow(SQLModel, table=True):
+    """The repair ladder's circuit breaker (one row, ``fleet``): open since when and why,
+    and the nodes whose findings it held, so a restart or another daemon keeps it open."""
+
+    __tablename__ = "health_breaker"
+
+    name: str = Field(primary_key=True, max_length=16)
+    tripped: bool = Field(default=False)
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    since: str = Field(default="", max_length=40)
+    held: str = Field(default="{}", sa_column=Column(Text, nullable=False))  # JSON: id -> line
+    updated_at: datetime = Field(default_factory=utcnow)
