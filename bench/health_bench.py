@@ -46,7 +46,6 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -221,9 +220,18 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
     from provisioner.lifecycle.health import HealthFindings
     from provisioner.lifecycle.repair import RepairService, ladder_listener
     from provisioner.lifecycle.states import NodeState
+    from provisioner.bmc.fake import fake_bmc_factory
+    from provisioner.lifecycle.ports import Ports
+    from provisioner.simulation.drivers import (
+        FakeInspector,
+        FakeInstaller,
+        FakeKube,
+        FakeRepairs,
+        FakeSlurm,
+        FakeValidator,
+    )
     from provisioner.simulation.world import SimWorld
     from provisioner.store.store import open_store
-    from tests.conftest import fake_ports
 
     logging.getLogger("provisioner").setLevel(logging.ERROR)  # each opening logs a warning
     work = Path(tempfile.mkdtemp(prefix="pv-health-poll-"))
@@ -246,8 +254,11 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
             drained.setdefault(node.id, time.monotonic())
             return result
 
-    ports = fake_ports(world)
-    ports = replace(ports, repairs=TimedRepairs(ports.repairs))
+    # the simulated machines of tests/conftest.py's fake_ports (not imported: it turns on
+    # asyncio's debug mode, which would be measured too)
+    ports = Ports(bmc=fake_bmc_factory(world), inspector=FakeInspector(world),
+                  installer=FakeInstaller(world), kube=FakeKube(world), slurm=FakeSlurm(world),
+                  validator=FakeValidator(world), repairs=TimedRepairs(FakeRepairs(world)))
     conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_inspect=False,
                                                                 auto_deploy=False))
     settings = HealthSettings(max_repairing_fraction=0.06, bmc_poll_interval_s=interval_s)
