@@ -3,7 +3,8 @@ speed of a large kernel log, and the BMC health poll of a 1,000-node fleet (faul
 to finding, finding to drained, the poll's CPU), the median of ``--runs`` runs each.
 
     python3 bench/health_bench.py [--runs 3] [--nodes 1000] [--faults 50] [--findings 4000]
-                                  [--log-mb 50] [--interval 30] [--only intake classify poll]
+                                  [--log-mb 50] [--interval 30]
+                                  [--only classify intake ipmi poll]
 
 - **intake**: ``provisioner serve`` on SQLite with ``--nodes`` active nodes (bulk-inserted);
   8 clients ``POST /api/v1/health/findings`` one finding a request: first ``--findings``
@@ -13,6 +14,8 @@ to finding, finding to drained, the poll's CPU), the median of ``--runs`` runs e
 - **classify**: ``provisioner.health.classify`` (the CLI's code) on a ``--log-mb`` log made of
   the real kernel-log captures of tests/fixtures/health (XID lines among ordinary ones)
   repeated; MB/s and lines/s.
+- **ipmi**: the IPMI side of a poll that finds nothing new: one ipmi_sim BMC read
+  ``--ipmi-reads`` times (one Get SEL Info each, in a worker process); CPU per read.
 - **poll**: ``BmcHealthPoll`` with its default settings (every ``--interval`` s, 32 BMCs at
   a time) in this process, against ``--nodes`` Redfish BMCs served by another process (the
   recorded GB200 tray of tests/fixtures/health/redfish/gb200-leak, one tree per BMC; a BMC
@@ -331,6 +334,44 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
             "faulted_drained": len(drained) - healthy_drained}
 
 
+async def bench_ipmi(reads: int) -> dict[str, float]:
+    """One ipmi_sim BMC read ``reads`` times in a row as the poll reads an unchanged SEL
+    (one Get SEL Info through a worker process): CPU per read, this process and the
+    worker's together."""
+    from provisioner.bmc.ipmi import IpmiDriver
+    from provisioner.bmc.ipmi_pool import IpmiWorkers
+    from provisioner.bmc.managed import BmcManager
+    from provisioner.bmc.registry import BmcRegistry
+    from provisioner.config import BmcSettings
+    from provisioner.domain import BmcCredentials, BmcEndpoint
+    from tests.peers.ipmi_sim import PASSWORD, USER, running_ipmi_sim
+
+    work = Path(tempfile.mkdtemp(prefix="pv-health-ipmi-"))
+    workers = IpmiWorkers(count=1, threads=4)
+    driver = IpmiDriver(workers, timeout_s=5)
+    try:
+        with running_ipmi_sim(work / "bmc", console=True) as sim:
+            bmc = BmcManager(BmcRegistry({"ipmi": driver}), BmcSettings())(
+                "n1", BmcEndpoint("ipmi", "127.0.0.1", sim.port, username=USER),
+                BmcCredentials(USER, PASSWORD))
+            cursor = (await bmc.read_health(None)).cursor  # login, baseline
+            worker = workers.pid(0)
+            assert worker is not None
+            cpu, worker_cpu = time.process_time(), cpu_s(worker)
+            started = time.perf_counter()
+            for _ in range(reads):
+                reading = await bmc.read_health(cursor)
+                assert not reading.events and reading.cursor == cursor
+            seconds = time.perf_counter() - started
+            ours, theirs = time.process_time() - cpu, cpu_s(worker) - worker_cpu
+    finally:
+        await driver.aclose()
+        await workers.aclose()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"ms_read": seconds * 1000 / reads, "cpu_ms": (ours + theirs) * 1000 / reads,
+            "worker_cpu_ms": theirs * 1000 / reads}
+
+
 def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
     return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
 
@@ -347,7 +388,8 @@ def main() -> None:
     parser.add_argument("--log-mb", type=int, default=50)
     parser.add_argument("--interval", type=float, default=30.0,
                         help="the BMC poll period (the default of [health] bmc_poll_interval_s)")
-    parser.add_argument("--only", nargs="+", default=["classify", "intake", "poll"])
+    parser.add_argument("--ipmi-reads", type=int, default=500)
+    parser.add_argument("--only", nargs="+", default=["classify", "intake", "ipmi", "poll"])
     args = parser.parse_args()
     if "classify" in args.only:
         c = median_of([bench_classify(args.log_mb) for _ in range(args.runs)])
@@ -360,6 +402,11 @@ def main() -> None:
               f"{args.runs}: new {i['new_per_s']:.0f}/s ({i['new_cpu_ms']:.2f} ms daemon CPU "
               f"each), repeats {i['repeat_per_s']:.0f}/s ({i['repeat_cpu_ms']:.2f} ms)",
               flush=True)
+    if "ipmi" in args.only:
+        m = median_of([asyncio.run(bench_ipmi(args.ipmi_reads)) for _ in range(args.runs)])
+        print(f"ipmi: {args.ipmi_reads} reads of an unchanged SEL (ipmi_sim), median of "
+              f"{args.runs}: {m['ms_read']:.2f} ms each, {m['cpu_ms']:.2f} ms CPU each "
+              f"({m['worker_cpu_ms']:.2f} in the worker process)", flush=True)
     if "poll" in args.only:
         runs = [asyncio.run(bench_poll(args.nodes, args.faults, args.interval))
                 for _ in range(args.runs)]
