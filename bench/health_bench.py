@@ -259,9 +259,11 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
 
     # the simulated machines of tests/conftest.py's fake_ports (not imported: it turns on
     # asyncio's debug mode, which would be measured too)
-    ports = Ports(bmc=fake_bmc_factory(world), inspector=FakeInspector(world),
-                  installer=FakeInstaller(world), kube=FakeKube(world), slurm=FakeSlurm(world),
-                  validator=FakeValidator(world), repairs=TimedRepairs(FakeRepairs(world)))
+    kw: dict[str, Any] = {"delay_s": 0.0, "fail_rate": 0.0}
+    ports = Ports(bmc=fake_bmc_factory(world), inspector=FakeInspector(world, **kw),
+                  installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
+                  slurm=FakeSlurm(world, **kw), validator=FakeValidator(world, **kw),
+                  repairs=TimedRepairs(FakeRepairs(world, **kw)))
     conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_inspect=False,
                                                                 auto_deploy=False))
     settings = HealthSettings(max_repairing_fraction=0.06, bmc_poll_interval_s=interval_s)
