@@ -211,6 +211,20 @@ def serve_bmcs(port: int, count: int) -> None:
 
 
 async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, float]:
+    logging.getLogger("provisioner").setLevel(logging.ERROR)  # each opening logs a warning
+    work = Path(tempfile.mkdtemp(prefix="pv-health-poll-"))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve-bmcs", str(port), str(nodes)])
+    try:
+        return await _poll_fleet(work, port, server, nodes, faults, interval_s)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _poll_fleet(work: Path, port: int, server: subprocess.Popen[bytes], nodes: int,
+                      faults: int, interval_s: float) -> dict[str, float]:
     from provisioner.bmc.managed import BmcManager
     from provisioner.bmc.redfish import RedfishDriver
     from provisioner.bmc.registry import BmcRegistry
@@ -236,10 +250,6 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
     from provisioner.simulation.world import SimWorld
     from provisioner.store.store import open_store
 
-    logging.getLogger("provisioner").setLevel(logging.ERROR)  # each opening logs a warning
-    work = Path(tempfile.mkdtemp(prefix="pv-health-poll-"))
-    port = free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve-bmcs", str(port), str(nodes)])
     store = open_store(Settings(state_dir=work / "state"), migrate=True)
     world = SimWorld(work / "world.sqlite")
     opened: dict[str, float] = {}
@@ -266,7 +276,8 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
                   repairs=TimedRepairs(FakeRepairs(world, **kw)))
     conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_inspect=False,
                                                                 auto_deploy=False))
-    settings = HealthSettings(max_repairing_fraction=0.06, bmc_poll_interval_s=interval_s)
+    settings = HealthSettings(max_repairing_fraction=max(0.06, faults / nodes + 0.01),
+                              bmc_poll_interval_s=interval_s)
     health = HealthFindings(store.findings, conductor)
 
     async def on_finding(record: FindingRecord, change: Change) -> None:
@@ -320,13 +331,10 @@ async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, fl
         run.cancel()
         healthy_drained = sum(1 for node_id in drained if node_id not in injected)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
         await conductor.stop()
         await driver.aclose()
         store.close()
         world.close()
-        shutil.rmtree(work, ignore_errors=True)
     detect = [opened[n] - injected[n] for n in injected]
     drain = [drained[n] - opened[n] for n in injected]
     return {"detect_p50": statistics.median(detect), "detect_p99": pct(detect, 0.99),
