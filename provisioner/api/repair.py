@@ -123,7 +123,7 @@ async def show_repair(request: web.Request) -> web.Response:
 
 
 async def show_breaker(request: web.Request) -> web.Response:
-    state = _service(request).breaker_state()
+    state = await _service(request).current_breaker()
     return respond(BreakerOut(tripped=state.tripped, reason=state.reason, since=state.since,
                               held=list(state.held)))
 

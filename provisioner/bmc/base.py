@@ -18,6 +18,8 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import FatalError, RetryableError
+from provisioner.health.bmc import Event
+from provisioner.health.model import Finding
 from provisioner.retry import JITTER, Backoff, retry_async
 
 log = logging.getLogger(__name__)
@@ -130,6 +132,25 @@ class PasswordSetter(Protocol):
         """Log in afresh with this handle's credentials (a kept session is dropped first):
         the proof that a password works, which a session opened before a change is not."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class BmcHealth:
+    """One health read of a BMC: the findings of the log records after the caller's cursor
+    (``events``), what its status and detectors say now (``states``), the cursor to keep,
+    and how many old records a first read passed over (``baseline``)."""
+
+    events: tuple[Event, ...]
+    states: tuple[Finding, ...]
+    cursor: str
+    baseline: int = 0
+
+
+@runtime_checkable
+class HealthReader(Protocol):
+    """A driver that reads its BMC's event log and health (``lifecycle/bmc_health.py``)."""
+
+    async def read_health(self, cursor: str | None) -> BmcHealth: ...
 
 
 BmcFactory = Callable[[str, BmcEndpoint, BmcCredentials], Bmc]

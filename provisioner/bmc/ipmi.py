@@ -17,6 +17,7 @@ pyghmi. This module maps the workers' errors; only ``ipmi_worker.py`` imports py
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,6 +25,7 @@ from typing import Any, Final
 
 from provisioner.bmc.base import (
     BmcAuthFailed,
+    BmcHealth,
     BmcTimeout,
     BmcUnreachable,
     BmcUnsupported,
@@ -34,6 +36,7 @@ from provisioner.bmc.base import (
 from provisioner.bmc.ipmi_pool import IpmiWorkers, WorkerError
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import DriverError
+from provisioner.health.bmc import new_sel, sel_cursor, sel_events, sel_unchanged
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +151,18 @@ class IpmiBmc:
 
     async def verify_login(self) -> None:
         await self._call("fresh login", "verify_login")
+
+    async def read_health(self, cursor: str | None) -> BmcHealth:
+        """New SEL records after ``cursor`` (one Get SEL Info while nothing changed)."""
+        seen = json.loads(cursor) if cursor else {}
+        reply = await self._call("read SEL", "sel", {"unless": seen if isinstance(
+            seen, dict) else {}})
+        info, entries = reply["info"], reply["entries"]
+        if entries is None or sel_unchanged(info, cursor):
+            return BmcHealth((), (), cursor or sel_cursor(info, []))
+        fresh = new_sel(entries, cursor)
+        baseline = len(entries) if not cursor else 0
+        return BmcHealth(tuple(sel_events(fresh)), (), sel_cursor(info, entries), baseline)
 
     async def aclose(self) -> None:
         """Nothing: the BMC's session is kept for the process (``IpmiDriver.aclose``)."""

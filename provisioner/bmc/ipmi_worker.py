@@ -32,8 +32,9 @@ import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Final
 
+import pyghmi.ipmi.events as pyghmi_events
 import pyghmi.ipmi.private.session as pyghmi_session
 from pyghmi.exceptions import IpmiException, PyghmiException
 from pyghmi.ipmi.command import Command
@@ -165,10 +166,68 @@ def _set_password(command: Any, args: dict[str, Any]) -> int:
     raise PyghmiException(f"user {name!r} not found among user ids 1-16")
 
 
+SEL_MAX: Final = 512  # records returned at most (the newest): a full SEL is ~3,000
+
+
+def _sel(command: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Get SEL Info (entries, last add and erase times); the records too, decoded by
+    pyghmi, unless all three are the caller's (``args["unless"]``, ``n``/``add``/``erase``):
+    one command per poll while nothing happens."""
+    raw = bytes(command.xraw_command(netfn=0x0A, command=0x40)["data"])
+    info = {"entries": int.from_bytes(raw[1:3], "little"),
+            "last_add": int.from_bytes(raw[5:9], "little"),
+            "last_erase": int.from_bytes(raw[9:13], "little")}
+    unless = args.get("unless") or {}
+    if info["entries"] == 0 or (unless.get("n"), unless.get("add"), unless.get("erase")) == (
+            info["entries"], info["last_add"], info["last_erase"]):
+        return {"info": info, "entries": [] if info["entries"] == 0 else None}
+    return {"info": info, "entries": [_sel_record(e) for e in _event_log(command)[-SEL_MAX:]]}
+
+
+class _NoSdr:
+    """A BMC without sensor records (ipmi_sim's): its sensors are named by number."""
+
+    sensors: dict[str, Any] = {}
+
+
+def _event_log(command: Any) -> list[dict[str, Any]]:
+    """``Command.get_event_log()``, also for a BMC whose SDR cannot be read (pyghmi then
+    fails the whole read): its records decoded without sensor names. The SDR is read once
+    a session (pyghmi keeps it, or our stand-in after a failure)."""
+    command.oem_init()
+    try:
+        sdr = command.init_sdr()
+    except IpmiException:
+        sdr = command._sdr = _NoSdr()  # not asked again on this session
+    return list(pyghmi_events.EventHandler(sdr, command).fetch_sel(command))
+
+
+def _sel_record(event: dict[str, Any]) -> dict[str, Any]:
+    keep = ("record_id", "timecode", "timestamp", "component", "component_type", "event_id",
+            "event", "severity", "deassertion")
+    record: dict[str, Any] = {k: event[k] for k in keep if k in event}
+    if "event_data" in event:
+        record["event_data"] = str(event["event_data"])
+    if event.get("deassertion") and "event_id" in event:  # the assertion's words: the
+        record["asserted_event"] = _asserted(event)        # finding it clears is named so
+    return {k: v if isinstance(v, str | int | bool | type(None)) else str(v)
+            for k, v in record.items()}
+
+
+def _asserted(event: dict[str, Any]) -> str:
+    from pyghmi.ipmi.private import constants
+
+    event_type, _, offset = str(event["event_id"]).partition(".")
+    kind, index = int(event_type), int(offset)
+    table = constants.sensor_type_offsets.get(event.get("component_type_id"), {}) \
+        if kind == 0x6F else constants.generic_type_offsets.get(kind, {})
+    return str(table.get(index, {}).get("desc", event.get("event", "")))
+
+
 OPS: dict[str, Callable[[Any, dict[str, Any]], Any]] = {
     "power_state": _power_state, "set_power": _set_power,
     "set_bootdev": _set_bootdev, "get_bootdev": _get_bootdev,
-    "set_password": _set_password,
+    "set_password": _set_password, "sel": _sel,
 }
 
 

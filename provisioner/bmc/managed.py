@@ -18,11 +18,13 @@ from typing import Protocol, TypeVar
 from provisioner.bmc.base import (
     Bmc,
     BmcFactory,
+    BmcHealth,
     BmcTimeout,
     BmcUnsupported,
     BootDevice,
     BootSetting,
     Clock,
+    HealthReader,
     PasswordSetter,
     PowerState,
     RetryPolicy,
@@ -178,6 +180,14 @@ class ManagedBmc:
             raise BmcUnsupported(f"BMC {self._key}: this driver cannot verify a login")
         await self._manager.policy.run(
             lambda: self.call("fresh login", driver.verify_login), what="fresh BMC login")
+
+    async def read_health(self, cursor: str | None) -> BmcHealth:
+        """The BMC's new log records and health (``HealthReader``), through the breaker
+        and the deadline; not retried (the next poll is)."""
+        driver = self._driver
+        if not isinstance(driver, HealthReader):
+            raise BmcUnsupported(f"BMC {self._key}: this driver reads no health")
+        return await self.call("read health", lambda: driver.read_health(cursor))
 
     async def aclose(self) -> None:
         await self._driver.aclose()

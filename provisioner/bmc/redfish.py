@@ -9,11 +9,9 @@ resource itself is read fresh each time, as power and boot settings change under
 Vendor quirks tolerated: power actions that show seconds later (read-back confirmation
 in ``base.ensure_power`` polls for them), boot overrides as each BMC offers them
 (``redfish_boot.py``: ``Once``/``Continuous``, ``UefiHttp`` with ``HttpBootUri``, network
-boot where there is no HTTP boot), ETags answered with ``If-Match``.
-
-The endpoint's address is a host (``https://host[:port]``) or a base URL
-(``http://127.0.0.1:8000`` for emulators). TLS is verified unless the site turns it off
-(``bmc.redfish_verify_tls``) or names a CA bundle (``bmc.redfish_ca_file``).
+boot where there is no HTTP boot), ETags answered with ``If-Match``. The endpoint is a
+host (``https://host[:port]``) or a base URL (``http://127.0.0.1:8000`` for emulators). TLS
+is verified unless turned off (``bmc.redfish_verify_tls``) or given a CA bundle.
 """
 
 from __future__ import annotations
@@ -33,6 +31,7 @@ import aiohttp
 
 from provisioner.bmc.base import (
     BmcAuthFailed,
+    BmcHealth,
     BmcTimeout,
     BmcUnreachable,
     BmcUnsupported,
@@ -42,6 +41,7 @@ from provisioner.bmc.base import (
     PowerState,
 )
 from provisioner.bmc.redfish_boot import boot_patch, hides_uefi_http, read_boot
+from provisioner.bmc.redfish_health import read_health
 from provisioner.bmc.redfish_reset import PREFERENCE, Intent, candidates, off_then_on, offered
 from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.errors import DriverError
@@ -358,6 +358,9 @@ class RedfishBmc:
             await self._client.logout()
         self._client.forget_session()
         await self.power_state()
+
+    async def read_health(self, cursor: str | None) -> BmcHealth:  # redfish_health.py
+        return await read_health(self._client, cursor)
 
     async def aclose(self) -> None:
         """Nothing: the BMC's session is kept for the process (``RedfishDriver.aclose``)."""

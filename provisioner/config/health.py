@@ -35,6 +35,12 @@ class HealthSettings(Section):
     drain_deadline_s: dict[str, float] = Field(
         default_factory=dict, description="Per class (gpu-memory = 7200, ...): how long "
         "running jobs may go on before the first rung; unset: the ladder's default")
+    bmc_poll_interval_s: float = Field(
+        30.0, ge=0, description="How often each in-service node's BMC is read for new SEL "
+        "or Redfish log records, its Status.Health and leak detectors; 0: never")
+    bmc_poll_concurrency: int = Field(
+        32, ge=1, description="BMCs read at once in a health poll (each within the BMC "
+        "limits and breaker of [bmc])")
     os_up_timeout_s: float = Field(
         900.0, gt=0, description="After an OS restart or a power cycle, how long the node's "
         "SSH may take to answer again before the rung fails")

@@ -47,6 +47,7 @@ from provisioner.kube.sync import KubeSync
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.acceptance_sweep import ReacceptSweep
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
+from provisioner.lifecycle.bmc_health import BmcHealthPoll
 from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
@@ -195,7 +196,8 @@ class Daemon:
                 node.id, node.hostname))  # other modules' "node <id>" lines: the hostname
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
-            repair_service = RepairService(conductor, store.nodes, self._settings.health)
+            repair_service = RepairService(conductor, store.nodes, self._settings.health,
+                                           breakers=store.findings)
             health = HealthFindings(store.findings, conductor)
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             lead: list[Singleton] = []  # the fleet singleton, made below: it drives waves
@@ -220,6 +222,8 @@ class Daemon:
                 children.append(group.create_task(  # rotations a crash left open
                     settle_rotations(rotation), name="bmc-rotation-settle"))
                 works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
+                bmc_health = BmcHealthPoll(store.nodes, health, bmc, self._settings.health)
+                works.append(("bmc-health", bmc_health.run))
                 if kube_client is not None:
                     sync = KubeSync(kube_client, maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,

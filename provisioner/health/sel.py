@@ -29,6 +29,8 @@ _RULES: tuple[tuple[str, str, HealthClass, Action], ...] = (
     ("power supply", "predictive failure", H.POWER, A.SERVICE_REQUIRED),
     ("power supply", "ac lost", H.POWER, A.SERVICE_REQUIRED),
     ("power supply", "configuration error", H.POWER, A.SERVICE_REQUIRED),
+    ("power supply", "input lost", H.POWER, A.SERVICE_REQUIRED),      # pyghmi's words
+    ("power supply", "failure", H.POWER, A.SERVICE_REQUIRED),
     ("power", "redundancy lost", H.POWER, A.SERVICE_REQUIRED),
     ("voltage", "critical", H.POWER, A.DRAIN),
     ("fan", "critical", H.THERMAL, A.SERVICE_REQUIRED),
@@ -60,21 +62,46 @@ def is_sel(text: str) -> bool:
 def classify_sel(text: str) -> list[Finding]:
     asserted: dict[tuple[str, str], Finding] = {}
     for raw in text.splitlines():
-        if not SEL_LINE.match(raw):
+        judged = _judge(raw)
+        if judged is None:
             continue
-        fields = [field.strip() for field in raw.split("|")]
-        # id | date | time | sensor | event... | direction (the event may hold "|" itself)
-        sensor, direction = fields[3], fields[-1]
-        event = " ".join(fields[4:-1]) if direction.lower() in ("asserted", "deasserted") \
-            else " ".join(fields[4:])
-        key = (sensor.lower(), event.lower())
-        if direction.lower() == "deasserted":
+        key, finding = judged
+        if finding is None:
             asserted.pop(key, None)
-            continue
-        finding = _rule(sensor, event, raw.strip())
-        if finding is not None:
+        else:
             asserted[key] = finding
     return dedupe(list(asserted.values()))
+
+
+def classify_line(line: str) -> tuple[Finding, bool] | None:
+    """One SEL line: (its finding, whether the line deasserts it), None when informational
+    or not a SEL line. A deassertion yields the finding its assertion would have."""
+    if not SEL_LINE.match(line):
+        return None
+    sensor, event, deasserted = _fields(line)
+    finding = _rule(sensor, event, line.strip())
+    return None if finding is None else (finding, deasserted)
+
+
+def _fields(raw: str) -> tuple[str, str, bool]:
+    fields = [field.strip() for field in raw.split("|")]
+    # id | date | time | sensor | event... | direction (the event may hold "|" itself)
+    sensor, direction = fields[3], fields[-1]
+    event = " ".join(fields[4:-1]) if direction.lower() in ("asserted", "deasserted") \
+        else " ".join(fields[4:])
+    return sensor, event, direction.lower() == "deasserted"
+
+
+def _judge(raw: str) -> tuple[tuple[str, str], Finding | None] | None:
+    """(sensor and event, the finding or None for a deassertion); None: nothing to do."""
+    if not SEL_LINE.match(raw):
+        return None
+    sensor, event, deasserted = _fields(raw)
+    key = (sensor.lower(), event.lower())
+    if deasserted:
+        return key, None
+    finding = _rule(sensor, event, raw.strip())
+    return None if finding is None else (key, finding)
 
 
 def _rule(sensor: str, event: str, line: str) -> Finding | None:

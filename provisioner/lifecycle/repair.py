@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final
+from typing import Final, Protocol
 
 from provisioner.config.health import HealthSettings
 from provisioner.domain import Node
@@ -75,11 +75,25 @@ class BreakerState:
     held: tuple[str, ...]
 
 
+Saved = tuple[str, str, dict[str, str]]
+"""The breaker as stored: (reason, since, held node id -> finding line)."""
+
+
+class BreakerStore(Protocol):
+    """Where the breaker lives across restarts and daemons (``store.findings``)."""
+
+    async def load_breaker(self) -> Saved | None: ...
+
+    async def save_breaker(self, state: Saved | None) -> None: ...
+
+
 class RepairService:
     def __init__(self, conductor: Conductor, repo: NodeRepo, settings: HealthSettings, *,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 breakers: BreakerStore | None = None) -> None:
         self._conductor = conductor
         self._repo = repo
+        self._breakers = breakers  # None: the breaker lives in this process only
         self._settings = settings
         self._clock = clock
         self._limits = BreakerLimits(settings.max_repairing_fraction,
@@ -146,12 +160,20 @@ class RepairService:
         reason, since = self._tripped or ("", "")
         return BreakerState(self._tripped is not None, reason, since, tuple(sorted(self._held)))
 
+    async def current_breaker(self) -> BreakerState:
+        """``breaker_state`` as stored now (another daemon may have tripped or reset it)."""
+        async with self._lock:
+            await self._load_breaker()
+        return self.breaker_state()
+
     async def reset_breaker(self, *, actor: str, reason: str) -> BreakerState:
         """Close the breaker: automatic ladders may start again (the held findings are
         not replayed: their sources report them again, or an operator starts them)."""
         async with self._lock:
+            await self._load_breaker()
             was, held = self._tripped, dict(self._held)
             self._tripped, self._held = None, {}
+            await self._save_breaker()
         if was is not None:
             log.warning("repair breaker reset by %s: %s (was: %s)", actor, reason, was[0])
         for node_id in held:
@@ -161,9 +183,21 @@ class RepairService:
 
     # -- the decision ------------------------------------------------------------------------
 
+    async def _load_breaker(self) -> None:
+        if self._breakers is not None:
+            saved = await self._breakers.load_breaker()
+            self._tripped = (saved[0], saved[1]) if saved is not None else None
+            self._held = dict(saved[2]) if saved is not None else {}
+
+    async def _save_breaker(self) -> None:
+        if self._breakers is not None:
+            await self._breakers.save_breaker(
+                None if self._tripped is None else (*self._tripped, dict(self._held)))
+
     async def _open(self, node_id: str, finding: Finding, *, actor: str,
                     finding_id: str | None, operator: bool) -> RepairDecision:
         async with self._lock:
+            await self._load_breaker()
             node = await self._repo.find(node_id)
             ladder = plan(finding.cls, finding.action, deadlines=self._settings.drain_deadline_s)
             line = f"{finding.cls} {finding.action}: {' '.join(finding.evidence.split())}"
@@ -184,11 +218,13 @@ class RepairService:
                 outcome, why = held
                 if outcome == "breaker":
                     self._held[node.id] = line
+                    await self._save_breaker()
                 return await self._note(node, outcome, HELD_EVENT, f"{line}: {why}", actor,
                                         level=logging.WARNING)
             if not operator and (trip := await self._breaker(node)) is not None:
                 self._trip(trip)
                 self._held[node.id] = line
+                await self._save_breaker()
                 return await self._note(node, "breaker", HELD_EVENT,
                                         f"{line}: circuit breaker: {trip}", actor,
                                         level=logging.ERROR)
@@ -196,7 +232,8 @@ class RepairService:
                                        actor=actor, at=datetime.now(UTC),
                                        finding_id=finding_id)
             await self._repo.merge_facts(node.id, {KEY: record.to_facts()})
-            self._held.pop(node.id, None)
+            if self._held.pop(node.id, None) is not None:
+                await self._save_breaker()
             node = await self._conductor.fire(node.id, Event.REPAIR, actor=actor,
                                               reason=drain_reason(record), expect=node.state)
             return RepairDecision("started", drain_reason(record), node)

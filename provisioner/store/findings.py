@@ -11,6 +11,7 @@ node's history).
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,10 +25,18 @@ from sqlmodel import Session, col, select
 from provisioner.errors import NotFound
 from provisioner.health.model import Action, HealthClass
 from provisioner.health.records import Change, FindingRecord, Origin, Outcome, Report
-from provisioner.store.models import HealthFindingRow, HealthSilenceRow, NodeRow, utcnow
+from provisioner.store.models import (
+    HealthBreakerRow,
+    HealthCursorRow,
+    HealthFindingRow,
+    HealthSilenceRow,
+    NodeRow,
+    utcnow,
+)
 from provisioner.store.session import SessionRepo
 
 _KEY = ["node_id", "origin", "health_class", "subject"]
+BREAKER = "fleet"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +191,50 @@ class FindingRepo(SessionRepo):
             return found
 
         return await self._run(work)
+
+    async def cursors(self, source: str) -> dict[str, str]:
+        """node id -> its cursor for ``source`` (the BMC poller reads them once a sweep)."""
+        def work(s: Session) -> dict[str, str]:
+            rows = s.exec(select(HealthCursorRow.node_id, HealthCursorRow.cursor).where(
+                col(HealthCursorRow.source) == source)).all()
+            return {node_id: cursor for node_id, cursor in rows}
+
+        return await self._run(work)
+
+    async def set_cursor(self, node_id: str, source: str, cursor: str) -> None:
+        def work(s: Session) -> None:
+            row = s.get(HealthCursorRow, (node_id, source))
+            if row is None:
+                if s.get(NodeRow, node_id) is None:  # deleted meanwhile: nothing to keep
+                    return
+                row = HealthCursorRow(node_id=node_id, source=source, cursor=cursor)
+            row.cursor, row.updated_at = cursor, utcnow()
+            s.add(row)
+            s.commit()
+
+        await self._run(work)
+
+    async def load_breaker(self) -> tuple[str, str, dict[str, str]] | None:
+        """The repair breaker as last saved: (reason, since, held) when open, else None."""
+        def work(s: Session) -> tuple[str, str, dict[str, str]] | None:
+            row = s.get(HealthBreakerRow, BREAKER)
+            if row is None or not row.tripped:
+                return None
+            held = json.loads(row.held or "{}")
+            return row.reason, row.since, {str(k): str(v) for k, v in held.items()}
+
+        return await self._run(work)
+
+    async def save_breaker(self, state: tuple[str, str, dict[str, str]] | None) -> None:
+        def work(s: Session) -> None:
+            row = s.get(HealthBreakerRow, BREAKER) or HealthBreakerRow(name=BREAKER)
+            reason, since, held = state or ("", "", {})
+            row.tripped, row.reason, row.since = state is not None, reason, since
+            row.held, row.updated_at = json.dumps(held, sort_keys=True), utcnow()
+            s.add(row)
+            s.commit()
+
+        await self._run(work)
 
     async def open_counts(self) -> dict[str, int]:
         """Open, unsilenced findings per class (the ``provisioner_health_findings`` gauge)."""

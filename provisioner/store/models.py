@@ -244,3 +244,30 @@ class FirmwareWaveRow(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     updated_at: datetime = Field(default_factory=utcnow)
     finished_at: datetime | None = None
+
+
+class HealthCursorRow(SQLModel, table=True):
+    """Where a health source got to on a node: the BMC poller's cursor (the last SEL or log
+    record it read, the states it last reported), so a restart raises no old record again."""
+
+    __tablename__ = "health_cursor"
+
+    node_id: str = Field(primary_key=True, foreign_key="node.id", ondelete="CASCADE",
+                         max_length=36)
+    source: str = Field(primary_key=True, max_length=16)
+    cursor: str = Field(sa_column=Column(Text, nullable=False))
+    updated_at: datetime = Field(default_factory=utcnow)
+
+
+class HealthBreakerRow(SQLModel, table=True):
+    """The repair ladder's circuit breaker (one row, ``fleet``): open since when and why,
+    and the nodes whose findings it held, so a restart or another daemon keeps it open."""
+
+    __tablename__ = "health_breaker"
+
+    name: str = Field(primary_key=True, max_length=16)
+    tripped: bool = Field(default=False)
+    reason: str = Field(default="", sa_column=Column(Text, nullable=False))
+    since: str = Field(default="", max_length=40)
+    held: str = Field(default="{}", sa_column=Column(Text, nullable=False))  # JSON: id -> line
+    updated_at: datetime = Field(default_factory=utcnow)

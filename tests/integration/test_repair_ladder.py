@@ -148,6 +148,29 @@ async def test_breaker_holds_automatic_repairs_until_reset(  # type: ignore[no-u
     await cond.stop()
 
 
+async def test_an_open_breaker_survives_a_restart(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    settings = HealthSettings(max_repairing_fraction=0.2, max_repairing_fraction_rack=1.0)
+    cond = Conductor(store.nodes, fake_ports(world, delay_s=0.3), MANUAL)
+    service = RepairService(cond, store.nodes, settings, breakers=store.findings)
+    nodes = [await active_node(store, world, make_node, f"P{i}", rack="r1") for i in range(10)]
+    for n in nodes[:3]:
+        await world.ensure(n.serial or "", "inject", FAULT, "never")
+    finding = Finding(HealthClass.GPU_LOST, Action.RESET_GPU, XID79, Source.KERNEL_LOG)
+    outcomes = [(await service.open(n.id, finding)).outcome for n in nodes[:3]]
+    assert outcomes == ["started", "started", "breaker"]
+    tripped = service.breaker_state()
+    # a restarted daemon (a new service on the same store) holds the next finding too
+    again = RepairService(cond, store.nodes, settings, breakers=store.findings)
+    assert await again.current_breaker() == tripped
+    assert (await again.open(nodes[5].id, finding)).outcome == "breaker"
+    assert set((await service.current_breaker()).held) == {nodes[2].id, nodes[5].id}
+    await again.reset_breaker(actor="op", reason="bad driver rolled back")
+    assert not (await service.current_breaker()).tripped  # reset for every daemon
+    assert await store.findings.load_breaker() is None
+    await cond.stop()
+
+
 async def test_skip_stop_and_retry(store, world, make_node) -> None:  # type: ignore[no-untyped-def]
     cond = Conductor(store.nodes, fake_ports(world, delay_s=0.3), MANUAL)
     service = RepairService(cond, store.nodes, HealthSettings(max_repairing_fraction=1.0))

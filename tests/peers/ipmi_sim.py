@@ -8,6 +8,7 @@ script that keeps power and boot device in files and logs every call it gets.
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from tests.peers.ports import free_udp_port, stop_process
+from tests.peers.ports import free_tcp_port, free_udp_port, stop_process
 
 USER: Final = "admin"
 PASSWORD: Final = "secret"
@@ -63,14 +64,16 @@ set_working_mc 0x20
     guid a123456789abcdefa123456789abcdef
   endlan
   chassis_control "{d}/chassisctl.sh 0x20"
-  user 1 true  ""      "test"   user  10 none md2 md5 straight
+{console}  user 1 true  ""      "test"   user  10 none md2 md5 straight
   user 2 true  "{user}" "{password}" admin 10 none md2 md5 straight
 """
 
 _EMU = """mc_setbmc 0x20
 mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr
-mc_enable 0x20
+{sel}mc_enable 0x20
 """
+# a SEL of 1000 records; flags 0x0a: Reserve SEL and Get SEL Allocation Info supported
+_SEL = "sel_enable 0x20 1000 0x0a\n"
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,24 @@ class IpmiSimBmc:
     port: int
     workdir: Path
     proc: subprocess.Popen[bytes]
+    console_port: int | None = None
+
+    def emu(self, command: str) -> str:
+        """Run one emulator command on ipmi_sim's console (``running_ipmi_sim(...,
+        console=True)``), e.g. ``sel_add 0x20 0x02 ...`` (ipmi_sim_cmd(5)); its output."""
+        assert self.console_port is not None, "started without console=True"
+        with socket.create_connection(("127.0.0.1", self.console_port), timeout=5) as conn:
+            _read_prompt(conn)
+            conn.sendall(command.encode() + b"\n")
+            return _read_prompt(conn)
+
+    def sel_add(self, record: bytes) -> None:
+        """Add a system-event SEL record (record type 0x02, its 13 bytes: timestamp,
+        generator, EvM revision, sensor type and number, event type, event data 1-3)."""
+        assert len(record) == 13
+        out = self.emu("sel_add 0x20 0x02 " + " ".join(f"0x{b:02x}" for b in record))
+        if "error" in out.lower() or "invalid" in out.lower():
+            raise RuntimeError(f"sel_add: {out}")
 
     def power(self) -> str:
         path = self.workdir / "power"
@@ -102,25 +123,30 @@ def ipmi_sim_unavailable_reason() -> str | None:
 
 @contextmanager
 def running_ipmi_sim(workdir: Path, address: str = "127.0.0.1",
-                     port: int | None = None) -> Iterator[IpmiSimBmc]:
+                     port: int | None = None, *, console: bool = False
+                     ) -> Iterator[IpmiSimBmc]:
     """``address``/``port``: a BMC at the standard port 623 needs its own loopback address
-    (any of 127.0.0.0/8) so it cannot clash with another."""
+    (any of 127.0.0.0/8) so it cannot clash with another. ``console``: a SEL, and the
+    emulator's command console on a loopback TCP port (``IpmiSimBmc.emu``)."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "state").mkdir(exist_ok=True)
     script = workdir / "chassisctl.sh"
     script.write_text(_CHASSIS.format(d=workdir))
     script.chmod(0o755)
     port = port or free_udp_port()
+    console_port = free_tcp_port() if console else None
+    console_line = f"  console 127.0.0.1 {console_port}\n" if console_port else ""
     (workdir / "lan.conf").write_text(_LAN.format(address=address, port=port, d=workdir,
-                                                  user=USER, password=PASSWORD))
-    (workdir / "bmc.emu").write_text(_EMU)
+                                                  user=USER, password=PASSWORD,
+                                                  console=console_line))
+    (workdir / "bmc.emu").write_text(_EMU.format(sel=_SEL if console else ""))
     log = (workdir / "ipmi_sim.log").open("wb")
     proc = subprocess.Popen(["ipmi_sim", "-c", str(workdir / "lan.conf"), "-f",
                              str(workdir / "bmc.emu"), "-s", str(workdir / "state"), "-n"],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_ready(proc, address, port, workdir)
-        yield IpmiSimBmc(port, workdir, proc)
+        yield IpmiSimBmc(port, workdir, proc, console_port)
     finally:
         stop_process(proc)
         log.close()
@@ -139,3 +165,14 @@ def _wait_ready(proc: subprocess.Popen[bytes], address: str, port: int,
             return
         time.sleep(0.1)
     raise RuntimeError(f"ipmi_sim not ready after {READY_TIMEOUT_S} s")
+
+
+def _read_prompt(conn: socket.socket) -> str:
+    """ipmi_sim's console output up to its prompt ("> ")."""
+    data = b""
+    while not data.endswith(b"> "):
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.decode(errors="replace")

@@ -6,6 +6,7 @@ port, with HTTP basic auth (an htpasswd-style bcrypt file). Stopped by PID.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -93,3 +94,68 @@ def _wait_ready(proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"sushy-emulator not ready after {READY_TIMEOUT_S} s")
+
+
+@dataclass(frozen=True)
+class SushyStatic:
+    url: str
+    root: Path
+    """The served copy of the tree: edit it to change what the BMC answers."""
+
+    def edit(self, path: str, **changes: object) -> None:
+        """Set top-level fields of ``/redfish/v1/<path>`` (``Status={...}``...)."""
+        file = self.root / path / "index.json"
+        data = json.loads(file.read_text())
+        data.update(changes)
+        file.write_text(json.dumps(data, indent=2))
+
+    def read(self, path: str) -> dict[str, object]:
+        data: dict[str, object] = json.loads((self.root / path / "index.json").read_text())
+        return data
+
+    def write(self, path: str, data: dict[str, object]) -> None:
+        (self.root / path).mkdir(parents=True, exist_ok=True)
+        (self.root / path / "index.json").write_text(json.dumps(data, indent=2))
+
+
+def sushy_static_unavailable_reason() -> str | None:
+    if shutil.which("sushy-static", path=str(Path(sys.executable).parent)) is None \
+            and shutil.which("sushy-static") is None:
+        return "sushy-static not found: pip install sushy-tools (the test extra)"
+    return None
+
+
+@contextmanager
+def running_sushy_static(workdir: Path, tree: Path) -> Iterator[SushyStatic]:
+    """sushy-tools' static emulator serving a copy of the mockup ``tree`` (read afresh on
+    every GET, so an edit of the copy is what the next GET answers). The root's
+    ``Links.Sessions`` is dropped in the copy: sushy-static answers a login without a
+    token, so the driver must use basic auth."""
+    root = workdir / "mockup"
+    shutil.copytree(tree, root)
+    service = json.loads((root / "index.json").read_text())
+    if isinstance(service.get("Links"), dict):
+        service["Links"].pop("Sessions", None)
+    (root / "index.json").write_text(json.dumps(service, indent=2))
+    port = free_tcp_port()
+    local = Path(sys.executable).parent / "sushy-static"
+    log = (workdir / "sushy-static.log").open("wb")
+    proc = subprocess.Popen([str(local) if local.exists() else "sushy-static", "-i",
+                             "127.0.0.1", "-p", str(port), "-m", str(root)],
+                            stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/redfish/v1/", timeout=2):
+                    break
+            except (urllib.error.URLError, OSError):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("sushy-static did not start: " + (
+                        workdir / "sushy-static.log").read_text()[-2000:]) from None
+                time.sleep(0.1)
+        yield SushyStatic(url, root)
+    finally:
+        stop_process(proc)
+        log.close()

@@ -2,7 +2,7 @@
 and the hourly retention prune read by it instead of scanning every row
 
 Revision ID: 0011
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-27
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0011"
-down_revision = "0008"
+down_revision = "0009"
 branch_labels = None
 depends_on = None
 

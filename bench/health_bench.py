@@ -1,0 +1,436 @@
+"""Health findings (issue 24): intake throughput through the API into SQLite, classification
+speed of a large kernel log, and the BMC health poll of a 1,000-node fleet (fault at the BMC
+to finding, finding to drained, the poll's CPU), the median of ``--runs`` runs each.
+
+    python3 bench/health_bench.py [--runs 3] [--nodes 1000] [--faults 50] [--findings 4000]
+                                  [--log-mb 50] [--interval 30]
+                                  [--only classify intake ipmi poll]
+
+- **intake**: ``provisioner serve`` on SQLite with ``--nodes`` active nodes (bulk-inserted);
+  8 clients ``POST /api/v1/health/findings`` one finding a request: first ``--findings``
+  new ones (each opens a row, writes a history row, reaches the ladder's hook; ``[health]
+  auto_repair = false`` so the ladder only records it), then the same ones again (each
+  updates ``last_seen``/``count``). Findings/s and the daemon's CPU per finding.
+- **classify**: ``provisioner.health.classify`` (the CLI's code) on a ``--log-mb`` log made of
+  the real kernel-log captures of tests/fixtures/health (XID lines among ordinary ones)
+  repeated; MB/s and lines/s.
+- **ipmi**: the IPMI side of a poll that finds nothing new: one ipmi_sim BMC read
+  ``--ipmi-reads`` times (one Get SEL Info each, in a worker process); CPU per read.
+- **poll**: ``BmcHealthPoll`` with its default settings (every ``--interval`` s, 32 BMCs at
+  a time) in this process, against ``--nodes`` Redfish BMCs served by another process (the
+  recorded GB200 tray of tests/fixtures/health/redfish/gb200-leak, one tree per BMC; a BMC
+  given a fault reports its manifold detector ``LeakDetected``). After a baseline sweep and a
+  sweep with nothing wrong (its CPU is the poll's steady cost), ``--faults`` BMCs start
+  leaking at random moments of one interval. A leak's ladder drains at once (the repair
+  ladder with the simulated Slurm/Kubernetes of ``provisioner.simulation``; the breaker at
+  6 % so that 50 of 1,000 pass it).
+"""
+
+from __future__ import annotations
+
+import _env  # noqa: I001  (first: may re-run this bench in the project's virtualenv)
+
+_env.ensure_project_python()
+
+import argparse
+import asyncio
+import http.client
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures" / "health"
+TREE = FIXTURES / "redfish" / "gb200-leak"
+LEAKY = "Chassis/Chassis_0/ThermalSubsystem/LeakDetection/LeakDetectors/" \
+        "Chassis_0_LeakDetector_1_Manifold"
+LOGS = ("gpud-dmesg-with-xid-119.log", "gpud-pr46-dmesg-ctime-xid13-109.log",
+        "gpud-pr1160-pr1174-kmsg-xid-nvlink5.log", "h200-580.159.04-dmesg-nvrm.txt",
+        "nvsentinel-155-dmesg-fallen-off-bus.log", "open-gpu-kernel-modules-1150-journal-xid45.log",
+        "ml-engineering-xid63.log")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- classify ---------------------------------------------------------------------------------
+
+
+def bench_classify(megabytes: int) -> dict[str, float]:
+    from provisioner.health.classify import classify
+
+    chunk = "".join((FIXTURES / name).read_text() for name in LOGS)
+    text = chunk * max(1, megabytes * 1_000_000 // len(chunk))
+    started = time.perf_counter()
+    findings = classify(text)
+    seconds = time.perf_counter() - started
+    if not findings:
+        raise SystemExit("classify found nothing in the XID logs")
+    return {"mb_s": len(text) / 1e6 / seconds, "lines_s": text.count("\n") / seconds,
+            "findings": len(findings), "mb": len(text) / 1e6}
+
+
+# -- intake -----------------------------------------------------------------------------------
+
+
+def pv(config: Path, *args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "provisioner", "--config", str(config),
+                           *args], check=True, capture_output=True, text=True).stdout
+
+
+def seed(config: Path, db: Path, count: int) -> list[str]:
+    import sqlite3
+
+    pv(config, "db", "upgrade")
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    rows = [(str(uuid.UUID(int=i + 1)), f"gpu-{i:06d}", f"SN{i:08d}", "active", False,
+             f"r{i // 40:04d}", "h100", "{}", "[]", 1, 1, now, now) for i in range(count)]
+    with sqlite3.connect(db) as conn:
+        conn.executemany(
+            "INSERT INTO node (id, hostname, serial, state, maintenance, rack, profile, facts,"
+            " checkpoint, version, history_seq, created_at, updated_at, maintenance_reason,"
+            " last_error) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,'','')", rows)
+    return [row[1] for row in rows]
+
+
+def post_all(port: int, token: str, bodies: list[bytes], clients: int) -> None:
+    def client(part: list[bytes]) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        for body in part:
+            conn.request("POST", "/api/v1/health/findings", body=body, headers=headers)
+            response = conn.getresponse()
+            answer = response.read()
+            if response.status != 200:
+                raise SystemExit(f"intake: {response.status} {answer[:200]!r}")
+
+    threads = [threading.Thread(target=client, args=(bodies[i::clients],))
+               for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
+def bench_intake(nodes: int, findings: int) -> dict[str, float]:
+    work = Path(tempfile.mkdtemp(prefix="pv-health-bench-"))
+    port = free_port()
+    config = work / "provisioner.toml"
+    config.write_text(f'state_dir = "{work}"\n[api]\nlisten = "127.0.0.1:{port}"\n'
+                      '[lifecycle]\nauto_inspect = false\nauto_deploy = false\n'
+                      '[health]\nauto_repair = false\n[log]\nlevel = "WARNING"\n')
+    names = seed(config, work / "provisioner.sqlite", nodes)
+    token = pv(config, "token", "create", "--role", "operator", "--name", "bench").split()[-1]
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(work / "notify.sock"))
+    notify.settimeout(300)
+    proc = subprocess.Popen([sys.executable, "-m", "provisioner", "--config", str(config),
+                             "serve"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=dict(os.environ, NOTIFY_SOCKET=str(work / "notify.sock")))
+    bodies = [json.dumps({"node": names[i % len(names)], "origin": "external", "findings": [{
+        "class": "gpu-memory", "action": "drain", "subject": f"GPU {i // len(names)}",
+        "evidence": f"DCGM_FI_DEV_ECC_DBE_VOL_TOTAL > 0 on GPU {i // len(names)}"}]}).encode()
+        for i in range(findings)]
+    result: dict[str, float] = {}
+    try:
+        while not notify.recv(4096).startswith(b"READY=1"):
+            pass
+        for phase in ("new", "repeat"):
+            cpu, started = cpu_s(proc.pid), time.perf_counter()
+            post_all(port, token, bodies, 8)
+            seconds = time.perf_counter() - started
+            result[f"{phase}_per_s"] = findings / seconds
+            result[f"{phase}_cpu_ms"] = (cpu_s(proc.pid) - cpu) * 1000 / findings
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        notify.close()
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+# -- the BMC fleet (another process) ----------------------------------------------------------
+
+
+def serve_bmcs(port: int, count: int) -> None:
+    """``/bmc/<i>/redfish/v1/...``: the GB200 tree for every BMC; ``POST /fault/<i>``: that
+    BMC's manifold detector reads LeakDetected from now on."""
+    from aiohttp import web
+
+    tree = {str(p.parent.relative_to(TREE)).strip("."): p.read_bytes()
+            for p in TREE.rglob("index.json")}
+    leak = tree[LEAKY]
+    ok = json.loads(tree["Chassis/Chassis_0/ThermalSubsystem/LeakDetection/LeakDetectors/"
+                         "Chassis_0_LeakDetector_0_ColdPlate"])
+    tree[LEAKY] = json.dumps({**ok, "Id": LEAKY.rsplit("/", 1)[1]}).encode()
+    leaking: set[int] = set()
+
+    async def get(request: web.Request) -> web.Response:
+        index = int(request.match_info["i"])
+        path = request.match_info["path"].strip("/")
+        body = leak if path == LEAKY and index in leaking else tree.get(path)
+        if body is None or index >= count:
+            raise web.HTTPNotFound()
+        return web.Response(body=body, content_type="application/json")
+
+    async def fault(request: web.Request) -> web.Response:
+        leaking.add(int(request.match_info["i"]))
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/bmc/{i}/redfish/v1{path:.*}", get)
+    app.router.add_post("/fault/{i}", fault)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+
+
+async def bench_poll(nodes: int, faults: int, interval_s: float) -> dict[str, float]:
+    logging.getLogger("provisioner").setLevel(logging.ERROR)  # each opening logs a warning
+    work = Path(tempfile.mkdtemp(prefix="pv-health-poll-"))
+    port = free_port()
+    server = subprocess.Popen([sys.executable, __file__, "--serve-bmcs", str(port), str(nodes)])
+    try:
+        return await _poll_fleet(work, port, server, nodes, faults, interval_s)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+async def _poll_fleet(work: Path, port: int, server: subprocess.Popen[bytes], nodes: int,
+                      faults: int, interval_s: float) -> dict[str, float]:
+    from provisioner.bmc.managed import BmcManager
+    from provisioner.bmc.redfish import RedfishDriver
+    from provisioner.bmc.registry import BmcRegistry
+    from provisioner.config import BmcSettings, LifecycleSettings, Settings
+    from provisioner.config.health import HealthSettings
+    from provisioner.domain import BmcEndpoint, NewNode
+    from provisioner.health.records import Change, FindingRecord
+    from provisioner.lifecycle.bmc_health import BmcHealthPoll
+    from provisioner.lifecycle.conductor import Conductor
+    from provisioner.lifecycle.health import HealthFindings
+    from provisioner.lifecycle.repair import RepairService, ladder_listener
+    from provisioner.lifecycle.states import NodeState
+    from provisioner.bmc.fake import fake_bmc_factory
+    from provisioner.lifecycle.ports import Ports
+    from provisioner.simulation.drivers import (
+        FakeInspector,
+        FakeInstaller,
+        FakeKube,
+        FakeRepairs,
+        FakeSlurm,
+        FakeValidator,
+    )
+    from provisioner.simulation.world import SimWorld
+    from provisioner.store.store import open_store
+
+    store = open_store(Settings(state_dir=work / "state"), migrate=True)
+    world = SimWorld(work / "world.sqlite")
+    opened: dict[str, float] = {}
+    drained: dict[str, float] = {}
+
+    class TimedRepairs:
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._inner, name)
+
+        async def drain(self, node: Any, reason: str, wait_jobs_s: float) -> str:
+            result: str = await self._inner.drain(node, reason, wait_jobs_s)
+            drained.setdefault(node.id, time.monotonic())
+            return result
+
+    # the simulated machines of tests/conftest.py's fake_ports (not imported: it turns on
+    # asyncio's debug mode, which would be measured too)
+    kw: dict[str, Any] = {"delay_s": 0.0, "fail_rate": 0.0}
+    ports = Ports(bmc=fake_bmc_factory(world), inspector=FakeInspector(world, **kw),
+                  installer=FakeInstaller(world, **kw), kube=FakeKube(world, **kw),
+                  slurm=FakeSlurm(world, **kw), validator=FakeValidator(world, **kw),
+                  repairs=TimedRepairs(FakeRepairs(world, **kw)))
+    conductor = Conductor(store.nodes, ports, LifecycleSettings(auto_inspect=False,
+                                                                auto_deploy=False))
+    settings = HealthSettings(max_repairing_fraction=max(0.06, faults / nodes + 0.01),
+                              bmc_poll_interval_s=interval_s)
+    health = HealthFindings(store.findings, conductor)
+
+    async def on_finding(record: FindingRecord, change: Change) -> None:
+        if change is Change.OPENED:
+            opened.setdefault(record.node_id, time.monotonic())
+
+    health.add_listener(on_finding)
+    health.add_listener(ladder_listener(RepairService(conductor, store.nodes, settings)))
+    driver = RedfishDriver(timeout_s=10)
+    bmcs = BmcManager(BmcRegistry({"redfish": driver}), BmcSettings())
+    ids = []
+    for i in range(nodes):
+        node = await store.nodes.create(NewNode(
+            state=NodeState.ACTIVE, hostname=f"gpu-{i:05d}", serial=f"SN{i:06d}",
+            bmc=BmcEndpoint("redfish", f"http://127.0.0.1:{port}/bmc/{i}", username="admin"),
+            bmc_password="pw"), actor="bench")
+        ids.append(node.id)
+    poll = BmcHealthPoll(store.nodes, health, bmcs, settings)
+    try:
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                await asyncio.sleep(0.1)
+        first = await poll.sweep()  # baseline: discovery, cursors written
+        assert first.read == nodes, first
+        await asyncio.sleep(max(0.0, interval_s - first.seconds))
+        cpu = time.process_time()
+        steady = await poll.sweep()  # nothing wrong: the steady cost
+        await asyncio.sleep(max(0.0, interval_s - steady.seconds))
+        steady_cpu = time.process_time() - cpu
+        chosen = random.sample(range(nodes), faults)
+        moments = sorted(random.uniform(0, interval_s) for _ in chosen)
+        injected: dict[str, float] = {}
+        run = asyncio.get_running_loop().create_task(poll.run())
+
+        def inject(index: int) -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request("POST", f"/fault/{index}")
+            conn.getresponse().read()
+
+        start = time.monotonic()
+        for index, moment in zip(chosen, moments, strict=True):
+            await asyncio.sleep(max(0.0, start + moment - time.monotonic()))
+            await asyncio.to_thread(inject, index)
+            injected[ids[index]] = time.monotonic()
+        async with asyncio.timeout(4 * interval_s + 60):
+            while len(drained) < faults:
+                await asyncio.sleep(0.05)
+        run.cancel()
+        healthy_drained = sum(1 for node_id in drained if node_id not in injected)
+    finally:
+        await conductor.stop()
+        await driver.aclose()
+        store.close()
+        world.close()
+    detect = [opened[n] - injected[n] for n in injected]
+    drain = [drained[n] - opened[n] for n in injected]
+    return {"detect_p50": statistics.median(detect), "detect_p99": pct(detect, 0.99),
+            "drain_p50": statistics.median(drain), "drain_p99": pct(drain, 0.99),
+            "sweep_s": steady.seconds, "core_pct": steady_cpu / interval_s * 100,
+            "cpu_ms_node": steady_cpu * 1000 / nodes, "healthy_drained": healthy_drained,
+            "faulted_drained": len(drained) - healthy_drained}
+
+
+async def bench_ipmi(reads: int) -> dict[str, float]:
+    """One ipmi_sim BMC read ``reads`` times in a row as the poll reads an unchanged SEL
+    (one Get SEL Info through a worker process): CPU per read, this process and the
+    worker's together."""
+    from provisioner.bmc.ipmi import IpmiDriver
+    from provisioner.bmc.ipmi_pool import IpmiWorkers
+    from provisioner.bmc.managed import BmcManager
+    from provisioner.bmc.registry import BmcRegistry
+    from provisioner.config import BmcSettings
+    from provisioner.domain import BmcCredentials, BmcEndpoint
+    from tests.peers.ipmi_sim import PASSWORD, USER, running_ipmi_sim
+
+    work = Path(tempfile.mkdtemp(prefix="pv-health-ipmi-"))
+    workers = IpmiWorkers(count=1, threads=4)
+    driver = IpmiDriver(workers, timeout_s=5)
+    try:
+        with running_ipmi_sim(work / "bmc", console=True) as sim:
+            bmc = BmcManager(BmcRegistry({"ipmi": driver}), BmcSettings())(
+                "n1", BmcEndpoint("ipmi", "127.0.0.1", sim.port, username=USER),
+                BmcCredentials(USER, PASSWORD))
+            cursor = (await bmc.read_health(None)).cursor  # login, baseline
+            worker = workers.pid(0)
+            assert worker is not None
+            cpu, worker_cpu = time.process_time(), cpu_s(worker)
+            started = time.perf_counter()
+            for _ in range(reads):
+                reading = await bmc.read_health(cursor)
+                assert not reading.events and reading.cursor == cursor
+            seconds = time.perf_counter() - started
+            ours, theirs = time.process_time() - cpu, cpu_s(worker) - worker_cpu
+    finally:
+        await driver.aclose()
+        await workers.aclose()
+        shutil.rmtree(work, ignore_errors=True)
+    return {"ms_read": seconds * 1000 / reads, "cpu_ms": (ours + theirs) * 1000 / reads,
+            "worker_cpu_ms": theirs * 1000 / reads}
+
+
+def median_of(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+
+
+def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--serve-bmcs":
+        serve_bmcs(int(sys.argv[2]), int(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--faults", type=int, default=50)
+    parser.add_argument("--findings", type=int, default=4000)
+    parser.add_argument("--log-mb", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=30.0,
+                        help="the BMC poll period (the default of [health] bmc_poll_interval_s)")
+    parser.add_argument("--ipmi-reads", type=int, default=500)
+    parser.add_argument("--only", nargs="+", default=["classify", "intake", "ipmi", "poll"])
+    args = parser.parse_args()
+    if "classify" in args.only:
+        c = median_of([bench_classify(args.log_mb) for _ in range(args.runs)])
+        print(f"classify: {c['mb']:.0f} MB of kernel log, median of {args.runs}: "
+              f"{c['mb_s']:.1f} MB/s, {c['lines_s']:,.0f} lines/s, {c['findings']:.0f} "
+              "findings", flush=True)
+    if "intake" in args.only:
+        i = median_of([bench_intake(args.nodes, args.findings) for _ in range(args.runs)])
+        print(f"intake: {args.findings} findings on {args.nodes} nodes, 8 clients, median of "
+              f"{args.runs}: new {i['new_per_s']:.0f}/s ({i['new_cpu_ms']:.2f} ms daemon CPU "
+              f"each), repeats {i['repeat_per_s']:.0f}/s ({i['repeat_cpu_ms']:.2f} ms)",
+              flush=True)
+    if "ipmi" in args.only:
+        m = median_of([asyncio.run(bench_ipmi(args.ipmi_reads)) for _ in range(args.runs)])
+        print(f"ipmi: {args.ipmi_reads} reads of an unchanged SEL (ipmi_sim), median of "
+              f"{args.runs}: {m['ms_read']:.2f} ms each, {m['cpu_ms']:.2f} ms CPU each "
+              f"({m['worker_cpu_ms']:.2f} in the worker process)", flush=True)
+    if "poll" in args.only:
+        runs = [asyncio.run(bench_poll(args.nodes, args.faults, args.interval))
+                for _ in range(args.runs)]
+        p = median_of(runs)
+        print(f"poll: {args.nodes} Redfish BMCs every {args.interval:g} s, {args.faults} "
+              f"leaks, median of {args.runs}: fault->finding p50 {p['detect_p50']:.1f} s p99 "
+              f"{p['detect_p99']:.1f} s; finding->drained p50 {p['drain_p50'] * 1000:.0f} ms "
+              f"p99 {p['drain_p99'] * 1000:.0f} ms; a sweep {p['sweep_s']:.1f} s, "
+              f"{p['cpu_ms_node']:.2f} ms CPU per node per period = {p['core_pct']:.2f} % of "
+              f"one core; healthy drained {p['healthy_drained']:.0f}, leaking drained "
+              f"{p['faulted_drained']:.0f}/{args.faults}", flush=True)
+        for run in runs:
+            print("  run:", {k: round(v, 3) for k, v in run.items()})
+
+
+if __name__ == "__main__":
+    main()
