@@ -129,6 +129,7 @@ class Daemon:
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
             stack.callback(world.close)
             metrics = Metrics(instance=store.instance)
+            metrics.fleet_view(lambda: False)  # the fleet's gauges: once we lead (below)
             mailbox = FactsMailbox()
             kube_client = await connect_kube(self._settings, stack)
             # issued on the boot servers' store thread: a node's iPXE script waits for its
@@ -238,6 +239,7 @@ class Daemon:
                     works.append(("history-retention", retention.run))
                 # fleet-wide work runs on the one daemon that leads "fleet" (docs/ha.md)
                 singleton = Singleton(store.ownership, "fleet", works)
+                metrics.fleet_view(lambda: singleton.leading)  # docs/ha.md, "Metrics"
                 children.append(group.create_task(singleton.run(), name="singletons"))
                 await self._stop.wait()
                 for child in children:
