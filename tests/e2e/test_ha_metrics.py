@@ -17,9 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.e2e.ha_support import Fleet
+from tests.e2e.test_cli_api import running_daemon
 from tests.peers.postgres import PostgresServer, postgres_unavailable_reason, running_postgres
 
-pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+pytestmark = pytest.mark.e2e
 
 LEASE_S = 2
 SETTINGS = ("[lifecycle]\nauto_inspect = false\nauto_deploy = false\n"
@@ -77,6 +78,7 @@ def leaders(ports: list[int]) -> list[int]:
             if fleet_sum([scrape(port)], "provisioner_fleet_leader") == 1]
 
 
+@pytest.mark.postgres
 def test_fleet_gauges_come_from_the_leader_alone(pg: PostgresServer, tmp_path: Path) -> None:
     fleet = Fleet(tmp_path, pg.create_database("ha_metrics"), 3, SETTINGS)
     for i, daemon in enumerate(fleet.daemons):
@@ -120,3 +122,13 @@ def test_fleet_gauges_come_from_the_leader_alone(pg: PostgresServer, tmp_path: P
     finally:
         codes = [daemon.stop() for daemon in fleet.daemons if daemon.proc is not None]
     assert sorted(codes)[1:] == [0, 0], fleet.logs()[-3000:]
+
+
+def test_one_daemon_leads_and_exports_the_fleet(tmp_path: Path) -> None:
+    """SQLite, one daemon: it leads the fleet singleton at once, so its /metrics has the
+    node counts as before HA existed."""
+    with running_daemon(tmp_path, "[simulation]\nnodes = 4\nstep_delay_s = 0.01\n") as daemon:
+        port = int(daemon.url.rsplit(":", 1)[1])
+        _wait("the lead", lambda: leaders([port]) == [port], 10)
+        _wait("the simulated nodes counted",
+              lambda: fleet_sum([scrape(port)], "provisioner_nodes") == 4, 10)
