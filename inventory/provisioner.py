@@ -4,11 +4,19 @@
     ansible-inventory -i inventory/provisioner.py --list
     ansible-playbook -i inventory/provisioner.py site.yml --limit state_active
 
-Where the daemon is: ``PROVISIONER_URL`` and ``PROVISIONER_TOKEN`` (or
-``PROVISIONER_TOKEN_FILE``), else a TOML file (``PROVISIONER_INVENTORY_CONFIG``, default
+Where the daemon is, found as the ``provisioner`` CLI finds it: ``PROVISIONER_URL``, else
+the daemon's own config (``PROVISIONER_CONFIG``, default ``/etc/provisioner/provisioner.toml``:
+its ``[api] listen``, which ``PROVISIONER_API__LISTEN`` overrides, a wildcard address read as
+127.0.0.1). The token: ``PROVISIONER_TOKEN`` or ``PROVISIONER_TOKEN_FILE``; a viewer token is
+enough. Fallback, for a controller without the daemon's config: a TOML file of the script's
+own (``PROVISIONER_INVENTORY_CONFIG``, which wins over the daemon's config when set; else
 ``~/.config/provisioner/inventory.toml`` then ``/etc/provisioner/inventory.toml``) with
-``url = "http://host:8700"`` and ``token_file = "/path"`` (or ``token``). A viewer token is
-enough.
+``url = "http://host:8700"`` and ``token_file = "/path"`` (or ``token``). With none of these:
+``http://127.0.0.1:8700``, the CLI's default.
+
+One request per page of nodes (``GET /api/v1/nodes?include=facts``; 500 a page, or
+``PROVISIONER_INVENTORY_PAGE``); a daemon older than that parameter answers 422, and the
+script then reads each node's facts on its own.
 
 Groups: ``state_<state>``, ``rack_<rack>``, ``profile_<profile>``, ``gpu_<model>`` (from the
 node's facts, e.g. ``gpu_nvidia_h100_80gb_hbm3``) and ``maintenance``. Hosts are named by
@@ -56,33 +64,70 @@ API = "/api/v1"
 PAGE = 500
 TIMEOUT_S = 30.0
 DETAIL_THREADS = 8
+#: what the list is asked to carry (``GET /nodes?include=facts``)
+INCLUDE = "facts"
 _UNSAFE = re.compile(r"[^a-z0-9]+")
 
 
 class InventoryError(Exception):
-    pass
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status  # the HTTP status, 0 when no response came back
+
+
+#: the daemon's config, as the CLI reads it (provisioner/config/load.py DEFAULT_CONFIG_PATH)
+DAEMON_CONFIG = Path("/etc/provisioner/provisioner.toml")
+DEFAULT_LISTEN = "127.0.0.1:8700"  # provisioner/config/runtime.py ApiSettings.listen
 
 
 def settings() -> tuple[str, str | None]:
-    """(base URL, token) from the environment, else the config file."""
+    """(base URL, token): the environment, else the daemon's config, else this script's own
+    inventory.toml, else the CLI's default address."""
     url = os.environ.get("PROVISIONER_URL")
     token = os.environ.get("PROVISIONER_TOKEN")
     token_file = os.environ.get("PROVISIONER_TOKEN_FILE")
-    config: dict[str, Any] = {}
-    if not url:
-        config = _config_file()
-        url = config.get("url")
-        token = token or config.get("token")
-        token_file = token_file or config.get("token_file")
-    if not url:
-        raise InventoryError("set PROVISIONER_URL (and PROVISIONER_TOKEN) or write "
-                             "~/.config/provisioner/inventory.toml with url and token_file")
+    own: dict[str, Any] = {} if url and (token or token_file) else _config_file()
+    if not url and not os.environ.get("PROVISIONER_INVENTORY_CONFIG"):
+        url = daemon_url()
+    url = url or own.get("url") or listen_url(DEFAULT_LISTEN)
+    token = token or own.get("token")
+    token_file = token_file or own.get("token_file")
     if not token and token_file:
         try:
             token = Path(token_file).read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise InventoryError(f"token file {token_file}: {exc.strerror}") from None
     return str(url).rstrip("/").removesuffix(API), token or None
+
+
+def daemon_url() -> str | None:
+    """The API the daemon's config names (``provisioner.cli.client.default_url``, in the
+    standard library); None when there is neither that file nor PROVISIONER_API__LISTEN."""
+    named = os.environ.get("PROVISIONER_CONFIG")
+    path = Path(named) if named else DAEMON_CONFIG
+    listen = os.environ.get("PROVISIONER_API__LISTEN")
+    if listen is None:
+        try:
+            with path.open("rb") as fh:
+                api = tomllib.load(fh).get("api")
+        except FileNotFoundError:
+            if named:
+                raise InventoryError(f"{path} does not exist") from None
+            return None
+        except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise InventoryError(f"{path}: {exc}") from None
+        listen = api.get("listen") if isinstance(api, dict) else None
+    return listen_url(str(listen or DEFAULT_LISTEN))
+
+
+def listen_url(listen: str) -> str:
+    host, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise InventoryError(f"api.listen: expected HOST:PORT, got {listen!r}")
+    host = host.removeprefix("[").removesuffix("]")
+    if host in ("0.0.0.0", "::", ""):
+        host = "127.0.0.1"
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _config_file() -> dict[str, Any]:
@@ -114,7 +159,7 @@ def get(base: str, token: str | None, path: str, **params: object) -> Any:
     except urllib.error.HTTPError as exc:
         with exc:
             detail = _problem_detail(exc.read()) or exc.reason
-        raise InventoryError(f"GET {path}: HTTP {exc.code}: {detail}") from None
+        raise InventoryError(f"GET {path}: HTTP {exc.code}: {detail}", exc.code) from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise InventoryError(f"cannot read {base}{API}{path}: {exc}") from None
 
@@ -129,17 +174,30 @@ def _problem_detail(body: bytes) -> str:
 
 
 def fetch_nodes(base: str, token: str | None, query: str | None = None) -> list[dict[str, Any]]:
-    """Every node (matching ``query``) with its facts (the list omits them: one detail call
-    per node, a few at a time)."""
-    summaries: list[dict[str, Any]] = []
-    params: dict[str, object] = {"limit": PAGE} | ({"q": query} if query else {})
+    """Every node (matching ``query``) with its facts: one request per page. A daemon that
+    predates ``include=facts`` refuses it (422, an unknown parameter) or leaves the facts
+    out; then one detail call per node, a few at a time."""
+    nodes: list[dict[str, Any]] = []
+    size = os.environ.get("PROVISIONER_INVENTORY_PAGE", "")
+    params: dict[str, object] = {"limit": int(size) if size.isdigit() and int(size) > 0
+                                 else PAGE, "include": INCLUDE} | (
+        {"q": query} if query else {})
     while True:
-        page = get(base, token, "/nodes", **params, offset=len(summaries))
-        summaries += page["items"]
-        if not page["items"] or len(summaries) >= page["total"]:
+        try:
+            page = get(base, token, "/nodes", **params, offset=len(nodes))
+        except InventoryError as exc:
+            if exc.status != 422 or "include" not in params or nodes:
+                raise
+            del params["include"]  # an older daemon
+            continue
+        nodes += page["items"]
+        if not page["items"] or len(nodes) >= page["total"]:
             break
+    if all("facts" in node for node in nodes):
+        return nodes
     with ThreadPoolExecutor(DETAIL_THREADS) as pool:
-        return list(pool.map(lambda node: get(base, token, f"/nodes/{node['id']}"), summaries))
+        return list(pool.map(lambda node: node if "facts" in node else get(
+            base, token, f"/nodes/{node['id']}"), nodes))
 
 
 def slug(text: str) -> str:

@@ -145,7 +145,8 @@ class HistoryEntry:
 class FleetEvent:
     """A history row of any node, with its fleet-wide id (``provisioner events``, the SSE
     stream's ``id:``): every daemon on the database sees the same ids. ``hostname``,
-    ``maintenance``, ``maintenance_reason`` and ``last_error`` are the node's now."""
+    ``maintenance``, ``maintenance_reason`` and ``last_error`` are the node's now (a
+    replaced chassis, which gave its hostname up: the hostname it had)."""
 
     id: int
     entry: HistoryEntry

@@ -1,5 +1,12 @@
 """Prometheus metrics: one registry per daemon, owned by ``Metrics`` and passed explicitly.
 
+With several daemons on one database (docs/ha.md), the fleet's gauges (``provisioner_nodes``,
+``provisioner_health_findings``: counts read from the shared database) are exported by the
+one daemon that leads the ``fleet`` singleton, and ``provisioner_fleet_leader`` says which
+one that is; so ``sum()`` over the daemons is the fleet, never a multiple of it. The others
+render those families without samples. Counters and histograms (transitions, API requests)
+and the process families count what each daemon did itself: ``sum()`` adds them up.
+
 prometheus_client is untyped; its objects stay inside this module (``Any`` does not leave it).
 """
 
@@ -36,16 +43,18 @@ class StateCounter(Protocol):
 
 
 class _NodeCollector:
-    """``provisioner_nodes{state}`` from the counts of the last ``refresh``; 0 when absent."""
+    """``provisioner_nodes{state}`` from the counts of the last ``refresh``; 0 when absent;
+    no series when the last refresh was not the fleet leader's (None)."""
 
     def __init__(self) -> None:
-        self.counts: Mapping[str, int] = {}
+        self.counts: Mapping[str, int] | None = {}
 
     def collect(self) -> Iterator[Any]:
         family = GaugeMetricFamily("provisioner_nodes", "Nodes per lifecycle state",
                                    labels=["state"])
-        for state in NodeState:
-            family.add_metric([str(state)], float(self.counts.get(state, 0)))
+        if self.counts is not None:
+            for state in NodeState:
+                family.add_metric([str(state)], float(self.counts.get(state, 0)))
         yield family
 
     def describe(self) -> Iterator[Any]:
@@ -79,6 +88,25 @@ class _FindingCollector:
         yield GaugeMetricFamily(self._NAME, self._HELP, labels=["class"])
 
 
+class _LeaderCollector:
+    """``provisioner_fleet_leader``: 1 on the daemon that exports the fleet's gauges."""
+
+    _NAME = "provisioner_fleet_leader"
+    _HELP = ("1 on the daemon leading the fleet singleton, which alone exports the fleet's "
+             "gauges (provisioner_nodes, provisioner_health_findings); 0 on the others")
+
+    def __init__(self) -> None:
+        self.leading: Callable[[], bool] = lambda: True  # one daemon: it is the fleet view
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(self._NAME, self._HELP)
+        family.add_metric([], 1.0 if self.leading() else 0.0)
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(self._NAME, self._HELP)
+
+
 class _HungCollector:
     """``provisioner_hung_threads{pool}``: threads of a bounded pool held by blocking library
     calls past their watchdog deadline (``provisioner.watchdog``), read at each scrape."""
@@ -107,11 +135,11 @@ class _FirmwareCollector:
                     "Nodes per firmware status against their profile's baseline")
 
     def __init__(self) -> None:
-        self.counts: Mapping[tuple[str, str], int] = {}
+        self.counts: Mapping[tuple[str, str], int] | None = {}
 
     def collect(self) -> Iterator[Any]:
         family = GaugeMetricFamily(self._NAME, self._HELP, labels=["status", "profile"])
-        for (status, profile), count in sorted(self.counts.items()):
+        for (status, profile), count in sorted((self.counts or {}).items()):
             family.add_metric([status, profile], float(count))
         yield family
 
@@ -149,6 +177,13 @@ class Metrics:
         self._registry.register(self._findings)
         self._firmware = _FirmwareCollector()
         self._registry.register(self._firmware)
+        self._leader = _LeaderCollector()
+        self._registry.register(self._leader)
+
+    def fleet_view(self, leading: Callable[[], bool]) -> None:
+        """Export the fleet's gauges only while ``leading()`` (this daemon leads the fleet
+        singleton); without a call, always (one daemon, or an app under test)."""
+        self._leader.leading = leading
 
     def watch_pool(self, pool: str, hung: Callable[[], int]) -> None:
         """Export ``hung()`` (a watchdog's abandoned threads) as ``provisioner_hung_threads``:
@@ -164,16 +199,26 @@ class Metrics:
         self._requests.labels(method=method, route=route, status=str(status)).observe(seconds)
 
     async def refresh(self, repo: StateCounter) -> None:
-        """Re-read the node counts; call before ``render``."""
-        self._nodes.counts = dict(await repo.count_by_state())
+        """Re-read the node counts (the fleet leader only; no query on the others); call
+        before ``render``."""
+        self._nodes.counts = dict(await repo.count_by_state()) if self._leader.leading() \
+            else None
 
     async def refresh_health(self, repo: FindingCounter) -> None:
-        """Re-read the open findings per class; call before ``render``."""
-        self._findings.counts = dict(await repo.open_counts())
+        """Re-read the open findings per class (the fleet leader only); call before
+        ``render``."""
+        self._findings.counts = dict(await repo.open_counts()) if self._leader.leading() \
+            else None
 
-    def refresh_firmware(self, counts: Mapping[tuple[str, str], int]) -> None:
-        """(status, profile) -> nodes, as ``lifecycle.drift.counts`` reads them."""
-        self._firmware.counts = dict(counts)
+    @property
+    def leading(self) -> bool:
+        """Whether this daemon exports the fleet's gauges (docs/ha.md, "Metrics")."""
+        return self._leader.leading()
+
+    def refresh_firmware(self, counts: Mapping[tuple[str, str], int] | None) -> None:
+        """(status, profile) -> nodes, as ``lifecycle.drift.counts`` reads them; None on a
+        daemon that does not lead the fleet (no samples)."""
+        self._firmware.counts = dict(counts) if counts is not None else None
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self._registry)

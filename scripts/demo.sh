@@ -20,8 +20,9 @@ if [ -f "$DEMO/daemon.pid" ] && kill -0 "$(cat "$DEMO/daemon.pid")" 2>/dev/null;
   sleep 1
 fi
 rm -rf "$DEMO"; mkdir -p "$DEMO"
-# setup.sh's progress (and the Kubernetes peers' cache path) only when it fails
-VENV=$(bash "$ROOT/scripts/setup.sh" 2>"$DEMO/setup.log" | tail -1) \
+# the runtime only (python3, python3-venv, a venv without the test extras): no test peer;
+# setup.sh's progress only when it fails
+VENV=$(bash "$ROOT/scripts/setup.sh" --runtime 2>"$DEMO/setup.log" | tail -1) \
   || { cat "$DEMO/setup.log" >&2; exit 1; }
 PV="$VENV/bin/provisioner"
 PORT=$("$VENV/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
@@ -38,8 +39,9 @@ PROVISIONER_TOKEN=$("$PV" "${CFG[@]}" token create --role admin --name demo 2>/d
 DAEMON=$!
 echo "$DAEMON" > "$DEMO/daemon.pid"
 trap 'kill -TERM $DAEMON 2>/dev/null; wait $DAEMON 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -fsS "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
+for _ in $(seq 100); do   # no curl on a fresh Debian: the venv's python asks
+  "$VENV/bin/python" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=1)' \
+    "http://127.0.0.1:$PORT/healthz" >/dev/null 2>&1 && break
   sleep 0.2
 done
 echo "provisioner is serving on http://127.0.0.1:$PORT (log: $DEMO/daemon.log)"

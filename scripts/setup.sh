@@ -4,7 +4,26 @@
 #   2. creates a cached virtualenv with `pip install -e ".[test]"` (only when it is missing).
 # Prints the virtualenv path as the LAST line of stdout:  VENV=$(bash scripts/setup.sh | tail -1)
 # Everything else goes to stderr. Safe without a tty (CI=true, no stdin).
+#   --runtime   only what running the daemon on examples/demo.toml needs (scripts/demo.sh):
+#               RUNTIME_PACKAGES and a venv with `pip install -e .`; no test peer, no
+#               foreign architecture, no Kubernetes peers
+#   --dry-run   print the packages and the venv it would set up (stderr), change nothing
 set -euo pipefail
+RUNTIME=0 DRY_RUN=0
+for arg in "$@"; do
+  case "$arg" in
+    --runtime) RUNTIME=1 ;;
+    --dry-run) DRY_RUN=1 ;;
+    *) echo "usage: bash scripts/setup.sh [--runtime] [--dry-run]" >&2; exit 2 ;;
+  esac
+done
+
+# What the daemon itself needs on the demo configuration (SQLite, the fake drivers): the rest
+# comes from pip. tests/unit/test_setup_script.py holds it free of test peers.
+RUNTIME_PACKAGES=(
+  python3
+  python3-venv
+)
 
 # Debian packages the tests need. Later issues append here (qemu, ipmitool, slurm, ...).
 APT_PACKAGES=(
@@ -99,9 +118,16 @@ is_installed() {
 FOREIGN_ARCHES=(arm64)
 
 install_debian_packages() {
+  local wanted=("${APT_PACKAGES[@]}") arches=("${FOREIGN_ARCHES[@]}")
+  if ((RUNTIME)); then wanted=("${RUNTIME_PACKAGES[@]}") arches=(); fi
+  if ((DRY_RUN)); then
+    log "packages: ${wanted[*]}"
+    log "foreign architectures: ${arches[*]:-none}"
+    return 0
+  fi
   command -v dpkg >/dev/null || die "dpkg not found: this script targets Debian 12"
   local missing=() pkg arch update=0
-  for arch in "${FOREIGN_ARCHES[@]}"; do
+  for arch in "${arches[@]}"; do
     if ! dpkg --print-foreign-architectures | grep -qx "$arch"; then
       log "dpkg --add-architecture $arch"
       ((EUID == 0)) || die "adding dpkg architecture $arch needs root"
@@ -109,7 +135,7 @@ install_debian_packages() {
       update=1
     fi
   done
-  for pkg in "${APT_PACKAGES[@]}"; do
+  for pkg in "${wanted[@]}"; do
     is_installed "$pkg" || missing+=("$pkg")
   done
   if ((${#missing[@]} == 0 && update == 0)); then return 0; fi
@@ -148,29 +174,43 @@ print(h.hexdigest()[:12])
 EOF
   )
   local home=${HOME:-$(getent passwd "$EUID" | cut -d: -f6)}    # CI may leave HOME unset
-  printf '%s/provisioner/venv-%s\n' "${XDG_CACHE_HOME:-$home/.cache}" "$key"
+  local kind=venv
+  ((RUNTIME)) && kind=venv-runtime    # no test extras: never the test suite's venv
+  printf '%s/provisioner/%s-%s\n' "${XDG_CACHE_HOME:-$home/.cache}" "$kind" "$key"
 }
 
 create_venv() {
-  local venv=$1 marker=$1/.provisioner-installed
+  local venv=$1 marker=$1/.provisioner-installed target=".[test]"
+  ((RUNTIME)) && target="."
   if [[ -f $marker ]] && "$venv/bin/python" -c '' 2>/dev/null; then
     return 0
   fi
-  log "creating $venv (pip install -e .[test])"
+  if ((DRY_RUN)); then log "would create $venv (pip install -e $target)"; return 0; fi
+  log "creating $venv (pip install -e $target)"
   rm -rf "$venv"
   "$PY" -m venv "$venv"
   quietly env PIP_NO_INPUT=1 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    "$venv/bin/python" -m pip install -q -e ".[test]"
+    "$venv/bin/python" -m pip install -q -e "$target"
   touch "$marker"
 }
 
 install_debian_packages
 find_python
 VENV=$(venv_path)
+if ((DRY_RUN)); then
+  create_venv "$VENV"
+  ((RUNTIME)) || log "would build the Kubernetes peers (tests/peers/kube_build.sh) if go is found"
+  printf '%s\n' "$VENV" >&3
+  exit 0
+fi
 mkdir -p "$(dirname "$VENV")"
 exec 9>"$VENV.lock"
 flock 9    # two concurrent runs must not build the same venv
 create_venv "$VENV"
+if ((RUNTIME)); then
+  printf '%s\n' "$VENV" >&3
+  exit 0
+fi
 # Kubernetes test peers (kube-apiserver, etcd, kwok; PEERS.md §10): built from Go modules once,
 # cached by their pinned versions. No Go: the Kubernetes tests skip. Output goes to stderr.
 if command -v go >/dev/null; then

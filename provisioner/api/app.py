@@ -185,8 +185,9 @@ async def metrics_text(request: web.Request) -> web.Response:
     await metrics.refresh(request.app[NODES])
     if (health := request.app.get(HEALTH)) is not None:
         await metrics.refresh_health(health.repo)
-    metrics.refresh_firmware(firmware_counts(
-        await read_fleet(request.app[NODES], request.app[CONDUCTOR].servicing)))
+    metrics.refresh_firmware(firmware_counts(  # a fleet gauge: the leader reads the fleet
+        await read_fleet(request.app[NODES], request.app[CONDUCTOR].servicing))
+        if metrics.leading else None)
     return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
 

@@ -158,6 +158,9 @@ class NodeListQuery(_Request):
     q: Annotated[str, _text(253)] | None = None
     limit: int = Field(100, ge=1, description="Page size (at most the configured maximum)")
     offset: int = Field(0, ge=0, le=MAX_OFFSET)
+    include: Literal["facts"] | None = Field(
+        None, description="facts: each item carries the node's facts (one request per page "
+                          "instead of one per node, e.g. the Ansible inventory)")
 
     @field_validator("limit")
     @classmethod

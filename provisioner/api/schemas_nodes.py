@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, JsonValue, model_validator
 
 from provisioner.api.schemas import (
     HistoryOut,
@@ -15,9 +15,10 @@ from provisioner.api.schemas import (
     Rack,
     Reason,
     _many,
+    _node_fields,
     _Request,
 )
-from provisioner.domain import NodeState
+from provisioner.domain import Node, NodeState
 
 
 class NodeEditRequest(_Request):
@@ -110,3 +111,20 @@ class BulkActionResult(BaseModel):
                                                 "at most ``max``)")
     applied: list[BulkNode]
     failed: list[BulkNode]
+
+
+class NodeFactsOut(NodeOut):
+    """A listed node with its facts (``GET /nodes?include=facts``)."""
+
+    facts: dict[str, JsonValue]
+
+
+class NodeFactsPage(BaseModel):
+    items: list[NodeFactsOut]
+    total: int
+    limit: int
+    offset: int
+
+
+def node_with_facts(node: Node, step_status: str | None) -> NodeFactsOut:
+    return NodeFactsOut(**_node_fields(node, step_status), facts=node.facts)

@@ -132,6 +132,7 @@ class Daemon:
             world = SimWorld(self._settings.state_dir / "simworld.sqlite")
             stack.callback(world.close)
             metrics = Metrics(instance=store.instance)
+            metrics.fleet_view(lambda: False)  # the fleet's gauges: once we lead (below)
             mailbox = FactsMailbox()
             kube_client = await connect_kube(self._settings, stack)
             # issued on the boot servers' store thread: a node's iPXE script waits for its
@@ -257,6 +258,7 @@ class Daemon:
                 works.append(("firmware-waves", waves.run))
                 singleton = Singleton(store.ownership, "fleet", works)
                 lead.append(singleton)
+                metrics.fleet_view(lambda: singleton.leading)  # docs/ha.md, "Metrics"
                 children.append(group.create_task(singleton.run(), name="singletons"))
                 await self._stop.wait()
                 for child in children:

@@ -5,8 +5,9 @@ row (what it is now, and why, stays readable however old)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Final
 
@@ -64,11 +65,36 @@ def audit(conn: Connection, query: AuditQuery) -> list[FleetEvent]:
     rows = conn.execute(select.where(*conditions)
                         .order_by(t.id if query.oldest_first else t.id.desc())
                         .limit(query.limit)).all()
-    return [FleetEvent(int(r.id), HistoryEntry(
+    return with_former_hostnames(conn, [FleetEvent(int(r.id), HistoryEntry(
         node_id=NodeId(r.node_id), seq=r.seq, event=r.event, from_state=r.from_state,
         to_state=r.to_state, actor=r.actor, reason=r.reason, at=r.created_at,
         instance=r.instance, fence=r.fence), r.hostname, bool(r.maintenance),
-        r.maintenance_reason or "", r.last_error or "") for r in rows]
+        r.maintenance_reason or "", r.last_error or "") for r in rows])
+
+
+def with_former_hostnames(conn: Connection, events: list[FleetEvent]) -> list[FleetEvent]:
+    """``events`` with a replaced chassis's rows named by the hostname it had: a retired node
+    that a replacement took the name of has none now, and keeps the old one in its facts
+    (``replaced_by.hostname``, store/node_admin.py). Only retired nodes without a hostname
+    are read again (their facts); every other row keeps the node's hostname now."""
+    nameless = {e.entry.node_id for e in events if e.hostname is None}
+    if not nameless:
+        return events
+    n = NodeRow.__table__.c  # type: ignore[attr-defined]
+    former: dict[str, str] = {}
+    for node_id, facts in conn.execute(sa_select(n.id, n.facts).where(
+            n.id.in_(sorted(nameless)), n.hostname.is_(None), n.state == "retired")).all():
+        try:
+            replaced = json.loads(facts or "{}").get("replaced_by")
+        except (ValueError, AttributeError):
+            continue
+        name = replaced.get("hostname") if isinstance(replaced, dict) else None
+        if isinstance(name, str) and name:
+            former[node_id] = name
+    if not former:
+        return events
+    return [replace(e, hostname=former[e.entry.node_id]) if e.hostname is None
+            and e.entry.node_id in former else e for e in events]
 
 
 def prune_batch(conn: Connection, before: datetime, batch: int = PRUNE_BATCH) -> int:

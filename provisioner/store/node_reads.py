@@ -23,7 +23,7 @@ from provisioner.domain import (
     NodeSummary,
 )
 from provisioner.ids import NodeId
-from provisioner.store.history import AuditQuery, audit, prune_batch
+from provisioner.store.history import AuditQuery, audit, prune_batch, with_former_hostnames
 from provisioner.store.models import NodeRow, TransitionRow
 from provisioner.store.node_rows import (
     escape_like,
@@ -238,6 +238,7 @@ class NodeReads(SessionRepo):
                 instance=r.instance, fence=r.fence), r.hostname, bool(r.maintenance),
                 r.maintenance_reason or "", r.last_error or "")
                 for r in s.connection().execute(query).all()]
+            found = with_former_hostnames(s.connection(), found)
             return found[::-1] if newest else found
 
         return await self._run(work)

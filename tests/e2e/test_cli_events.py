@@ -161,3 +161,26 @@ def test_maintenance_on_again_with_a_new_reason_records_it(cli: Any) -> None:
     assert reasons == ["cable swap", "PSU replaced too"]
     lines = cli("events", "--node", "ev-05").stdout.splitlines()
     assert lines[-1].split(" by ", 1)[1].startswith("token:events-admin: PSU replaced too")
+
+
+def test_a_replaced_chassis_lines_keep_the_hostname_it_had(cli: Any) -> None:
+    """After ``node replace``, the old chassis has no hostname; its event and audit lines
+    still name it by the one it had (not ``-``), its id telling it from the new chassis."""
+    old = _enroll(cli, "ev-07", 7)
+    cli("node", "action", "ev-07", "retire", "--reason", "RMA 7", "--wait")
+    new = as_json(cli("node", "enroll", "--hostname", "ev-07-new", "--serial", "EV0107",
+                      "--mac", "52:54:00:ee:01:07", "--bmc-driver", "fake", "--bmc-address",
+                      "ev-107", "--json"))
+    cli("node", "edit", new["id"], "--hostname", "ev-spare")  # a name it gives up below
+    cli("node", "replace", "ev-07", "--with", "EV0107", "--reason", "RMA 7")
+    assert as_json(cli("node", "show", old["id"], "--json"))["hostname"] is None
+    lines = cli("events", "--last", "40").stdout.splitlines()
+    names = {(m.group(3), m.group(2)) for m in map(LINE.match, lines)
+             if m is not None and m.group(3) in (old["id"], new["id"])}
+    assert {name for node, name in names if node == old["id"]} == {"ev-07"}, lines
+    assert {name for node, name in names if node == new["id"]} == {"ev-07"}, lines
+    events = [m.group(4) for m in map(LINE.match, lines)
+              if m is not None and m.group(3) == old["id"]]
+    assert events[0] == "enroll (enrolled)" and events[-1] == "replaced_by (retired)", events
+    audit = cli("audit", "--node", old["id"]).stdout
+    assert " - (" not in audit and f"ev-07 ({old['id']})" in audit, audit

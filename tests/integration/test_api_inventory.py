@@ -168,7 +168,7 @@ async def test_openapi_document_describes_every_route(api: Api) -> None:
     assert {"201", "401", "403", "409", "413", "422"} <= set(enroll["responses"])
     listing = paths["/api/v1/nodes"]["get"]
     assert {p["name"] for p in listing["parameters"]} == {
-        "state", "rack", "profile", "maintenance", "q", "limit", "offset"}
+        "state", "rack", "profile", "maintenance", "q", "limit", "offset", "include"}
     assert paths["/healthz"]["get"]["security"] == []
     schemas = doc["components"]["schemas"]
     assert {"EnrollRequest", "NodeOut", "NodeDetailOut", "Problem", "ImportRow"} <= set(schemas)

@@ -116,3 +116,44 @@ def test_promtool_accepts_the_rules() -> None:
     done = subprocess.run(["promtool", "check", "rules", str(RULES)], capture_output=True,
                           text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+FLEET_GAUGES = ("provisioner_nodes", "provisioner_health_findings")
+
+
+def test_a_daemon_not_leading_exports_no_fleet_gauges() -> None:
+    """HA (docs/ha.md, "Metrics"): the fleet's counts come from the leader alone, and a
+    daemon that does not lead does not even query them."""
+    class _Refuses:
+        async def count_by_state(self) -> dict[str, int]:
+            raise AssertionError("a daemon that does not lead read the node counts")
+
+        async def open_counts(self) -> dict[str, int]:
+            raise AssertionError("a daemon that does not lead read the findings")
+
+    leading = False
+    metrics = Metrics(instance="d1")
+    metrics.fleet_view(lambda: leading)
+    asyncio.run(metrics.refresh(_Refuses()))
+    asyncio.run(metrics.refresh_health(_Refuses()))
+    text = metrics.render().decode()
+    samples = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert not [line for line in samples if line.startswith(FLEET_GAUGES)]
+    assert "# TYPE provisioner_nodes gauge" in text
+    assert "provisioner_fleet_leader 0.0" in samples
+    leading = True
+    asyncio.run(metrics.refresh(_Counts()))
+    text = metrics.render().decode()
+    assert 'provisioner_nodes{state="active"} 3.0' in text
+    assert "provisioner_fleet_leader 1.0" in text
+
+
+@pytest.mark.parametrize("source", ["rules", "dashboard"])
+def test_fleet_gauges_are_summed_over_daemons(source: str) -> None:
+    """Only the leader exports them, so the rules and the dashboard aggregate them with
+    ``sum``: the fleet's count whichever daemon leads, one alert rather than one a daemon."""
+    exprs = _rule_exprs() if source == "rules" else _dashboard_exprs()
+    fleet = [e for e in exprs if _names(e) & set(FLEET_GAUGES)]
+    assert fleet
+    for expr in fleet:
+        assert re.match(r"\s*sum\b", expr), expr

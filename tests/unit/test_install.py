@@ -236,3 +236,57 @@ def test_inventory_script_groups_nodes() -> None:
     assert one["provisioner_bmc_address"] == {"__ansible_unsafe": "10.9.0.1"}
     assert "ansible_host" not in inventory["_meta"]["hostvars"]["n2"]
     assert "_meta" not in inventory["all"]["children"]
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:8700", "0.0.0.0:9000", "[::]:8701",
+                                    "[::1]:8702", "10.1.2.3:80", "mgmt.example:8700"])
+def test_inventory_script_reads_listen_as_the_cli_does(listen: str) -> None:
+    """The script cannot import the package: its few lines must agree with the CLI's."""
+    from provisioner.cli.client import default_url
+    from provisioner.config import Settings
+
+    assert inventory_script().listen_url(listen) == default_url(
+        Settings(api={"listen": listen}))  # type: ignore[arg-type]
+
+
+def test_inventory_script_finds_the_daemon(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """PROVISIONER_URL, else the daemon's config (PROVISIONER_CONFIG, api.listen, which
+    PROVISIONER_API__LISTEN overrides), else the script's own inventory.toml, else the
+    CLI's default; the token from PROVISIONER_TOKEN(_FILE), else inventory.toml."""
+    script = inventory_script()
+    for name in ("PROVISIONER_URL", "PROVISIONER_TOKEN", "PROVISIONER_TOKEN_FILE",
+                 "PROVISIONER_CONFIG", "PROVISIONER_API__LISTEN",
+                 "PROVISIONER_INVENTORY_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(script, "DAEMON_CONFIG", tmp_path / "absent.toml")
+    assert script.settings() == ("http://127.0.0.1:8700", None)  # nothing anywhere
+
+    own = tmp_path / "home" / ".config" / "provisioner" / "inventory.toml"
+    own.parent.mkdir(parents=True)
+    (tmp_path / "tok").write_text("pvt_own\n")
+    own.write_text(f'url = "http://own:8700/api/v1"\ntoken_file = "{tmp_path / "tok"}"\n')
+    assert script.settings() == ("http://own:8700", "pvt_own")  # the documented fallback
+
+    daemon = tmp_path / "provisioner.toml"
+    daemon.write_text('[api]\nlisten = "0.0.0.0:9100"\n')
+    monkeypatch.setattr(script, "DAEMON_CONFIG", daemon)  # /etc/provisioner/provisioner.toml
+    assert script.settings() == ("http://127.0.0.1:9100", "pvt_own")
+    named = tmp_path / "other.toml"
+    named.write_text('state_dir = "/x"\n')  # no [api]: the default listen
+    monkeypatch.setenv("PROVISIONER_CONFIG", str(named))
+    assert script.settings()[0] == "http://127.0.0.1:8700"
+    monkeypatch.setenv("PROVISIONER_API__LISTEN", "[::1]:9200")
+    (tmp_path / "tok2").write_text("pvt_env\n")
+    monkeypatch.setenv("PROVISIONER_TOKEN_FILE", str(tmp_path / "tok2"))
+    assert script.settings() == ("http://[::1]:9200", "pvt_env")
+    monkeypatch.setenv("PROVISIONER_URL", "http://given:1/")
+    monkeypatch.setenv("PROVISIONER_TOKEN", "pvt_given")
+    assert script.settings() == ("http://given:1", "pvt_given")
+
+    monkeypatch.delenv("PROVISIONER_URL")
+    monkeypatch.delenv("PROVISIONER_API__LISTEN")
+    monkeypatch.setenv("PROVISIONER_CONFIG", str(tmp_path / "missing.toml"))
+    with pytest.raises(script.InventoryError, match="missing.toml does not exist"):
+        script.settings()
