@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 
 
 class TaskStatus(StrEnum):
@@ -102,6 +102,9 @@ class ImageWriter(Protocol):
 
     async def wipe(self, node: Node) -> None: ...
 
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        ...
+
 
 class Configurer(Protocol):
     """The part of an ``Installer`` that configures a written OS."""
@@ -130,3 +133,6 @@ class ComposedInstaller:
 
     async def wipe(self, node: Node) -> None:
         await self._images.wipe(node)
+
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        return await self._images.sanitise(node, generation, skip)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 from provisioner.errors import FatalError
 from provisioner.lifecycle.ports import (
     Inspector,
@@ -51,6 +51,9 @@ class Unavailable:
     async def wipe(self, node: Node) -> None:
         raise self._fail()
 
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        raise self._fail()
+
     async def join(self, node: Node) -> None:
         raise self._fail()
 
@@ -91,6 +94,9 @@ class RoutedInstaller:
 
     async def wipe(self, node: Node) -> None:
         await self._pick(node).wipe(node)
+
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        return await self._pick(node).sanitise(node, generation, skip)
 
 
 class RoutedKube:
