@@ -24,6 +24,7 @@ NVMe's DLFEAT lets a controller return for deallocated blocks).
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import re
 from collections.abc import Mapping
@@ -147,8 +148,6 @@ def sample(device: Path, size: int) -> dict[int, bytes]:
 
 
 def _read_blocks(device: Path, where: list[int]) -> list[tuple[int, bytes]]:
-    import mmap
-
     try:
         fd = os.open(device, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
         direct = True
