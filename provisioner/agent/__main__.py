@@ -141,6 +141,7 @@ def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str,
     generation = str(command.get("generation", ""))
     result: dict[str, Any] = {"command": command["command"], "generation": generation}
     if generation in done:
+        log.info("%s %s already done: answering from memory", command["command"], generation)
         return result | {"ok": True} | done[generation] | {"note": "already done"}
     if command["command"] == "sanitise":
         return _sanitise(command, result, done, device_dir)

@@ -7,19 +7,23 @@ qemu's NVMe controller offers Format NVM (no Sanitize): the NVMe disk is erased 
 (the history row names the method) and the pattern is gone from its image file. qemu's SATA
 disk offers no ATA security erase: with the profile not allowing an overwrite the step fails
 naming that disk (whose image still holds the pattern); with ``sanitise_overwrite`` the retried
-retire overwrites it with zeros, verified, and the node ends ``retired``."""
+retire overwrites it with zeros, verified, and the node ends ``retired``, although the daemon
+is SIGKILLed in the middle of that overwrite: the restarted daemon resumes the step and the
+agent answers its repeated job from memory, without a second erase."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_bmc_pxe_qemu import cli, enroll_vm, vm_and_daemon
+from tests.e2e.test_bmc_pxe_qemu import _wait_api, cli, enroll_vm, vm_and_daemon
 from tests.e2e.test_image_deploy_qemu import _history
-from tests.e2e.test_pxe_qemu import Vm, _missing, build_ramdisk
+from tests.e2e.test_pxe_qemu import Vm, _missing, build_ramdisk, serving
 from tests.peers.ipmi_sim import ipmi_sim_unavailable_reason
 from tests.peers.netns import Namespace, bridged_namespace
 
@@ -27,7 +31,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.root]
 VM = Vm("erase", "52:54:00:77:00:40", "TEST-0400", 1, 768, uefi=False)
 HOSTNAME = "vm-erase"
 PATTERN = b"TENANT-SECRET-0400:"
-NVME_MIB, SATA_MIB = 64, 32
+NVME_MIB, SATA_MIB = 64, 128  # the SATA overwrite lasts long enough to kill the daemon in it
 
 
 def _config(state: Path, *, overwrite: bool) -> str:
@@ -66,6 +70,27 @@ def _wait(ns: Namespace, config: Path, env: dict[str, str], wanted: str,
     return shown
 
 
+def _wait_line(path: Path, line: str, timeout_s: float, run: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists() and line in path.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    pytest.fail(f"no {line!r} in time: {_tail(run)}")
+
+
+def _daemon_pid(config: Path) -> int:
+    """The ``provisioner serve`` that vm_and_daemon started with this test's config."""
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if str(config).encode() in argv and b"serve" in argv and b"provisioner" in argv:
+            return int(proc.name)
+    pytest.fail("the daemon is not running")
+
+
 def _tail(run: Path) -> str:
     parts = []
     for path in (run / "daemon.log", run / "bmc" / "serial.log"):
@@ -100,7 +125,12 @@ def test_retire_erases_each_disk_by_its_method_and_fails_on_one_it_cannot(
         cli(ns, config, "token", "revoke", "e2e")  # vm_and_daemon creates it again
         with vm_and_daemon(ns, tap, config, lenient, VM, _disks(nvme, sata)) as env:
             cli(ns, config, "node", "action", HOSTNAME, "retry", env=env)
-            _wait(ns, config, env, "retired", 300, lenient)
+            serial = lenient / "bmc" / "serial.log"
+            _wait_line(serial, "sda: erasing with overwrite", 300, lenient)
+            os.kill(_daemon_pid(config), signal.SIGKILL)  # mid-overwrite
+            with serving(ns, config, lenient / "daemon-resumed.log") as resumed:
+                _wait_api(ns, resumed)
+                _wait(ns, config, env, "retired", 120, lenient)
     erased = [r for e, r in first if e == "disk_erased"]
     refused = [r for e, r in first if e == "disk_erase_failed"]
     # the NVMe disk: a Format NVM erase (qemu has no Sanitize), verified; pattern gone
@@ -122,3 +152,12 @@ def test_retire_erases_each_disk_by_its_method_and_fails_on_one_it_cannot(
     assert "erased by overwrite, verified" in methods["sda"]
     assert not [r for e, r in second if e == "disk_erase_failed"]
     assert sata.read_bytes() == bytes(SATA_MIB << 20)
+    # the daemon SIGKILLed during the SATA overwrite: the resumed step queued the same job
+    # again (the run id is kept), which the agent either settled with its late report or
+    # answered from memory; each disk was erased once in this boot, and recorded once
+    console = (lenient / "bmc" / "serial.log").read_text(errors="replace")
+    resumed = (lenient / "daemon-resumed.log").read_text(errors="replace")
+    assert "sanitising its disks" in resumed, resumed[-3000:]
+    assert console.count("nvme0n1: erasing with") == 1 and \
+        console.count("sda: erasing with overwrite") == 1, console[-3000:]
+    assert len([r for e, r in second if e == "disk_erased"]) == 2, second
