@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.agent.collect import collect
-from provisioner.agent.deploy import wipe_boot_area, write_image
+from provisioner.agent.deploy import write_image
 from provisioner.agent.sanitise import node_disks, sanitise
 
 log = logging.getLogger("provisioner.agent")
@@ -105,7 +105,7 @@ def run(
     device_dir: Path = Path("/dev"),
 ) -> int:
     """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``,
-    and run jobs (``deploy``, ``wipe``, ``sanitise``)."""
+    and run jobs (``deploy``, ``sanitise``)."""
     client = AgentClient(args["url"], args["token"], args.get("mac", ""))
     _report(client, args, gather)
     # jobs done, by generation, with what they reported: a repeated job (the daemon restarted
@@ -118,7 +118,7 @@ def run(
             time.sleep(float(command.get("interval_s", 5)))
         elif name == "report":  # the daemon restarted while its step waited for facts
             _report(client, args, gather)
-        elif name in ("deploy", "wipe", "sanitise"):
+        elif name in ("deploy", "sanitise"):
             result = _job(client, command, done, device_dir)
             client.call("POST", "/agent/v1/result", result)
             if result["ok"] and command.get("reboot"):  # no BMC: boot the disk ourselves
@@ -137,7 +137,7 @@ def run(
 
 def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str, Any]],
          device_dir: Path) -> dict[str, Any]:
-    """Run a deploy, wipe or sanitise job; the result names its generation."""
+    """Run a deploy or sanitise job; the result names its generation."""
     generation = str(command.get("generation", ""))
     result: dict[str, Any] = {"command": command["command"], "generation": generation}
     if generation in done:
@@ -146,14 +146,10 @@ def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str,
     if command["command"] == "sanitise":
         return _sanitise(command, result, done, device_dir)
     try:
-        if command["command"] == "deploy":
-            report = write_image(command, device_dir=device_dir, fetch_seed=lambda: client.fetch(
-                "GET", f"/agent/v1/seed?generation={generation}"))
-            log.info("wrote %d bytes to %s (sha256 verified)", report["bytes"], command["disk"])
-            result |= report
-        else:
-            for disk in command.get("disks", []):
-                wipe_boot_area(device_dir / disk)
+        report = write_image(command, device_dir=device_dir, fetch_seed=lambda: client.fetch(
+            "GET", f"/agent/v1/seed?generation={generation}"))
+        log.info("wrote %d bytes to %s (sha256 verified)", report["bytes"], command["disk"])
+        result |= report
     except (RuntimeError, OSError, ValueError, KeyError) as exc:  # DeployError included
         log.error("%s failed: %s", command["command"], exc)
         return result | {"ok": False, "error": str(exc)}

@@ -100,8 +100,6 @@ class ImageWriter(Protocol):
 
     async def deploy_image(self, node: Node, generation: str) -> None: ...
 
-    async def wipe(self, node: Node) -> None: ...
-
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         ...
 
@@ -130,9 +128,6 @@ class ComposedInstaller:
 
     async def collect_facts(self, node: Node, generation: str) -> None:
         await self._configurer.collect_facts(node, generation)
-
-    async def wipe(self, node: Node) -> None:
-        await self._images.wipe(node)
 
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         return await self._images.sanitise(node, generation, skip)

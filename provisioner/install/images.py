@@ -1,5 +1,5 @@
-"""Image deploy driven by the node's agent: the daemon queues a ``deploy`` (or ``wipe``,
-``sanitise``) job for the node, the agent in the ramdisk fetches it, streams the image to the
+"""Image deploy driven by the node's agent: the daemon queues a ``deploy`` (or ``sanitise``)
+job for the node, the agent in the ramdisk fetches it, streams the image to the
 chosen disk,
 checks its sha256, grows the last partition, writes the cloud-init seed built here (served
 to it at ``/agent/v1/seed``) and reports back. Implements ``ImageWriter``.
@@ -152,11 +152,6 @@ class AgentImageWriter:
             callback_url=self._seeds.base_url.rstrip("/") + CALLBACK_PATH,
             token=await self._seeds.issue_token(node.id))
         return await asyncio.to_thread(build_seed, spec)  # a few ms of CPU
-
-    async def wipe(self, node: Node) -> None:
-        disks = [str(d["name"]) for d in node.facts.get("disks", []) if "name" in d]
-        await self._jobs.run(node.id, {"command": "wipe", "generation": f"wipe:{node.id}",
-                                       "disks": disks})
 
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         allow = (node.profile or "") in self._overwrite

@@ -33,8 +33,6 @@ class Installer(Protocol):
         """Collect and report the configured node's facts again (the ``facts`` role)."""
         ...
 
-    async def wipe(self, node: Node) -> None: ...
-
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         """Erase every disk of the net-booted node but ``skip`` (device names) by the
         strongest method each supports, verified; one result per disk. ``generation`` names

@@ -48,9 +48,6 @@ class Unavailable:
     async def collect_facts(self, node: Node, generation: str) -> None:
         raise self._fail()
 
-    async def wipe(self, node: Node) -> None:
-        raise self._fail()
-
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         raise self._fail()
 
@@ -91,9 +88,6 @@ class RoutedInstaller:
 
     async def collect_facts(self, node: Node, generation: str) -> None:
         await self._pick(node).collect_facts(node, generation)
-
-    async def wipe(self, node: Node) -> None:
-        await self._pick(node).wipe(node)
 
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         return await self._pick(node).sanitise(node, generation, skip)

@@ -66,10 +66,6 @@ class FakeInstaller(_Sim):
     async def collect_facts(self, node: Node, generation: str) -> None:
         await self._work("facts collection", node)  # simulated facts never change
 
-    async def wipe(self, node: Node) -> None:
-        await self._work("wipe", node)
-        await self._world.ensure(machine_key(node), "wipe", "disk", "")
-
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         """The simulated disks, each erased by the simulation (method ``simulated``)."""
         await self._work("sanitise", node)

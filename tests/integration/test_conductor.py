@@ -10,7 +10,7 @@ import pytest
 
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import LifecycleSettings
-from provisioner.domain import BmcEndpoint, Node
+from provisioner.domain import BmcEndpoint, Node, Sanitised
 from provisioner.errors import Conflict, InvalidTransition, RetryableError
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
@@ -197,8 +197,9 @@ async def test_budget_queues_work_instead_of_rejecting(store, world, make_node) 
         async def collect_facts(self, node: Node, generation: str) -> None:
             await base.installer.collect_facts(node, generation)
 
-        async def wipe(self, node: Node) -> None:
-            await base.installer.wipe(node)
+        async def sanitise(self, node: Node, generation: str,
+                           skip: frozenset[str]) -> Sanitised:
+            return await base.installer.sanitise(node, generation, skip)
 
     installer = CountingInstaller()
     ports = Ports(bmc=base.bmc, inspector=base.inspector, installer=installer,
