@@ -46,6 +46,15 @@ def test_nvme_without_sanitize_falls_to_format_crypto_then_user_data() -> None:
         erase.NVME_SANITIZE_BLOCK, erase.NVME_FORMAT_USER_DATA]
 
 
+def test_qemus_emulated_controller_gets_a_user_data_format() -> None:
+    """qemu 7.2's NVMe controller, as the agent logged it in tests/e2e/test_sanitise_qemu.py:
+    no Sanitize, Format NVM (OACS bit 1, with namespace management and doorbell buffer
+    config), no crypto erase in Format."""
+    caps = erase.nvme_caps({"sanicap": 0, "oacs": 0x10a, "fna": 0, "sn": "NV-0400",
+                            "mn": "QEMU NVMe Ctrl"})
+    assert caps.methods() == [erase.NVME_FORMAT_USER_DATA]
+
+
 def test_ata_drive_with_security_but_no_enhanced_erase_gets_secure_erase() -> None:
     security = erase.ata_security((FIXTURES / "hdparm-I-sata-fdm-ipa.txt").read_text())
     assert (security.supported, security.enabled, security.locked, security.frozen,
