@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -191,3 +192,53 @@ class NodeSummary:
     power_state: str | None = None
     last_error: str = ""
     maintenance_reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DiskErasure:
+    """One disk's result, as the agent reported it."""
+
+    device: str
+    model: str
+    serial: str
+    method: str
+    verified: bool
+    seconds: float
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verified and not self.error
+
+    @classmethod
+    def from_report(cls, report: Mapping[str, Any]) -> DiskErasure:
+        return cls(str(report.get("device", "?"))[:64], str(report.get("model", ""))[:80],
+                   str(report.get("serial", ""))[:80], str(report.get("method", ""))[:40],
+                   report.get("verified") is True, float(report.get("seconds", 0) or 0),
+                   str(report.get("error", ""))[:600])
+
+    def describe(self) -> str:
+        who = " ".join(part for part in (self.model, f"serial {self.serial}" if self.serial
+                                         else "") if part)
+        head = f"{self.device}" + (f" ({who})" if who else "")
+        if self.ok:
+            return (f"{head}: erased by {self.method}, verified by sampled reads, "
+                    f"{self.seconds:.1f} s")
+        tried = f" after {self.method}" if self.method else ""
+        return f"{head}: not erased{tried}: {self.error or 'not verified'}"
+
+
+@dataclass(frozen=True, slots=True)
+class Sanitised:
+    """The agent's answer to a ``sanitise`` job."""
+
+    disks: tuple[DiskErasure, ...]
+    error: str = ""
+
+    @classmethod
+    def from_report(cls, body: Mapping[str, Any]) -> Sanitised:
+        disks = body.get("disks")
+        found = tuple(DiskErasure.from_report(d) for d in disks if isinstance(d, Mapping)) \
+            if isinstance(disks, Sequence) else ()
+        error = "" if body.get("ok") is True else str(body.get("error") or "failed")[:1000]
+        return cls(found, error)

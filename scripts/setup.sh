@@ -37,6 +37,9 @@ APT_PACKAGES=(
   python3-venv     # Debian's python3 cannot `-m venv` without it (no ensurepip)
   isc-dhcp-client  # dhclient: a real DHCP client against our server (tests/integration)
   busybox-static   # udhcpc (and the ramdisk's busybox); conflicts with package busybox
+  nvme-cli         # nvme: the ramdisk's NVMe sanitize/format (the agent's sanitise job)
+  hdparm           # the ramdisk's ATA secure erase
+  sg3-utils        # sg_sanitize: the ramdisk's SCSI/SAS sanitize
   kea-admin        # perfdhcp (DHCP load generator / relay)
   kea-dhcp4-server # bench/dhcp_bench.py peer
   dnsmasq-base     # the site's DHCP server beside our proxy mode; bench peer

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.agent.collect import collect
-from provisioner.agent.deploy import wipe_boot_area, write_image
+from provisioner.agent.deploy import write_image
+from provisioner.agent.sanitise import node_disks, sanitise
 
 log = logging.getLogger("provisioner.agent")
 
@@ -103,10 +104,13 @@ def run(
     power: Callable[[str], None] | None = None,
     device_dir: Path = Path("/dev"),
 ) -> int:
-    """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``."""
+    """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``,
+    and run jobs (``deploy``, ``sanitise``)."""
     client = AgentClient(args["url"], args["token"], args.get("mac", ""))
     _report(client, args, gather)
-    done: set[str] = set()  # deployments written: a repeated job (daemon restart) is a no-op
+    # jobs done, by generation, with what they reported: a repeated job (the daemon restarted
+    # meanwhile) is answered from here, never run again (no second write, no second erase)
+    done: dict[str, dict[str, Any]] = {}
     while True:
         command = client.call("GET", "/agent/v1/command")
         name = command.get("command", "wait")
@@ -114,7 +118,7 @@ def run(
             time.sleep(float(command.get("interval_s", 5)))
         elif name == "report":  # the daemon restarted while its step waited for facts
             _report(client, args, gather)
-        elif name in ("deploy", "wipe"):
+        elif name in ("deploy", "sanitise"):
             result = _job(client, command, done, device_dir)
             client.call("POST", "/agent/v1/result", result)
             if result["ok"] and command.get("reboot"):  # no BMC: boot the disk ourselves
@@ -131,27 +135,46 @@ def run(
             time.sleep(5)
 
 
-def _job(client: AgentClient, command: dict[str, Any], done: set[str],
+def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str, Any]],
          device_dir: Path) -> dict[str, Any]:
-    """Run a deploy or wipe job; the result names its generation."""
+    """Run a deploy or sanitise job; the result names its generation."""
     generation = str(command.get("generation", ""))
     result: dict[str, Any] = {"command": command["command"], "generation": generation}
     if generation in done:
-        return result | {"ok": True, "note": "already done"}
+        log.info("%s %s already done: answering from memory", command["command"], generation)
+        return result | {"ok": True} | done[generation] | {"note": "already done"}
+    if command["command"] == "sanitise":
+        return _sanitise(command, result, done, device_dir)
     try:
-        if command["command"] == "deploy":
-            report = write_image(command, device_dir=device_dir, fetch_seed=lambda: client.fetch(
-                "GET", f"/agent/v1/seed?generation={generation}"))
-            log.info("wrote %d bytes to %s (sha256 verified)", report["bytes"], command["disk"])
-            result |= report
-        else:
-            for disk in command.get("disks", []):
-                wipe_boot_area(device_dir / disk)
+        report = write_image(command, device_dir=device_dir, fetch_seed=lambda: client.fetch(
+            "GET", f"/agent/v1/seed?generation={generation}"))
+        log.info("wrote %d bytes to %s (sha256 verified)", report["bytes"], command["disk"])
+        result |= report
     except (RuntimeError, OSError, ValueError, KeyError) as exc:  # DeployError included
         log.error("%s failed: %s", command["command"], exc)
         return result | {"ok": False, "error": str(exc)}
-    done.add(generation)
+    done[generation] = {}
     return result | {"ok": True}
+
+
+def _sanitise(command: dict[str, Any], result: dict[str, Any],
+              done: dict[str, dict[str, Any]], device_dir: Path) -> dict[str, Any]:
+    """Erase every disk but those the daemon already has results for (``skip``). A failed
+    disk fails the job; the job is kept as done all the same, with its results: the disks it
+    erased are not erased again when the daemon asks again (the retry of a failed step is a
+    new generation)."""
+    skip = set(command.get("skip", []))
+    disks = [name for name in node_disks() if name not in skip]
+    reports = sanitise(disks, allow_overwrite=command.get("allow_overwrite") is True,
+                       device_dir=device_dir)
+    failed = [f"{r['device']}: {r['error']}" for r in reports if r.get("error")]
+    outcome: dict[str, Any] = {"disks": reports, "ok": not failed}
+    if failed:
+        outcome["error"] = "; ".join(failed)
+    elif not reports and not skip:
+        outcome |= {"ok": False, "error": "no disk found to erase"}
+    done[result["generation"]] = outcome
+    return result | outcome
 
 
 def _report(client: AgentClient, args: dict[str, str],

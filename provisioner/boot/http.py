@@ -32,7 +32,7 @@ from provisioner.store.tokens import TokenRepo
 log = logging.getLogger(__name__)
 
 _NETBOOT_STATES = {NodeState.DISCOVERED: "inspect", NodeState.INSPECTING: "inspect",
-                   NodeState.DEPLOYING: "deploy", NodeState.RETIRING: "wipe"}
+                   NodeState.DEPLOYING: "deploy", NodeState.RETIRING: "sanitise"}
 # A report may carry nvidia-smi -q -x verbatim; JSON escapes its tabs and newlines.
 _MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
 DISCOVERIES_PER_SOURCE_PER_S, DISCOVERY_BURST_PER_SOURCE = 0.5, 10

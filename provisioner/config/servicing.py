@@ -48,6 +48,10 @@ class ServicingProfile(Section):
     firmware: list[FirmwareComponent] = Field(
         default_factory=list, description="The firmware baseline: [[servicing.profiles.<p>."
         "firmware]] id, version, image")
+    sanitise_overwrite: bool = Field(
+        False, description="When a disk offers no erase of its own (NVMe sanitize/format, "
+        "ATA secure erase, SCSI sanitize), overwrite it with zeros instead of failing the "
+        "sanitise step (retire); slow on large disks, and it cannot reach remapped blocks")
 
 
 class ServicingSettings(Section):

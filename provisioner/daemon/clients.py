@@ -85,5 +85,8 @@ def image_writer(settings: Settings, jobs: AgentJobs,
     if settings.http.listen is None:
         return None
     url = base_url(settings)
+    overwrite = frozenset(name for name, profile in settings.servicing.profiles.items()
+                          if profile.sanitise_overwrite)
     return AgentImageWriter(jobs, settings.images, f"{url}/artefacts",
-                            seeds=SeedSource(settings.deploy, url, agent_tokens.issue_token))
+                            seeds=SeedSource(settings.deploy, url, agent_tokens.issue_token),
+                            overwrite_profiles=overwrite)

@@ -9,7 +9,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Protocol
 
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 
 
 class TaskStatus(StrEnum):
@@ -100,7 +100,8 @@ class ImageWriter(Protocol):
 
     async def deploy_image(self, node: Node, generation: str) -> None: ...
 
-    async def wipe(self, node: Node) -> None: ...
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        ...
 
 
 class Configurer(Protocol):
@@ -128,5 +129,5 @@ class ComposedInstaller:
     async def collect_facts(self, node: Node, generation: str) -> None:
         await self._configurer.collect_facts(node, generation)
 
-    async def wipe(self, node: Node) -> None:
-        await self._images.wipe(node)
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        return await self._images.sanitise(node, generation, skip)

@@ -1,5 +1,6 @@
-"""Image deploy driven by the node's agent: the daemon queues a ``deploy`` (or ``wipe``) job
-for the node, the agent in the ramdisk fetches it, streams the image to the chosen disk,
+"""Image deploy driven by the node's agent: the daemon queues a ``deploy`` (or ``sanitise``)
+job for the node, the agent in the ramdisk fetches it, streams the image to the
+chosen disk,
 checks its sha256, grows the last partition, writes the cloud-init seed built here (served
 to it at ``/agent/v1/seed``) and reports back. Implements ``ImageWriter``.
 
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioner.config import DeploySettings, ImageSettings, InstallerSettings
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 from provisioner.errors import FatalError, RetryableError
 from provisioner.install.seed import CALLBACK_PATH, SeedSpec, build_seed
 
@@ -29,8 +30,9 @@ _FORMATS = {".raw": "raw", ".img": "raw", ".gz": "raw.gz", ".zst": "raw.zst",
 @dataclass
 class _Job:
     body: dict[str, Any]
-    done: asyncio.Future[None]
+    done: asyncio.Future[dict[str, Any]]
     seed: bytes = b""
+    keep_failure: bool = False  # a failed job's report is the answer too (sanitise)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,21 +63,25 @@ class AgentJobs:
             return None
         return job.seed or None
 
-    def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
+    def complete(self, node_id: str, generation: str, ok: bool, error: str,
+                 report: dict[str, Any] | None = None) -> bool:
         job = self._jobs.get(node_id)
         if job is None or job.body.get("generation") != generation or job.done.done():
             return False
-        if ok:
-            job.done.set_result(None)
+        if ok or job.keep_failure:
+            job.done.set_result(dict(report or {}) | {"ok": ok, "error": error})
         else:
             job.done.set_exception(FatalError(f"agent: {error or 'failed without a reason'}"))
         return True
 
-    async def run(self, node_id: str, body: dict[str, Any], *, seed: bytes = b"") -> None:
-        job = _Job(body, asyncio.get_running_loop().create_future(), seed)
+    async def run(self, node_id: str, body: dict[str, Any], *, seed: bytes = b"",
+                  keep_failure: bool = False) -> dict[str, Any]:
+        """Queue ``body`` for the node's agent and return its report; a failure raises
+        FatalError unless ``keep_failure`` (then the report says ``ok``: False)."""
+        job = _Job(body, asyncio.get_running_loop().create_future(), seed, keep_failure)
         self._jobs[node_id] = job
         try:
-            await job.done
+            return await job.done
         finally:
             if self._jobs.get(node_id) is job:
                 del self._jobs[node_id]
@@ -105,12 +111,17 @@ def choose_disk(disks: list[Mapping[str, Any]],
 
 
 class AgentImageWriter:
+    """``overwrite_profiles``: the profiles whose disks may be overwritten with zeros when
+    the drive offers no erase of its own (``[servicing.profiles.<p>] sanitise_overwrite``)."""
+
     def __init__(self, jobs: AgentJobs, images: Mapping[str, ImageSettings],
-                 artefacts_url: str, *, seeds: SeedSource | None = None) -> None:
+                 artefacts_url: str, *, seeds: SeedSource | None = None,
+                 overwrite_profiles: frozenset[str] = frozenset()) -> None:
         self._jobs = jobs
         self._images = images
         self._artefacts_url = artefacts_url.rstrip("/")
         self._seeds = seeds
+        self._overwrite = overwrite_profiles
 
     async def deploy_image(self, node: Node, generation: str) -> None:
         image = self._images.get(node.profile or "")
@@ -142,10 +153,14 @@ class AgentImageWriter:
             token=await self._seeds.issue_token(node.id))
         return await asyncio.to_thread(build_seed, spec)  # a few ms of CPU
 
-    async def wipe(self, node: Node) -> None:
-        disks = [str(d["name"]) for d in node.facts.get("disks", []) if "name" in d]
-        await self._jobs.run(node.id, {"command": "wipe", "generation": f"wipe:{node.id}",
-                                       "disks": disks})
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        allow = (node.profile or "") in self._overwrite
+        log.info("node %s: sanitising its disks (%s; overwrite %s)", node.id, generation,
+                 "allowed" if allow else "not allowed")
+        report = await self._jobs.run(node.id, {
+            "command": "sanitise", "generation": generation, "skip": sorted(skip),
+            "allow_overwrite": allow}, keep_failure=True)
+        return Sanitised.from_report(report)
 
 
 def _format_of(url: str) -> str:

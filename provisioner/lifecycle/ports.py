@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from provisioner.bmc.base import BmcFactory, SoftOff
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 from provisioner.errors import FatalError
 from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.service_ports import NoServicing, Servicing
@@ -33,7 +33,11 @@ class Installer(Protocol):
         """Collect and report the configured node's facts again (the ``facts`` role)."""
         ...
 
-    async def wipe(self, node: Node) -> None: ...
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        """Erase every disk of the net-booted node but ``skip`` (device names) by the
+        strongest method each supports, verified; one result per disk. ``generation`` names
+        the job: asked again (a daemon restart), the agent answers without erasing again."""
+        ...
 
 
 class KubeJoiner(Protocol):
@@ -221,8 +225,10 @@ class AgentJobQueue(Protocol):
         """The cloud-init seed of the node's pending deploy job, if it names ``generation``."""
         ...
 
-    def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
-        """Settle the node's job for ``generation``; False when there is none."""
+    def complete(self, node_id: str, generation: str, ok: bool, error: str,
+                 report: dict[str, Any] | None = None) -> bool:
+        """Settle the node's job for ``generation`` (``report``: the agent's whole answer);
+        False when there is none."""
         ...
 
 
@@ -235,7 +241,8 @@ class NoAgentJobs:
     def seed(self, node_id: str, generation: str) -> bytes | None:
         return None
 
-    def complete(self, node_id: str, generation: str, ok: bool, error: str) -> bool:
+    def complete(self, node_id: str, generation: str, ok: bool, error: str,
+                 report: dict[str, Any] | None = None) -> bool:
         return False
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 from provisioner.errors import FatalError
 from provisioner.lifecycle.ports import (
     Inspector,
@@ -50,7 +50,7 @@ class Unavailable:
     async def collect_facts(self, node: Node, generation: str) -> None:
         raise self._fail()
 
-    async def wipe(self, node: Node) -> None:
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         raise self._fail()
 
     async def join(self, node: Node) -> None:
@@ -91,8 +91,8 @@ class RoutedInstaller:
     async def collect_facts(self, node: Node, generation: str) -> None:
         await self._pick(node).collect_facts(node, generation)
 
-    async def wipe(self, node: Node) -> None:
-        await self._pick(node).wipe(node)
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        return await self._pick(node).sanitise(node, generation, skip)
 
 
 class RoutedKube:

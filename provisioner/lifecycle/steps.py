@@ -10,6 +10,7 @@ from typing import Any, Final, Protocol
 from provisioner.bmc.base import Bmc, BootDevice, PowerState
 from provisioner.domain import Node
 from provisioner.errors import FatalError
+from provisioner.lifecycle.erasure import sanitise_disks
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.repair_step import repair
 from provisioner.lifecycle.service_step import service
@@ -250,9 +251,11 @@ async def _take_out_of_service(ctx: StepContext) -> None:
 
 
 async def retire(ctx: StepContext) -> None:
+    """Out of Slurm and Kubernetes, netboot the agent, erase every disk (``erasure``: the
+    method per disk in the history, a disk that cannot be erased fails the step), power off."""
     await _take_out_of_service(ctx)
     await _netboot(ctx)
-    await ctx.substep("wipe", lambda: ctx.ports.installer.wipe(ctx.node))
+    await sanitise_disks(ctx)
     if ctx.node.bmc is not None:
         await ctx.substep("power-off", lambda: _power(ctx, PowerState.OFF))
 
@@ -269,10 +272,11 @@ STEPS: Final[Mapping[NodeState, Step]] = {
     NodeState.SERVICING: service,
 }
 
-#: Steps whose drivers key their work by ``run_id`` (the image written, the Ansible run):
-#: the run id is checkpointed before their first sub-step, so a restart keeps it.
+#: Steps whose drivers key their work by ``run_id`` (the image written, the Ansible run, the
+#: disks erased): the run id is checkpointed before their first sub-step, so a restart keeps it.
 KEYED_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.DEPLOYING,
-                                                      NodeState.CONFIGURING})
+                                                      NodeState.CONFIGURING,
+                                                      NodeState.RETIRING})
 
 #: Steps that wait for other nodes: they bound their own waits (no step timeout) and hold no
 #: in-flight budget slot while they wait (a slot held by a waiting node could starve the very

@@ -24,6 +24,7 @@ from pathlib import Path
 from provisioner import shipped
 from provisioner.ramdisk.sysroot import (
     PYTHON_VERSION,
+    TOOLS,
     Arch,
     RamdiskError,
     Sysroot,
@@ -125,6 +126,10 @@ def _assemble(sysroot: Sysroot, sources: Path, root: Path) -> None:
     python = sysroot.resolve(sysroot.python)
     _install(python, root / "usr/bin/python3", 0o755)
     elves = [python]
+    for path, _ in TOOLS:  # nvme, hdparm, sg_sanitize: the sanitise job's erase tools
+        tool = root / "usr/bin" / Path(path).name
+        _install(sysroot.resolve(path), tool, 0o755)
+        elves.append(tool)
     for path in _stdlib_files(sysroot):
         target = root / path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -53,11 +53,20 @@ ARCHES: dict[str, Arch] = {
 _ALIASES = {"amd64": "x86_64", "x86-64": "x86_64", "aarch64": "arm64"}
 PYTHON_VERSION = "3.11"  # Debian 12's python3; the agent needs only its standard library
 
+#: The disk erase tools the agent's ``sanitise`` job runs (path, Debian package), packed
+#: with their shared libraries.
+TOOLS: tuple[tuple[str, str], ...] = (("/usr/sbin/nvme", "nvme-cli"),
+                                      ("/sbin/hdparm", "hdparm"),
+                                      ("/usr/bin/sg_sanitize", "sg3-utils"))
 # The arm64 packages a foreign-architecture ramdisk is made from (plus the kernel).
 FOREIGN_PACKAGES = ("busybox-static", f"python{PYTHON_VERSION}-minimal",
                     f"libpython{PYTHON_VERSION}-minimal", f"libpython{PYTHON_VERSION}-stdlib",
                     "libc6", "zlib1g", "libexpat1", "libssl3", "libffi8", "libbz2-1.0",
-                    "liblzma5", "libuuid1", "libzstd1")
+                    "liblzma5", "libuuid1", "libzstd1",
+                    # the erase tools and what they link (nvme-cli: libnvme, via D-Bus systemd)
+                    "nvme-cli", "libnvme1", "libjson-c5", "libdbus-1-3", "libsystemd0",
+                    "libcap2", "libgcrypt20", "liblz4-1", "libgpg-error0", "hdparm",
+                    "sg3-utils", "libsgutils2-1.46-2")
 
 
 def arch_named(name: str) -> Arch:
@@ -137,8 +146,12 @@ def host_sysroot(arch: Arch) -> Sysroot:
         raise RamdiskError("no /bin/busybox: install busybox-static")
     if not Path(sysroot.python).is_file():
         raise RamdiskError(f"no {sysroot.python}: install python3")
-    pkgs = _run(["dpkg-query", "-W", "busybox-static", f"python{PYTHON_VERSION}-minimal"],
-                check=False)
+    missing = [package for path, package in TOOLS if not Path(path).is_file()]
+    if missing:
+        raise RamdiskError(f"the disk erase tools are missing: apt-get install "
+                           f"{' '.join(missing)}")
+    pkgs = _run(["dpkg-query", "-W", "busybox-static", f"python{PYTHON_VERSION}-minimal",
+                 *(package for _, package in TOOLS)], check=False)
     return Sysroot(arch, Path("/"), kver, pkgs)
 
 
@@ -200,7 +213,9 @@ def requirements_hint(arch: Arch) -> str:
     host = host_arch()
     tools = "cpio kmod binutils"
     if host is not None and host.name == arch.name:
-        return f"apt-get install {arch.kernel_package} busybox-static python3 {tools}"
+        erasers = " ".join(package for _, package in TOOLS)
+        return (f"apt-get install {arch.kernel_package} busybox-static python3 {erasers} "
+                f"{tools}")
     return (f"dpkg --add-architecture {arch.deb} && apt-get update && apt-get install {tools} "
             f"(the build downloads {arch.deb} packages with apt-get download)")
 

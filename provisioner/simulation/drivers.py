@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from provisioner.domain import Node
+from provisioner.domain import DiskErasure, Node, Sanitised
 from provisioner.errors import RetryableError
 from provisioner.simulation.world import SimWorld
 from provisioner.validation.record import ValidationRecord
@@ -66,9 +66,15 @@ class FakeInstaller(_Sim):
     async def collect_facts(self, node: Node, generation: str) -> None:
         await self._work("facts collection", node)  # simulated facts never change
 
-    async def wipe(self, node: Node) -> None:
-        await self._work("wipe", node)
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        """The simulated disks, each erased by the simulation (method ``simulated``)."""
+        await self._work("sanitise", node)
         await self._world.ensure(machine_key(node), "wipe", "disk", "")
+        disks = simulated_facts(machine_key(node), node.serial)["disks"]
+        return Sanitised(tuple(
+            DiskErasure(str(d["name"]), str(d.get("model", "")), str(d.get("serial", "")),
+                        "simulated", True, self._delay_s)
+            for d in disks if d["name"] not in skip))
 
 
 class FakeKube(_Sim):

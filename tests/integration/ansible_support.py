@@ -17,7 +17,7 @@ from aiohttp import web
 from provisioner.boot.http import BootHttp, BootHttpConfig
 from provisioner.boot.render import Renderer
 from provisioner.config import InstallSettings, LifecycleSettings
-from provisioner.domain import Node
+from provisioner.domain import Node, Sanitised
 from provisioner.install.base import AgentEndpoint, ComposedInstaller, InstallEvent
 from provisioner.install.installer import AnsibleInstaller
 from provisioner.lifecycle.agents import AgentService, FactsMailbox
@@ -65,8 +65,8 @@ class Nothing:
     async def deploy_image(self, node: Node, generation: str) -> None:
         return None
 
-    async def wipe(self, node: Node) -> None:
-        return None
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        return Sanitised(())
 
     async def join(self, node: Node) -> None:
         return None

@@ -10,12 +10,13 @@ import pytest
 
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import LifecycleSettings
-from provisioner.domain import BmcEndpoint, Node
+from provisioner.domain import BmcEndpoint, Node, Sanitised
 from provisioner.errors import Conflict, InvalidTransition, RetryableError
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.ports import Ports
 from provisioner.lifecycle.rack_limit import RackBmcLimit
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.simulation.drivers import simulated_facts
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
@@ -196,8 +197,9 @@ async def test_budget_queues_work_instead_of_rejecting(store, world, make_node) 
         async def collect_facts(self, node: Node, generation: str) -> None:
             await base.installer.collect_facts(node, generation)
 
-        async def wipe(self, node: Node) -> None:
-            await base.installer.wipe(node)
+        async def sanitise(self, node: Node, generation: str,
+                           skip: frozenset[str]) -> Sanitised:
+            return await base.installer.sanitise(node, generation, skip)
 
     installer = CountingInstaller()
     ports = Ports(bmc=base.bmc, inspector=base.inspector, installer=installer,
@@ -252,6 +254,9 @@ async def test_retire_from_active(store, world, make_node) -> None:  # type: ign
     await cond.fire(node.id, E.RETIRE, actor="op", reason="end of life")
     await wait_for_state(store, node.id, S.RETIRED)
     assert await world.get("T1", "kube") == "" and await world.get("T1", "power") == "off"
+    erased = [h.reason for h in await store.nodes.history(node.id) if h.event == "disk_erased"]
+    disks = simulated_facts("T1", "T1")["disks"]  # one row per disk, each with its method
+    assert len(erased) == len(disks) >= 1 and all("erased by simulated" in r for r in erased)
     await cond.stop()
 
 
