@@ -5,8 +5,9 @@ picks what the daemon does with it: the image or installer written to its disk
 (``[images.<profile>]``, ``[installers.<profile>]``), what it must show before it goes to
 Slurm (``[validation.profiles.<profile>]``), its Kubernetes labels (``[kube.profiles.<profile>]``),
 its BMC policy (``[bmc.profiles.<profile>]``), its Slurm nodeset and GRES type
-(``[slurm.nodesets]``, ``[slurm.gres_types]``) and its Ansible variables
-(``[install.profile_vars.<profile>]``). A name none of them defines is a typo: the API
+(``[slurm.nodesets]``, ``[slurm.gres_types]``), its Ansible variables
+(``[install.profile_vars.<profile>]``) and its runbooks, firmware and BIOS baselines and
+erase policy (``[servicing.profiles.<profile>]``). A name none of them defines is a typo: the API
 refuses it, so that validation is never silently skipped. A configuration that defines no
 profile at all (a lab, the tests) has an empty registry and refuses nothing.
 """
@@ -44,6 +45,7 @@ def profile_registry(settings: Settings) -> ProfileRegistry:
         ("slurm.nodesets", settings.slurm.nodesets),
         ("slurm.gres_types", settings.slurm.gres_types),
         ("install.profile_vars", settings.install.profile_vars),
+        ("servicing.profiles", settings.servicing.profiles),
     )
     for section, names in sources:
         for name in names:
