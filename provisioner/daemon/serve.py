@@ -53,7 +53,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.power import PowerSync
-from provisioner.lifecycle.repair import RepairService, ladder_listener
+from provisioner.lifecycle.repair import RepairService, ladder_listener, repair_timer
 from provisioner.lifecycle.repair_domains import RepairHolds, RepairRejoin, combine
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps, HistoryRetention
@@ -200,6 +200,7 @@ class Daemon:
             rejoin = RepairRejoin(self._settings.validation, lambda node: ask_acceptance(
                 acceptance, node, requested_by=f"repair of {node.hostname or node.id}"))
             conductor.add_observer(rejoin.observe)
+            conductor.add_observer(repair_timer(metrics.observe_repair))
             stack.push_async_callback(rejoin.aclose)
             conductor.add_observer(lambda node, _event, _before: NODE_NAMES.remember(
                 node.id, node.hostname))  # other modules' "node <id>" lines: the hostname
@@ -207,7 +208,8 @@ class Daemon:
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             repair_service = RepairService(conductor, store.nodes, self._settings.health,
                                            breakers=store.findings)
-            health = HealthFindings(store.findings, conductor)
+            health = HealthFindings(store.findings, conductor,
+                                    detected=metrics.observe_detect)
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             lead: list[Singleton] = []  # the fleet singleton, made below: it drives waves
             waves = WaveDriver(store.waves, store.nodes, conductor, lead=lambda: (
