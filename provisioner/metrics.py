@@ -34,6 +34,11 @@ from provisioner.domain import Node, NodeState
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 _REQUEST_BUCKETS_S: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+#: fault seen at its source → finding: the bar is 60 s (p99) with the default poll periods
+_DETECT_BUCKETS_S: Final = (1.0, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
+#: ladder start → active or service_required: minutes (a GPU reset) to hours (jobs drained)
+_REPAIR_BUCKETS_S: Final = (60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0,
+                            86400.0)
 
 
 class StateCounter(Protocol):
@@ -169,6 +174,14 @@ class Metrics:
             "provisioner_api_request_seconds", "REST API request duration",
             ["method", "route", "status"], buckets=_REQUEST_BUCKETS_S, registry=self._registry,
         )
+        self._detect: Any = Histogram(
+            "provisioner_health_time_to_detect_seconds", "From a fault seen at its source "
+            "(where the source says when) to its finding", ["source"],
+            buckets=_DETECT_BUCKETS_S, registry=self._registry)
+        self._repair: Any = Histogram(
+            "provisioner_health_time_to_repair_seconds", "From a repair ladder's start to its "
+            "end (passed: active again; service_required; reimage)", ["outcome"],
+            buckets=_REPAIR_BUCKETS_S, registry=self._registry)
         self._nodes = _NodeCollector()
         self._registry.register(self._nodes)
         self._hung = _HungCollector()
@@ -194,6 +207,15 @@ class Metrics:
         """The conductor's ``Observer``: count one committed transition."""
         self._transitions.labels(event=event, from_state=str(before),
                                  to_state=str(node.state)).inc()
+
+    def observe_detect(self, source: str, seconds: float) -> None:
+        """A finding opened ``seconds`` after its source saw the fault
+        (``lifecycle.health.HealthFindings(detected=...)``)."""
+        self._detect.labels(source=str(source)).observe(seconds)
+
+    def observe_repair(self, outcome: str, seconds: float) -> None:
+        """A repair ladder ended (``lifecycle.repair.repair_timer``)."""
+        self._repair.labels(outcome=outcome).observe(seconds)
 
     def observe_request(self, method: str, route: str, status: int, seconds: float) -> None:
         self._requests.labels(method=method, route=route, status=str(status)).observe(seconds)

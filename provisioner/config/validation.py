@@ -94,6 +94,10 @@ class ValidationProfile(Section):
     nvlink_accept_degraded_bandwidth: bool = Field(
         False, description="Accept a GPU whose NVLink fabric reports bandwidth Degraded (health "
         "summary Limited Capacity); unset, such a node is held like an unhealthy one")
+    hold_domain_on_repair: bool = Field(
+        False, description="A tray of this profile under repair (repairing, repair_failed, "
+        "service_required) holds its whole NVLink domain out of the published topology (the "
+        "domain's Slurm block gone); false: the block shrinks by the tray alone")
     acceptance: AcceptanceProfile | None = Field(
         None, description="Fabric acceptance of the node's NVLink domain (or of the node "
         "alone when it names none) before registering; unset: none")

@@ -45,7 +45,7 @@ from provisioner.install.images import AgentJobs
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.sync import KubeSync
 from provisioner.lifecycle.acceptance import DomainAcceptance
-from provisioner.lifecycle.acceptance_sweep import ReacceptSweep
+from provisioner.lifecycle.acceptance_sweep import ReacceptSweep, ask_acceptance
 from provisioner.lifecycle.agents import AgentTokens, FactsMailbox
 from provisioner.lifecycle.bmc_health import BmcHealthPoll
 from provisioner.lifecycle.callbacks import BootCallbacks
@@ -53,7 +53,8 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.power import PowerSync
-from provisioner.lifecycle.repair import RepairService, ladder_listener
+from provisioner.lifecycle.repair import RepairService, ladder_listener, repair_timer
+from provisioner.lifecycle.repair_domains import RepairHolds, RepairRejoin, combine
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.lifecycle.sweeps import ExpirySweeps, HistoryRetention
 from provisioner.lifecycle.validation import FactsValidator, validation_passed
@@ -172,7 +173,11 @@ class Daemon:
                 reservations=(make_maintenance(self._settings.slurm, slurm_client)
                               if slurm_client is not None else None),
                 on_hold=topology.invalidate)
-            topology.hold_with(acceptance.held_nodes)  # a held active domain: out of blocks
+            repair_holds = RepairHolds(store.nodes, self._settings.validation,
+                                       last_passes=acceptance.last_passes)
+            # a held active domain, a domain held by a tray's repair, a repaired tray whose
+            # domain checks have not passed again: out of the blocks
+            topology.hold_with(combine(acceptance.held_nodes, repair_holds.held))
             stack.push_async_callback(acceptance.aclose)  # after the conductor stopped
             bmc = self._bmc(stack, world)
             real = RealDrivers(
@@ -193,13 +198,19 @@ class Daemon:
             fleet_task = asyncio.create_task(fleet.run(), name="fleet")
             stack.push_async_callback(_cancel, fleet_task)
             conductor.add_observer(topology.observe)
+            rejoin = RepairRejoin(self._settings.validation, lambda node: ask_acceptance(
+                acceptance, node, requested_by=f"repair of {node.hostname or node.id}"))
+            conductor.add_observer(rejoin.observe)
+            conductor.add_observer(repair_timer(metrics.observe_repair))
+            stack.push_async_callback(rejoin.aclose)
             conductor.add_observer(lambda node, _event, _before: NODE_NAMES.remember(
                 node.id, node.hostname))  # other modules' "node <id>" lines: the hostname
             ansible.set_event_sink(ansible_to_history(conductor))
             stack.push_async_callback(conductor.stop, self._settings.daemon.shutdown_timeout_s)
             repair_service = RepairService(conductor, store.nodes, self._settings.health,
                                            breakers=store.findings)
-            health = HealthFindings(store.findings, conductor)
+            health = HealthFindings(store.findings, conductor,
+                                    detected=metrics.observe_detect)
             health.add_listener(ladder_listener(repair_service))  # a finding → its ladder
             lead: list[Singleton] = []  # the fleet singleton, made below: it drives waves
             waves = WaveDriver(store.waves, store.nodes, conductor, lead=lambda: (

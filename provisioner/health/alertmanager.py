@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from provisioner.errors import InvalidRequest
 from provisioner.health.model import Action, HealthClass
@@ -62,7 +63,8 @@ def node_name(labels: Mapping[str, str]) -> str | None:
     return labels.get("Hostname", "").strip() or None
 
 
-def alert_report(labels: Mapping[str, str], annotations: Mapping[str, str]) -> Report:
+def alert_report(labels: Mapping[str, str], annotations: Mapping[str, str], *,
+                 starts_at: datetime | None = None) -> Report:
     name = labels.get("alertname", "") or "unnamed alert"
     severity = labels.get("severity", "").lower()
     cls, action = _class(name, labels)
@@ -77,7 +79,7 @@ def alert_report(labels: Mapping[str, str], annotations: Mapping[str, str]) -> R
     parts += [annotations[key] for key in ("summary", "description") if annotations.get(key)]
     subject = next((f"{key}={labels[key]}" if key != "subject" else labels[key]
                     for key in _SUBJECT_LABELS if labels.get(key)), "")
-    return Report(cls, action, ": ".join(parts), subject).clipped()
+    return Report(cls, action, ": ".join(parts), subject, starts_at).clipped()
 
 
 def _class(name: str, labels: Mapping[str, str]) -> tuple[HealthClass, Action | None]:
@@ -122,8 +124,22 @@ def parse_webhook(payload: object) -> list[Alert]:
         node = node_name(labels)
         if node is None:
             continue
-        found.append(Alert(node, alert_report(labels, annotations), status == "firing"))
+        found.append(Alert(node, alert_report(labels, annotations,
+                                              starts_at=_time(alert.get("startsAt"))),
+                           status == "firing"))
     return found
+
+
+def _time(value: object) -> datetime | None:
+    """An alert's ``startsAt`` (RFC 3339, nanoseconds allowed); None when absent, unset
+    (Go's zero time) or not a time."""
+    if not isinstance(value, str) or value.startswith("0001-"):
+        return None
+    try:
+        found = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return found if found.tzinfo is not None else found.replace(tzinfo=UTC)
 
 
 def _strings(alert: Mapping[str, object], key: str, index: int) -> dict[str, str]:

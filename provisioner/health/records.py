@@ -9,7 +9,7 @@ whatever the rate; a cleared record that is reported again reopens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 
@@ -48,6 +48,10 @@ class Report:
     action: Action
     evidence: str
     subject: str = ""
+    seen_at: datetime | None = field(default=None, compare=False)
+    """When the source saw the fault, where it says (a Kubernetes condition's last
+    transition, an alert's ``startsAt``): the time to detect. Not part of the report's
+    identity: a sync pass that sees the same report again changes nothing."""
 
     @classmethod
     def of(cls, finding: Finding) -> Report:
@@ -56,7 +60,8 @@ class Report:
     def clipped(self) -> Report:
         """Evidence on one line and bounded; the subject bounded."""
         evidence = " ".join(self.evidence.split())[:MAX_EVIDENCE]
-        return Report(self.cls, self.action, evidence, self.subject.strip()[:MAX_SUBJECT])
+        return Report(self.cls, self.action, evidence, self.subject.strip()[:MAX_SUBJECT],
+                      self.seen_at)
 
     @property
     def key(self) -> tuple[str, str]:

@@ -93,11 +93,11 @@ def kube_reports(conditions: Iterable[tuple[str, str, str, str, datetime | None]
             if status != "True" and down_s > grace_s:
                 reports.append(Report(C.UNRESPONSIVE, Action.RESTART_OS,
                                       f"Kubernetes: Ready={status} for {down_s:.0f} s"
-                                      f"{detail}", "kubelet"))
+                                      f"{detail}", "kubelet", since))
         elif status == "True" and kind not in KUBELET_PRESSURE:
             cls, action = by_words(f"{kind} {reason} {message}")
             reports.append(Report(cls, action, f"Kubernetes: condition {kind}=True{detail}",
-                                  f"condition/{kind}"))
+                                  f"condition/{kind}", since))
     if gpu_count is not None and allocatable_gpus is not None and allocatable_gpus < gpu_count:
         reports.append(Report(C.GPU_LOST, Action.RESET_GPU,
                               f"Kubernetes: allocatable nvidia.com/gpu {allocatable_gpus} "

@@ -345,6 +345,10 @@ class DomainAcceptance:
         """The nodes of active domains held by a failed run's reservation."""
         return await self._runs.held_nodes()
 
+    async def last_passes(self) -> dict[str, datetime | None]:
+        """Each domain's last passed run (None: never): a repaired tray rejoins after it."""
+        return {domain: s.last_pass for domain, s in (await self.standings()).items()}
+
     async def latest(self, domain: str) -> AcceptanceRun | None:
         return await self._runs.latest(domain)
 

@@ -26,6 +26,9 @@ from provisioner.store.findings import FindingRepo
 
 log = logging.getLogger(__name__)
 
+Detected = Callable[[Origin, float], None]
+"""Told, for each finding opened or reopened from a report whose source said when it saw the
+fault (``Report.seen_at``), the seconds from then to now (``Metrics.observe_detect``)."""
 FindingListener = Callable[[FindingRecord, Change], Awaitable[None]]
 """Called after a finding opened, reopened or cleared (its history row written); the
 record says whether it is silenced (``record.silenced(now)``)."""
@@ -39,8 +42,10 @@ HISTORY_EVENTS: Final = {Change.OPENED: "health_finding", Change.REOPENED: "heal
 
 class HealthFindings:
     def __init__(self, repo: FindingRepo, conductor: Conductor, *,
-                 now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 detected: Detected | None = None) -> None:
         self._repo = repo
+        self._detected = detected
         self._conductor = conductor
         self._now = now
         self._listeners: list[FindingListener] = []
@@ -59,7 +64,9 @@ class HealthFindings:
 
     async def report(self, node_id: str, origin: Origin, reports: Iterable[Report], *,
                      actor: str) -> list[Outcome]:
+        reports = list(reports)
         outcomes = [await self._repo.observe(node_id, origin, report) for report in reports]
+        self._time(origin, reports, outcomes)
         await self._after(outcomes, actor)
         return outcomes
 
@@ -123,10 +130,23 @@ class HealthFindings:
 
     async def _reconcile(self, node_id: str, origin: Origin, reports: list[Report]) -> int:
         outcomes = await self._repo.reconcile(node_id, origin, reports)
+        self._time(origin, reports, outcomes)
         await self._after(outcomes, f"sync:{origin}")
         return 1 if any(o.change is not Change.SEEN for o in outcomes) else 0
 
     # -- history and listeners --------------------------------------------------------------
+
+    def _time(self, origin: Origin, reports: Sequence[Report],
+              outcomes: Sequence[Outcome]) -> None:
+        if self._detected is None:
+            return
+        seen = {r.key: r.seen_at for r in reports if r.seen_at is not None}
+        for outcome in outcomes:
+            if outcome.change not in (Change.OPENED, Change.REOPENED):
+                continue
+            at = seen.get((str(outcome.record.cls), outcome.record.subject))
+            if at is not None:
+                self._detected(origin, max(0.0, (self._now() - at).total_seconds()))
 
     async def _after(self, outcomes: Sequence[Outcome], actor: str) -> None:
         for outcome in outcomes:

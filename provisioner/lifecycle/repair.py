@@ -323,3 +323,23 @@ def ladder_listener(repairs: RepairService) -> Callable[[FindingRecord, Change],
                  record.cls, decision.outcome)
 
     return opened
+
+
+def repair_timer(observe: Callable[[str, float], None]) -> Callable[[Node, str, NodeState],
+                                                                      None]:
+    """A conductor observer: a node leaving ``repairing`` with its repair record closed
+    (``passed``: active again, ``service_required``, ``reimage``) → ``observe(outcome,
+    seconds from the ladder's start)`` (``Metrics.observe_repair``). A stopped ladder
+    (``repair_failed``, the record still open) is not an end."""
+
+    def observed(node: Node, event: str, before: NodeState) -> None:
+        if before is not NodeState.REPAIRING or node.state is NodeState.REPAIRING:
+            return
+        record = RepairRecord.from_facts(node.facts)
+        if record is None or record.open_now:
+            return
+        start, end = _epoch(record.opened_at), _epoch(record.ended_at)
+        if start is not None and end is not None:
+            observe(record.outcome, max(0.0, end - start))
+
+    return observed

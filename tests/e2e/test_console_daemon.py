@@ -65,6 +65,9 @@ def test_console_on_a_simulated_rack_with_live_events(tmp_path: Path) -> None:
         assert status == 200
         cells = re.findall(r'class="cell [^"]*" href="[^"]+" data-hostname="([^"]+)"', page)
         assert sorted(cells) == [f"sim-r{r:02d}-n{n:03d}" for r in (1, 2) for n in (1, 2, 3, 4)]
+        status, _, health = request(port, "GET", "/ui/health", headers={"Cookie": cookie})
+        assert status == 200 and 'aria-label="Open findings"' in health  # the intake wired
+        assert "not wired" not in health and 'aria-label="Service required"' in health
         seen = b""
         while b"event: transition" not in seen:  # the simulated nodes are being inspected
             seen += events.fp.read1(65536)

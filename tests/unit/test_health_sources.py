@@ -5,6 +5,7 @@ notifications (a real capture and one built from published dcgm-exporter rules).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -165,3 +166,28 @@ def test_kube_sync_reads_conditions_allocatable_and_gpu_count() -> None:
     assert classes(health_reports(info, NOW, 60)) == [
         (H.GPU_LOST, A.RESTART_OS, "condition/GpuXidError"),
         (H.GPU_LOST, A.RESET_GPU, "nvidia.com/gpu")]
+
+
+def test_source_times_travel_with_the_reports_but_are_not_their_identity() -> None:
+    """Time to detect: an alert's ``startsAt`` (real notifications, nanoseconds and Go's
+    zero time included) and a condition's last transition; two sightings of one fault at
+    different times are the same report (a sync pass changes nothing)."""
+    resolved = json.loads((FIXTURES / "alertmanager-webhook-v4-resolved-kube-state-metrics"
+                           ".json").read_text())
+    [alert] = parse_webhook(resolved)
+    assert alert.report.seen_at == datetime(2022, 7, 29, 11, 13, 27, 300000, tzinfo=UTC)
+    dcgm = json.loads((FIXTURES / "alertmanager-webhook-v4-dcgm-exporter.json").read_text())
+    assert parse_webhook(dcgm)[0].report.seen_at == datetime(2026, 11, 27, 9, 12, 30,
+                                                             tzinfo=UTC)
+    for value, expected in (("2026-11-27T16:30:00.123456789Z",
+                             datetime(2026, 11, 27, 16, 30, 0, 123456, tzinfo=UTC)),
+                            ("0001-01-01T00:00:00Z", None), ("soon", None)):
+        one = {"version": "4", "alerts": [{"labels": {"alertname": "GpuXid79", "node": "n1"},
+                                           "startsAt": value}]}
+        assert parse_webhook(one)[0].report.seen_at == expected
+    down = [cond("Ready", "False", "KubeletNotReady", ago_s=300)]
+    [report] = kube_reports(down, now=NOW, grace_s=60, allocatable_gpus=None, gpu_count=8)
+    assert report.seen_at == NOW - timedelta(seconds=300)
+    later = replace(report, seen_at=NOW)
+    assert later == report and hash(later) == hash(report) and later.clipped() == report
+    assert report.clipped().seen_at == report.seen_at

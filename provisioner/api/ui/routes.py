@@ -12,6 +12,7 @@ from provisioner.api.ui.auth import Handler, form, page, refuse, signin, signin_
 from provisioner.api.ui.fabric import domain_page, fabric_page
 from provisioner.api.ui.firmware import firmware_page
 from provisioner.api.ui.fleet import FLEET, FleetView, fleet
+from provisioner.api.ui.health import health_page
 from provisioner.api.ui.node import act, node_page
 from provisioner.api.ui.render import load_assets, make_environment, serve_asset
 from provisioner.api.ui.session import Session
@@ -54,6 +55,7 @@ def setup(app: web.Application, nodes: NodeRepo, *,
         ("GET", "/ui/fabric/domains/{clique}", domain_page),
         ("POST", "/ui/fabric/domains/{clique}/accept", accept),
         ("GET", "/ui/firmware", firmware_page),
+        ("GET", "/ui/health", health_page),
         ("GET", "/ui/static/{name}", _asset),
         ("GET", "/ui/{tail:.*}", _unknown),  # last: any other console path
     ]
