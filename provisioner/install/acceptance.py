@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from provisioner.acceptance.domain import DOMAIN, ToolRun, scope_of
+from provisioner.acceptance.mndiag import MAX_HOSTS
 from provisioner.config import AcceptanceProfile, InstallSettings
 from provisioner.domain import Node
 from provisioner.errors import FatalError
@@ -63,14 +64,22 @@ class AnsibleAcceptance:
             inventory: Any = self._installer.inventory(node)
             hosts[alias] = inventory["all"]["hosts"][alias]
         scope = scope_of(profile.nccl_scope, class_gpus)
+        tests, refused = list(profile.tests), []
+        if "mndiag" in tests and len(addresses) > MAX_HOSTS:  # not a part of the domain
+            tests.remove("mndiag")
+            refused.append(ToolRun(DOMAIN, "mndiag", rc=-1, stdout="", stderr=(
+                f"not run: dcgmi mndiag takes at most {MAX_HOSTS} hosts in one request, "
+                f"the domain has {len(addresses)}")))
         extravars: dict[str, object] = {
-            "acceptance_run": safe_name(run_id), "acceptance_tests": list(profile.tests),
+            "acceptance_run": safe_name(run_id), "acceptance_tests": tests,
             "acceptance_deadline_s": profile.test_deadline_s,
             "acceptance_dcgm_level": profile.dcgm_level, "acceptance_nccl_scope": scope,
             "acceptance_gpus_per_node": profile.gpus_per_node,
             "acceptance_mpi_np": profile.gpus_per_node * len(nodes),
             "acceptance_mpi_hosts": ",".join(f"{a}:{profile.gpus_per_node}"
                                              for a in addresses),
+            # every node's host engine at its default port (5555), the first one the head
+            "acceptance_mndiag_hosts": ";".join(addresses),
             "acceptance_ib_devices": list(profile.ib_devices),
             # node i's client reaches node i-1's server (a ring); one node: its own
             "acceptance_ib_peer": {alias: (addresses[i - 1] if len(nodes) > 1 else "127.0.0.1")
@@ -90,7 +99,7 @@ class AnsibleAcceptance:
                 raise FatalError(f"playbook {PLAYBOOK} {result.status} (rc {result.rc}): "
                                  + (result.failures[0].summary() if result.failures
                                     else result.stdout_tail[-300:]))
-            return runs
+            return runs + refused
         finally:
             await asyncio.to_thread(shutil.rmtree, results, True)
 
@@ -104,8 +113,8 @@ class AnsibleAcceptance:
 
 def read_results(results: Path, aliases: Sequence[str]) -> list[ToolRun]:
     """Each host's ``<alias>.json`` as ``ToolRun``s; a host whose file never came back
-    reports nothing (the judge fails what it expected there). ``nccl_domain`` ran once, for
-    the domain."""
+    reports nothing (the judge fails what it expected there). ``nccl_domain`` and
+    ``mndiag`` ran once, for the domain (on its first node)."""
     runs: list[ToolRun] = []
     for alias in aliases:
         try:
@@ -117,12 +126,18 @@ def read_results(results: Path, aliases: Sequence[str]) -> list[ToolRun]:
         for name, item in data.items():
             if not isinstance(item, dict):
                 continue
-            node, test = (DOMAIN, "nccl") if name == "nccl_domain" else (alias, name)
+            node, test = ((DOMAIN, "nccl") if name == "nccl_domain" else
+                          (DOMAIN, name) if name == "mndiag" else (alias, name))
             if test.startswith("ib_write_bw_server-"):
                 continue  # the client's report is the pair's figure
+            probe = item.get("probe")
+            probe = probe if isinstance(probe, dict) else {}
             runs.append(ToolRun(node=node, test=test, rc=int(item.get("rc", -1)),
                                 stdout=str(item.get("stdout", "")),
                                 stderr=str(item.get("stderr", "")),
                                 timed_out=bool(item.get("timed_out")),
-                                deadline_s=float(item.get("deadline_s", 0.0))))
+                                deadline_s=float(item.get("deadline_s", 0.0)),
+                                available=item.get("available") is not False,
+                                version=str(item.get("version", "")),
+                                probe=str(probe.get("stdout", "")) + str(probe.get("stderr", ""))))
     return runs
