@@ -30,7 +30,6 @@ from typing import Any, Final
 from provisioner.acceptance.model import Figure
 
 TEST: Final = "dcgmi-mndiag"
-MAX_HOSTS: Final = 72  # one mndiag request takes at most 72 host specs (DCGM docs)
 KEEP_BYTES: Final = 256 * 1024  # the output kept in the result, from its start
 _TAIL: Final = 300
 
