@@ -2,16 +2,19 @@
 """Runs one fabric acceptance test on a node for playbooks/acceptance.yml (standard library
 only: it runs on the node with Ansible's python3).
 
-    acceptance_tool.py run DIR NAME DEADLINE_S RUN_ID -- TOOL ARG...
+    acceptance_tool.py run [--probe JSON] [--about JSON] DIR NAME DEADLINE_S RUN_ID -- TOOL ARG...
     acceptance_tool.py cleanup RUN_ID
     acceptance_tool.py collect DIR
 
 ``run``: TOOL in a session of its own, with PROVISIONER_ACCEPTANCE_RUN=RUN_ID in its
 environment (``mpirun -x`` passes it to remote ranks); at DEADLINE_S its whole session is
 sent SIGTERM, then SIGKILL 10 s later. Writes DIR/NAME.json: rc (127: the tool is missing),
-stdout, stderr, timed_out, elapsed_s. ``cleanup``: SIGKILL every process whose environment
-names RUN_ID (what a killed mpirun left on this node). ``collect``: DIR/*.json as one JSON
-object on DIR/result.json.
+stdout, stderr, timed_out, elapsed_s. ``--probe``: a command (a JSON list) run first; where
+it exits non-zero TOOL is not run and the result says ``available: false`` with the probe's
+output (``dcgmi mndiag --help``: does this DCGM have mndiag). ``--about``: a command whose
+output is kept as ``version`` (``dcgmi --version``). ``cleanup``: SIGKILL every process
+whose environment names RUN_ID (what a killed mpirun left on this node). ``collect``:
+DIR/*.json as one JSON object on DIR/result.json.
 """
 
 import json
@@ -28,12 +31,34 @@ KEEP_HEAD = 1024 * 1024  # and from its start: NCCL_DEBUG=INFO's set-up lines (N
                          # long run come first
 
 
-def run(out_dir, name, deadline_s, run_id, argv):
+PROBE_S = 60.0
+
+
+def _quick(argv, deadline_s):
+    """A short command's exit status and output (the probe, the version)."""
+    try:
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              stdin=subprocess.DEVNULL, timeout=min(PROBE_S, deadline_s))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"rc": -1, "stdout": "", "stderr": str(exc)[-2000:]}
+    return {"rc": done.returncode, "stdout": done.stdout.decode("utf-8", "replace")[-4000:],
+            "stderr": done.stderr.decode("utf-8", "replace")[-4000:]}
+
+
+def run(out_dir, name, deadline_s, run_id, argv, probe=None, about=None):
     os.makedirs(out_dir, mode=0o700, exist_ok=True)
     result = {"rc": 127, "stdout": "", "stderr": "", "timed_out": False, "elapsed_s": 0.0,
               "deadline_s": deadline_s, "command": argv}
-    if not argv or shutil.which(argv[0]) is None:
+    missing = not argv or shutil.which(argv[0]) is None
+    if not missing and about:
+        result["version"] = " ".join(_quick(about, deadline_s)["stdout"].split())[:200]
+    if not missing and probe:
+        result["probe"] = _quick(probe, deadline_s)
+        result["available"] = result["probe"]["rc"] == 0
+    if missing:
         result["stderr"] = "%s: command not found" % (argv[0] if argv else "(none)")
+    elif result.get("available") is False:
+        result["rc"] = result["probe"]["rc"]
     else:
         env = dict(os.environ, **{MARKER: run_id})
         started = time.monotonic()
@@ -114,8 +139,12 @@ def collect(out_dir):
 def main(argv):
     if argv[:1] == ["run"] and "--" in argv:
         cut = argv.index("--")
-        out_dir, name, deadline, run_id = argv[1:cut]
-        run(out_dir, name, float(deadline), run_id, argv[cut + 1:])
+        head, options = argv[1:cut], {}
+        while head[:1] in (["--probe"], ["--about"]) and len(head) > 1:
+            options[head[0][2:]] = json.loads(head[1])
+            head = head[2:]
+        out_dir, name, deadline, run_id = head
+        run(out_dir, name, float(deadline), run_id, argv[cut + 1:], **options)
     elif argv[:1] == ["cleanup"] and len(argv) == 2:
         cleanup(argv[1])
     elif argv[:1] == ["collect"] and len(argv) == 2:

@@ -58,7 +58,9 @@ class FabricClass:
     cell of nvbandwidth's host_to_device/device_to_host_memcpy_ce; ``nvbw_p2p``: every pair
     of device_to_device_memcpy_read_ce. ``ib_bw``: ib_write_bw average at its largest
     message, Gb/s. ``algorithm``: the NCCL algorithm all-reduce must use where the output
-    names one. ``gpus``: the ranks an all-reduce over the whole class spans."""
+    names one. ``gpus``: the ranks an all-reduce over the whole class spans. ``mndiag``:
+    DCGM's multi-node diagnostic (``dcgmi mndiag``, DCGM 4.3+) supports the class's
+    systems (GB200 NVL, SKU 0x2941; GB300 NVL, SKU 0x31c2: NVIDIA's DCGM documentation)."""
 
     name: str
     description: str
@@ -68,6 +70,7 @@ class FabricClass:
     ib_bw: Floor | None = None
     algorithm: str | None = None
     gpus: int | None = None
+    mndiag: bool = False
 
     def with_tolerance(self, tolerance: float) -> FabricClass:
         """The same floors, each at ``tolerance`` (a profile's or the operator's override)."""
@@ -104,10 +107,10 @@ CLASSES: dict[str, FabricClass] = {c.name: c for c in (
                 nccl_busbw=_NVLINK5, nvbw_host=_HOST_48, nvbw_p2p=_P2P_335, gpus=8),
     FabricClass("gb200-nvl72", "one GB200 NVL72 NVLink domain (72 GPUs, 18 trays)",
                 nccl_busbw=_NVLINK5, nvbw_host=_HOST_48, nvbw_p2p=_P2P_335,
-                algorithm="NVLS", gpus=72),
+                algorithm="NVLS", gpus=72, mndiag=True),
     FabricClass("gb300-nvl72", "one GB300 NVL72 NVLink domain (72 GPUs, 18 trays)",
                 nccl_busbw=_NVLINK5, nvbw_host=_HOST_48, nvbw_p2p=_P2P_335,
-                algorithm="NVLS", gpus=72),
+                algorithm="NVLS", gpus=72, mndiag=True),
     # Rails: judged on a run over one rail (one HCA and one GPU per node, NCCL_IB_HCA set).
     FabricClass("rail-200g", "one HDR 200 Gb/s InfiniBand/RoCE rail",
                 nccl_busbw=Floor(18.0, "GB/s", 0.0,

@@ -17,13 +17,15 @@ from typing import Any, Final
 from provisioner.acceptance.classes import FabricClass, Floor
 from provisioner.acceptance.dcgm_diag import judge_dcgm
 from provisioner.acceptance.judge import judge_text
+from provisioner.acceptance.mndiag import MndiagRun, judge_mndiag, report
 from provisioner.acceptance.model import Figure
 
 #: the tests a profile may ask for, and the tool each runs
 TOOLS: Final[Mapping[str, str]] = {"dcgm": "dcgmi", "nvbandwidth": "nvbandwidth",
-                                   "nccl": "all_reduce_perf", "ib_write_bw": "ib_write_bw"}
+                                   "nccl": "all_reduce_perf", "ib_write_bw": "ib_write_bw",
+                                   "mndiag": "dcgmi"}
 FLOOR_KEYS: Final = ("nccl_busbw", "nvbw_host", "nvbw_p2p", "ib_bw")
-DOMAIN: Final = "(domain)"  # the "node" a domain-wide test (mpirun over every node) ran on
+DOMAIN: Final = "(domain)"  # the "node" a domain-wide test (mpirun, mndiag) ran on
 _NUMBER = re.compile(r"^(-?\d+(?:\.\d+)?)")
 _TOLERANCE = re.compile(r"x\(1-(\d+(?:\.\d+)?)\)$")
 _NOT_FOUND: Final = 127
@@ -32,7 +34,9 @@ _NOT_FOUND: Final = 127
 @dataclass(frozen=True, slots=True)
 class ToolRun:
     """One test on one node (or the domain), as the playbook reported it. ``rc`` 127: the
-    tool is missing; ``timed_out``: killed at the test's deadline."""
+    tool is missing; ``timed_out``: killed at the test's deadline. ``mndiag`` only:
+    ``available`` (its probe, ``dcgmi mndiag --help``, exited 0), ``version`` (``dcgmi
+    --version``'s words) and ``probe`` (what the probe printed)."""
 
     node: str
     test: str
@@ -41,6 +45,9 @@ class ToolRun:
     stderr: str = ""
     timed_out: bool = False
     deadline_s: float = 0.0
+    available: bool = True
+    version: str = ""
+    probe: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,7 @@ class DomainVerdict:
     nodes: tuple[NodeResult, ...]
     slowest: str | None = None
     missing: tuple[str, ...] = field(default=())
+    reports: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -91,6 +99,7 @@ class DomainVerdict:
         return {"domain": self.domain, "fabric_class": self.fabric_class,
                 "passed": self.passed, "summary": self.summary(), "slowest": self.slowest,
                 "missing": list(self.missing),
+                "reports": {name: dict(kept) for name, kept in self.reports.items()},
                 "nodes": [{"node": n.node, "passed": n.passed, "ratio": n.ratio,
                            "figures": [figure_json(f) for f in n.figures]}
                           for n in self.nodes]}
@@ -127,7 +136,8 @@ def scope_of(nccl_scope: str | None, class_gpus: int | None) -> str:
     return "domain" if class_gpus is not None and class_gpus > 8 else "node"
 
 
-def judge_run(cls: FabricClass, run: ToolRun) -> list[Figure]:
+def judge_run(cls: FabricClass, run: ToolRun, *, mndiag_required: bool = False
+              ) -> list[Figure]:
     """One test's figures on one node; a test that did not run is one failed figure."""
     if run.timed_out:
         return [Figure(run.test, "deadline", "killed", f"{run.deadline_s:g}s", False,
@@ -137,6 +147,9 @@ def judge_run(cls: FabricClass, run: ToolRun) -> list[Figure]:
         return [Figure(run.test, "tool", "missing", "-", False,
                        f"{TOOLS.get(run.test, run.test)} not found on the node: "
                        f"{(run.stderr.strip() or 'exit status 127')[:200]}")]
+    if run.test == "mndiag":
+        return [judge_mndiag(MndiagRun(run.rc, run.stdout, run.stderr, run.available,
+                                       run.version, run.probe), required=mndiag_required)]
     if run.test == "dcgm":
         verdict = judge_dcgm(run.rc, run.stdout, run.stderr)
         ok = bool(verdict["ran"]) and bool(verdict["passed"])
@@ -151,11 +164,12 @@ def judge_run(cls: FabricClass, run: ToolRun) -> list[Figure]:
 
 
 def judge_domain(domain: str, cls: FabricClass, nodes: Sequence[str],
-                 expected: Mapping[str, Sequence[str]], runs: Iterable[ToolRun]
-                 ) -> DomainVerdict:
+                 expected: Mapping[str, Sequence[str]], runs: Iterable[ToolRun], *,
+                 mndiag_required: bool = False) -> DomainVerdict:
     """``expected``: node (or ``DOMAIN``) -> the tests that must have run there; one that
     did not report is a failed figure. The slowest node is the one whose lowest figure is
-    furthest below (or least above) its floor."""
+    furthest below (or least above) its floor. ``mndiag``'s output, where it ran, is kept
+    verbatim in ``reports`` (not parsed: ``acceptance/mndiag.py``)."""
     by_node: dict[str, dict[str, ToolRun]] = {}
     for run in runs:
         by_node.setdefault(run.node, {})[run.test] = run
@@ -168,11 +182,14 @@ def judge_domain(domain: str, cls: FabricClass, nodes: Sequence[str],
                 figures.append(Figure(test, "result", "-", "-", False,
                                       "no result came back: the test did not run"))
             else:
-                figures.extend(judge_run(cls, found))
+                figures.extend(judge_run(cls, found, mndiag_required=mndiag_required))
         results.append(NodeResult(name, tuple(figures), _ratio(figures)))
     ranked = [r for r in results if r.ratio is not None and r.node != DOMAIN]
     slowest = min(ranked, key=lambda r: r.ratio or 0.0).node if len(ranked) > 1 else None
-    return DomainVerdict(domain, cls.name, tuple(results), slowest)
+    mndiag = by_node.get(DOMAIN, {}).get("mndiag")
+    reports = ({"mndiag": report(mndiag.stdout)} if mndiag is not None and mndiag.available
+               and mndiag.rc != 127 and mndiag.stdout else {})
+    return DomainVerdict(domain, cls.name, tuple(results), slowest, reports=reports)
 
 
 def _ratio(figures: Iterable[Figure]) -> float | None:

@@ -40,6 +40,14 @@ class NodeResultOut(BaseModel):
     figures: list[FigureOut]
 
 
+class ReportOut(BaseModel):
+    output: str = Field(description="what the tool printed, verbatim (its first 256 KiB); "
+                        "not parsed")
+    valid_json: bool = Field(description="whether the whole output is one JSON document")
+    bytes: int = Field(description="the output's full size")
+    truncated: bool
+
+
 class AcceptanceOut(BaseModel):
     id: str
     domain: str
@@ -54,6 +62,9 @@ class AcceptanceOut(BaseModel):
     deadline_at: datetime
     finished_at: datetime | None
     results: list[NodeResultOut]
+    reports: dict[str, ReportOut] = Field(
+        default_factory=dict, description="domain-wide outputs kept as printed: mndiag "
+        "(`dcgmi mndiag --json` on GB200/GB300 NVL72, judged by its exit status only)")
 
 
 class RerunOut(BaseModel):
@@ -72,11 +83,14 @@ def acceptance_out(run: AcceptanceRun) -> AcceptanceOut:
                              ratio=n.get("ratio"),
                              figures=[FigureOut(**f) for f in n.get("figures", [])])
                for n in raw if isinstance(n, dict)]
+    kept = run.result.get("reports", {})
+    reports = {name: ReportOut(**item) for name, item in
+               (kept.items() if isinstance(kept, dict) else ()) if isinstance(item, dict)}
     return AcceptanceOut(id=run.id, domain=run.domain, fabric_class=run.fabric_class,
                          status=run.status, summary=run.summary, slowest=run.slowest,
                          nodes=[name for _, name in run.nodes], requested_by=run.requested_by,
                          started_at=run.started_at, deadline_at=run.deadline_at,
-                         finished_at=run.finished_at, results=results)
+                         finished_at=run.finished_at, results=results, reports=reports)
 
 
 def _acceptance(request: web.Request) -> DomainAcceptance:

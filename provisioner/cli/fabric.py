@@ -127,6 +127,8 @@ def cmd_fabric_judge(args: argparse.Namespace) -> int:
                     print(f"  {label} >= {floor.text()} [{floor.source}]")
             if cls.algorithm:
                 print(f"  all_reduce algorithm {cls.algorithm}")
+            if cls.mndiag:
+                print("  dcgmi mndiag over the domain: exit status 0 (where DCGM has it)")
         return 0
     if not args.fabric_class:
         raise UsageError("fabric judge: --class CLASS is required (or --list-classes)")

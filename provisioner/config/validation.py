@@ -8,7 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator
 
 from provisioner.config.section import Section
 
-AcceptanceTest = Literal["dcgm", "nvbandwidth", "nccl", "ib_write_bw"]
+AcceptanceTest = Literal["dcgm", "nvbandwidth", "nccl", "ib_write_bw", "mndiag"]
 DEFAULT_TESTS: tuple[AcceptanceTest, ...] = ("dcgm", "nvbandwidth", "nccl")
 
 
@@ -28,7 +28,8 @@ class AcceptanceProfile(Section):
         default_factory=lambda: list(DEFAULT_TESTS), min_length=1,
         description="What runs: `dcgmi diag -r <dcgm_level> -j` and `nvbandwidth` on every "
         "node, NCCL `all_reduce_perf` (see nccl_scope), `ib_write_bw` between neighbouring "
-        "nodes on each of ib_devices")
+        "nodes on each of ib_devices, `dcgmi mndiag` over the domain (GB200/GB300 NVL72 "
+        "classes only; added there unless mndiag = \"off\")")
     dcgm_level: int = Field(2, ge=1, le=4, description="`dcgmi diag -r` level")
     nccl_scope: Literal["node", "domain"] | None = Field(
         None, description="all_reduce_perf per node (HGX: `mpirun -np <gpus>` on the node) "
@@ -38,6 +39,12 @@ class AcceptanceProfile(Section):
     ib_devices: list[str] = Field(
         default_factory=list, description="HCAs (rails) `ib_write_bw` runs on, one "
         "`-d DEVICE` each, node i serving node i+1's client")
+    mndiag: Literal["auto", "require", "off"] = Field(
+        "auto", description="`dcgmi mndiag --hostList <every node> --run mnubergemm --json` "
+        "from the domain's first node, on a class that has it (gb200-nvl72, gb300-nvl72): "
+        "\"auto\" runs it where the node's DCGM has mndiag (4.3+) and records \"not "
+        "available\" (not a failure) where not; \"require\" fails the domain then; "
+        "\"off\" never runs it. Judged by its exit status only")
     test_deadline_s: float = Field(
         1800.0, gt=0, description="Each test is killed (with everything it started, on every "
         "node) when still running after this long, and fails")

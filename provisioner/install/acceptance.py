@@ -71,6 +71,9 @@ class AnsibleAcceptance:
             "acceptance_mpi_np": profile.gpus_per_node * len(nodes),
             "acceptance_mpi_hosts": ",".join(f"{a}:{profile.gpus_per_node}"
                                              for a in addresses),
+            # every node's host engine at its default port (5555); the first is the head.
+            # One request takes at most 72 hosts: an NVL72 domain has 18.
+            "acceptance_mndiag_hosts": ";".join(addresses),
             "acceptance_ib_devices": list(profile.ib_devices),
             # node i's client reaches node i-1's server (a ring); one node: its own
             "acceptance_ib_peer": {alias: (addresses[i - 1] if len(nodes) > 1 else "127.0.0.1")
@@ -104,8 +107,8 @@ class AnsibleAcceptance:
 
 def read_results(results: Path, aliases: Sequence[str]) -> list[ToolRun]:
     """Each host's ``<alias>.json`` as ``ToolRun``s; a host whose file never came back
-    reports nothing (the judge fails what it expected there). ``nccl_domain`` ran once, for
-    the domain."""
+    reports nothing (the judge fails what it expected there). ``nccl_domain`` and
+    ``mndiag`` ran once, for the domain (on its first node)."""
     runs: list[ToolRun] = []
     for alias in aliases:
         try:
@@ -117,12 +120,18 @@ def read_results(results: Path, aliases: Sequence[str]) -> list[ToolRun]:
         for name, item in data.items():
             if not isinstance(item, dict):
                 continue
-            node, test = (DOMAIN, "nccl") if name == "nccl_domain" else (alias, name)
+            node, test = ((DOMAIN, "nccl") if name == "nccl_domain" else
+                          (DOMAIN, name) if name == "mndiag" else (alias, name))
             if test.startswith("ib_write_bw_server-"):
                 continue  # the client's report is the pair's figure
+            probe = item.get("probe")
+            probe = probe if isinstance(probe, dict) else {}
             runs.append(ToolRun(node=node, test=test, rc=int(item.get("rc", -1)),
                                 stdout=str(item.get("stdout", "")),
                                 stderr=str(item.get("stderr", "")),
                                 timed_out=bool(item.get("timed_out")),
-                                deadline_s=float(item.get("deadline_s", 0.0))))
+                                deadline_s=float(item.get("deadline_s", 0.0)),
+                                available=item.get("available") is not False,
+                                version=str(item.get("version", "")),
+                                probe=str(probe.get("stdout", "")) + str(probe.get("stderr", ""))))
     return runs

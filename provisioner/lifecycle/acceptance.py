@@ -38,6 +38,7 @@ from provisioner.acceptance.domain import (
 )
 from provisioner.acceptance.model import Figure
 from provisioner.config import AcceptanceProfile, ValidationSettings
+from provisioner.config.validation import AcceptanceTest
 from provisioner.domain import Node
 from provisioner.errors import ConfigError, Conflict, NotFound, ProvisionerError
 from provisioner.lifecycle.acceptance_active import (
@@ -89,19 +90,38 @@ def expected_tests(profile: AcceptanceProfile, names: Sequence[str], scope: str
         per_node += [f"ib_write_bw-{device}" for device in profile.ib_devices] or [
             "ib_write_bw-(no ib_devices)"]
     expected: dict[str, list[str]] = {name: list(per_node) for name in names}
-    if "nccl" in profile.tests and scope == "domain":
-        expected[DOMAIN] = ["nccl"]
+    domain: list[str] = [t for t in ("nccl", "mndiag") if t in profile.tests
+              and (t != "nccl" or scope == "domain")]
+    if domain:
+        expected[DOMAIN] = domain
     return expected
+
+
+def with_mndiag(profile: AcceptanceProfile, cls: FabricClass) -> AcceptanceProfile:
+    """The profile with ``mndiag`` among its tests on a class that has it (GB200/GB300
+    NVL72) unless ``mndiag = "off"``, and without it otherwise."""
+    tests: list[AcceptanceTest] = [t for t in profile.tests if t != "mndiag"]
+    if cls.mndiag and profile.mndiag != "off":
+        tests.append("mndiag")
+    return profile if tests == profile.tests else profile.model_copy(update={"tests": tests})
 
 
 def check_fabric_classes(settings: ValidationSettings) -> None:
     """ConfigError naming the profile whose acceptance names an unknown fabric class (run
     by ``serve``'s preflight and ``config check``, and again here)."""
     for name, profile in settings.profiles.items():
-        if profile.acceptance and fabric_class(profile.acceptance.fabric_class) is None:
+        accept = profile.acceptance
+        if accept is None:
+            continue
+        cls = fabric_class(accept.fabric_class)
+        if cls is None:
             raise ConfigError(f"validation.profiles.{name}.acceptance.fabric_class: "
-                              f"unknown class {profile.acceptance.fabric_class!r} "
+                              f"unknown class {accept.fabric_class!r} "
                               "(provisioner fabric judge --list-classes)")
+        if not cls.mndiag and ("mndiag" in accept.tests or accept.mndiag == "require"):
+            raise ConfigError(f"validation.profiles.{name}.acceptance: dcgmi mndiag runs on "
+                              "GB200/GB300 NVL72 classes only, not on "
+                              f"{accept.fabric_class!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +207,7 @@ class DomainAcceptance:
             if node.id not in {m.id for m in members}:
                 members = [*members, node]
             cls = self._class(profile, node.profile or "")
+            profile = with_mndiag(profile, cls)
             run_id = uuid.uuid4().hex
             deadline = self._clock() + timedelta(seconds=self._launcher.budget_s(profile))
             run = await self._runs.start(
@@ -235,7 +256,8 @@ class DomainAcceptance:
             runs = await self._launcher.launch(run.id, run.domain, members, profile, cls.gpus)
             scope = scope_of(profile.nccl_scope, cls.gpus)
             verdict = judge_domain(run.domain, cls, names,
-                                   expected_tests(profile, names, scope), runs)
+                                   expected_tests(profile, names, scope), runs,
+                                   mndiag_required=profile.mndiag == "require")
             status = PASSED if verdict.passed else FAILED
         except JobsStillRunning as exc:
             status = INTERRUPTED
@@ -327,6 +349,7 @@ class DomainAcceptance:
             if latest is not None and latest.status == RUNNING and latest.id in self._mine:
                 raise Conflict(f"fabric acceptance {latest.id} of {domain} is still running")
             cls = self._class(profile, members[0].profile or "")
+            profile = with_mndiag(profile, cls)
             name = reservation_name(domain)
             run_id = uuid.uuid4().hex
             budget = self._launcher.budget_s(profile) + profile.jobs_wait_s

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from provisioner.acceptance.classes import fabric_class
-from provisioner.acceptance.domain import ToolRun, judge_domain
+from provisioner.acceptance.domain import DOMAIN, ToolRun, judge_domain
 from provisioner.config import AcceptanceProfile, ValidationProfile, ValidationSettings
 from provisioner.domain import Node, Role
 from provisioner.lifecycle.acceptance import DomainAcceptance
@@ -74,14 +74,24 @@ async def active_domain(store: Store, make_node: Any, clique: str, prefix: str) 
     return nodes
 
 
+# A stand-in for dcgmi mndiag's --json (not a capture: none is public), with markup that
+# the page must show as text.
+MNDIAG = '{"stand-in": "<not a capture>"}'
+
+
 async def judged(store: Store, domain: str, nodes: Sequence[Node], slow: set[str], *,
-                 held: bool) -> None:
-    """One finished run of ``domain`` as ``DomainAcceptance`` stores it."""
+                 held: bool, mndiag: str | None = None) -> None:
+    """One finished run of ``domain`` as ``DomainAcceptance`` stores it (with a domain-wide
+    ``dcgmi mndiag`` that exited 0 and printed ``mndiag``, when given)."""
     cls = fabric_class("hgx-h200")
     assert cls is not None
     names = [n.hostname or n.id for n in nodes]
-    verdict = judge_domain(domain, cls, names, {n: ["nccl"] for n in names}, [
-        ToolRun(n, "nccl", 0, SLOW_NCCL if n in slow else NCCL) for n in names])
+    expected: dict[str, list[str]] = {n: ["nccl"] for n in names}
+    runs = [ToolRun(n, "nccl", 0, SLOW_NCCL if n in slow else NCCL) for n in names]
+    if mndiag is not None:
+        expected[DOMAIN] = ["mndiag"]
+        runs.append(ToolRun(DOMAIN, "mndiag", 0, mndiag))
+    verdict = judge_domain(domain, cls, names, expected, runs)
     run = await store.acceptance.start(
         uuid.uuid4().hex, domain, cls.name, [(n.id, n.hostname or n.id) for n in nodes],
         deadline_at=datetime.now(UTC) + timedelta(hours=1),
@@ -97,7 +107,7 @@ async def test_fabric_page_shows_passed_held_and_never_run_domains(
     good = await active_domain(store, make_node, PASSED_CLIQUE, "good")
     await judged(store, PASSED_CLIQUE, good, set(), held=False)
     bad = await active_domain(store, make_node, HELD_CLIQUE, "bad")
-    await judged(store, HELD_CLIQUE, bad, {"bad-1"}, held=True)
+    await judged(store, HELD_CLIQUE, bad, {"bad-1"}, held=True, mndiag=MNDIAG)
     await active_domain(store, make_node, NEVER_CLIQUE, "new")
     browser = Browser(api)
     await browser.sign_in(Role.VIEWER)
@@ -126,10 +136,13 @@ async def test_fabric_page_shows_passed_held_and_never_run_domains(
     assert f"Held: Slurm maintenance reservation {name} keeps jobs off bad-0, bad-1" in body
     assert f"provisioner fabric accept {HELD_CLIQUE}" in body
     assert not page.find("form", action=f"/ui/fabric/domains/{HELD_CLIQUE}/accept")  # viewer
+    assert page.find("details", data_report="mndiag")
+    assert MNDIAG in page.text and "&lt;not a capture&gt;" in text  # verbatim, escaped
 
     status, text = await browser.get(f"/ui/fabric/domains/{PASSED_CLIQUE}")
     page = Elements(text)
     assert page.find("section", id="acceptance")[0]["data-acceptance"] == "passed"
+    assert not page.find("details", data_report="mndiag")  # none ran there
     assert all(r["data-passed"] == "yes" for r in page.find("tr") if "data-passed" in r)
     status, text = await browser.get(f"/ui/fabric/domains/{NEVER_CLIQUE}")
     page = Elements(text)
