@@ -29,9 +29,9 @@ class FirmwareComponent(Section):
     id: str = Field(min_length=1, description="FirmwareInventory member Id, a shell pattern "
                     "(`BIOS*`, `*HGX_FW_GPU_*`)")
     version: str = Field(min_length=1, description="The version the component must report")
-    image: str = Field(min_length=1, description="Image file under [servicing] image_dir, "
-                       "served by our HTTP server as <image_base_url>/<image>, or a full "
-                       "http(s) URL")
+    image: str = Field(min_length=1, description="Image file, fetched by the BMC as "
+                       "<image_base_url>/<image> (our boot HTTP server serves "
+                       "boot.artefacts_dir under /artefacts/), or a full http(s) URL")
 
 
 class ServicingProfile(Section):
@@ -61,8 +61,11 @@ class ServicingSettings(Section):
         default_factory=dict, description="[servicing.profiles.<profile>] onboarding_runbook, "
         "bios, firmware")
     image_base_url: str | None = Field(
-        None, description="Where BMCs fetch firmware images (our HTTP server's "
-        "/firmware/ path as the BMC network reaches it); unset: images must be full URLs")
+        None, description="Where BMCs fetch firmware images: our boot HTTP server's "
+        "/artefacts/<dir> as the BMC network reaches it (e.g. "
+        "http://10.0.0.1:8080/artefacts/firmware, the files in boot.artefacts_dir/firmware; "
+        "`config check` then finds each image there), or another web server; unset: images "
+        "must be full URLs")
     task_timeout_s: float = Field(
         3600.0, gt=0, description="A firmware update task that has not completed by then "
         "fails the step")

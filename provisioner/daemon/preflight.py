@@ -29,6 +29,7 @@ def preflight(settings: Settings) -> Preflight:
     _boot(settings, result)
     _kube(settings, result)
     _acceptance(settings, result)
+    check_firmware_images(settings, result)
     _secret_key(settings.state_dir / "secret.key", result)
     return result
 
@@ -93,6 +94,28 @@ def _acceptance(settings: Settings, result: Preflight) -> None:
     check_fabric_classes(settings.validation)
     if settings.validation.profiles:
         result.checked.append(f"validation profiles: {', '.join(settings.validation.profiles)}")
+
+
+def check_firmware_images(settings: Settings, result: Preflight) -> None:
+    """Firmware images served by our boot HTTP server (``image_base_url`` ending in
+    ``/artefacts/<dir>``) must be there: a BMC fetching a 404 fails its update task with a
+    message of its own, an hour later, on every node of the profile."""
+    servicing = settings.servicing
+    base = (servicing.image_base_url or "").rstrip("/")
+    marker = "/artefacts/"
+    if marker not in base:
+        return
+    served = (settings.boot.artefacts_dir or settings.state_dir / "artefacts") \
+        / base.split(marker, 1)[1]
+    missing = sorted({f"{name}: {part.image}" for name, profile in servicing.profiles.items()
+                      for part in profile.firmware
+                      if not part.image.startswith(("http://", "https://"))
+                      and not (served / part.image.lstrip("/")).is_file()})
+    if missing:
+        raise ConfigError(f"servicing: firmware images missing in {served} (served as "
+                          f"{base}): {'; '.join(missing)}")
+    if servicing.profiles:
+        result.checked.append(f"firmware images: {served}")
 
 
 def _secret_key(path: Path, result: Preflight) -> None:

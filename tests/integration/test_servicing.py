@@ -16,9 +16,11 @@ import pytest
 
 from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.redfish_service import SiteServicing
-from provisioner.config import LifecycleSettings
+from provisioner.config import BootSettings, LifecycleSettings, Settings
 from provisioner.config.servicing import ServicingSettings
+from provisioner.daemon.preflight import Preflight, check_firmware_images
 from provisioner.domain import BmcCredentials, BmcEndpoint, Node
+from provisioner.errors import ConfigError
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.service_record import ServiceRecord
 from provisioner.lifecycle.states import Event, NodeState
@@ -27,6 +29,7 @@ from provisioner.simulation.drivers import simulated_facts
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
+from tests.integration.test_boot_http import boot as boot  # noqa: F401  (fixture)
 from tests.sim.redfish_update import UpdateSim, make_app
 
 S = NodeState
@@ -264,3 +267,33 @@ async def test_active_node_is_drained_serviced_and_back_through_the_gate(  # typ
     reasons = [h.reason for h in history if h.event in ("service_drain", "service_step")]
     assert reasons[0].startswith("servicing: runbook fw") and "validation passed" in reasons
     await cond.stop()
+
+
+async def test_images_come_from_our_boot_http_server(  # type: ignore[no-untyped-def]
+        store, world, make_node, bmc_sim, driver, boot) -> None:
+    """The BMC fetches each image from the boot HTTP server's /artefacts/ (as a real BMC
+    does, byte for byte); an image that is not there fails the update with the BMC's
+    transfer message, and `config check`'s preflight finds it missing first."""
+    sim, url = bmc_sim
+    sim.fetch_images = True
+    firmware = boot.artefacts / "firmware"
+    firmware.mkdir()
+    image = bytes(range(256)) * 64
+    (firmware / "bios-1.2.0.bin").write_bytes(image)
+    served = settings(["firmware_update"]).model_copy(
+        update={"image_base_url": f"{boot.url}/artefacts/firmware"})
+    node = await new_node(make_node, url)
+    cond = conductor(store, world, driver, served)
+    await cond.fire(node.id, Event.DEPLOY, actor="op")
+    failed = await wait_for_state(store, node.id, S.SERVICE_FAILED)
+    assert sim.fetched == {f"{boot.url}/artefacts/firmware/bios-1.2.0.bin": image}
+    assert ("The transfer of the image "
+            f"'{boot.url}/artefacts/firmware/nic-22.41.1.bin'") in (failed.last_error or "")
+    await cond.stop()
+    config = Settings(state_dir=boot.artefacts.parent / "state",
+                      boot=BootSettings(artefacts_dir=boot.artefacts), servicing=served)
+    with pytest.raises(ConfigError, match=r"firmware images missing .* gpu: nic-22.41.1.bin"):
+        check_firmware_images(config, Preflight())
+    (firmware / "nic-22.41.1.bin").write_bytes(b"nic")
+    check_firmware_images(config, checked := Preflight())
+    assert checked.checked == [f"firmware images: {firmware}"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 SYSTEM = "/redfish/v1/Systems/1"
@@ -40,6 +41,8 @@ class UpdateSim:
     # while set-able and unset, SimpleUpdate makes its task, then keeps its answer back (a
     # daemon that dies in that window never hears the task's URI)
     answer_hold: asyncio.Event | None = None
+    fetch_images: bool = False  # fetch ImageURI as a BMC does; a failed transfer fails the task
+    fetched: dict[str, bytes] = field(default_factory=dict)  # ImageURI -> the bytes it got
     updates: list[dict[str, Any]] = field(default_factory=list)
     patches: list[dict[str, Any]] = field(default_factory=list)
     resets: list[str] = field(default_factory=list)
@@ -183,7 +186,16 @@ async def simple_update(request: web.Request) -> web.Response:
     version = str(body["ImageURI"]).rsplit("/", 1)[-1].removesuffix(".bin").split("-")[-1]
     tid = str(len(sim.tasks) + 1)
     sim.tasks[tid] = {"target": target, "version": version, "polls": 0,
-                      "body": json.dumps(body)}
+                      "body": json.dumps(body), "transfer": ""}
+    if sim.fetch_images:
+        uri = str(body["ImageURI"])
+        async with aiohttp.ClientSession() as session, session.get(uri) as got:
+            if got.status == 200:
+                sim.fetched[uri] = await got.read()
+            else:  # DMTF's Update registry: TransferFailed, "The transfer of the image
+                # '%1' to '%2' failed."
+                sim.tasks[tid]["transfer"] = (f"The transfer of the image '{uri}' to "
+                                              f"'{target}' failed.")
     if sim.answer_hold is not None:
         await sim.answer_hold.wait()
     return web.Response(status=202, headers={"Location": f"{TASKS}/{tid}"})
@@ -207,6 +219,10 @@ async def task(request: web.Request) -> web.Response:
     if state["polls"] <= sim.task_polls:
         return _json({**body, "TaskState": "Running",
                       "PercentComplete": 100 * state["polls"] // (sim.task_polls + 1)})
+    if state.get("transfer"):
+        return _json({**body, "TaskState": "Exception", "TaskStatus": "Critical",
+                      "Messages": [{"MessageId": "Update.1.0.TransferFailed",
+                                    "Message": state["transfer"]}]})
     if sim.task_fault == "exception":
         return _json({**body, "TaskState": "Exception", "TaskStatus": "Critical",
                       "Messages": [{"MessageId": "Update.1.0.VerificationFailed",
