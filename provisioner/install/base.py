@@ -93,6 +93,8 @@ class AgentEndpoint:
 
     url: str
     issue_token: Callable[[str], Awaitable[str]]
+    #: the in-band probe's token (``lifecycle.inband``); None: no probe is installed
+    issue_probe_token: Callable[[str], Awaitable[str]] | None = None
 
 
 class ImageWriter(Protocol):
