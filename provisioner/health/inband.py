@@ -8,12 +8,14 @@ The payload (JSON; every key optional but ``boot_id``)::
      "kernel_log": ["[ 1843.308145] NVRM: Xid (PCI:0000:3b:00): 79, ...", "  NVRM: ...", ...],
      "nvidia_smi": "<nvidia-smi -q>", "ibstat": "<ibstat>", "dcgm_health": "<dcgmi health -c>"}
 
-Kernel-log lines are ``dmesg``'s raw form: a ``[seconds.micro]`` stamp (time since boot)
-starts a record, a line without one continues the record before it (the driver's
-multi-line messages). The cursor is the daemon's, per node: the boot and the last stamp
-read. A record at or before the cursor in the same boot is never read again; a new boot
-starts over (the kernel's ring is per boot: what it holds is this boot's evidence, so a
-node's first post raises what its ring already holds). The other sections are states: what
+Kernel-log lines are ``dmesg``'s: a stamp, raw (``[ 1843.308145]``, seconds since boot)
+or ``dmesg -T``'s (``[Sun Feb 23 16:24:18 2025]``), starts a record; a line without one
+continues the record before it (the driver's multi-line messages). The cursor is the
+daemon's, per node: the boot, the last stamp read and how many records bore it (``-T``
+stamps have one-second grain: more may come in that second). A record at or before the
+cursor in the same boot is never read again; a new boot starts over (the kernel's ring is
+per boot: what it holds is this boot's evidence, so a node's first post raises what its
+ring already holds). A log with no stamp at all is read once per boot. The other sections are states: what
 is wrong now; the cursor keeps their keys so a state that went away is cleared.
 
 A node may lie. It can only speak of itself (its identity is the token's binding, never the
@@ -24,9 +26,11 @@ as dropped, not read.
 
 from __future__ import annotations
 
+import calendar
 import json
 import math
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -50,7 +54,9 @@ SECTIONS: Final[dict[str, Callable[[str], list[Finding]]]] = {
     "ibstat": classify_ibstat,
     "dcgm_health": classify,  # dcgmi health -c: JSON (-j) or its table
 }
-_STAMP = re.compile(r"^\[\s*(\d{1,12}(?:\.\d{1,9})?)\]")
+_STAMP = re.compile(r"^\[\s*(?:(\d{1,12}(?:\.\d{1,9})?)|"
+                    r"((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d "
+                    r"\d{4}))\]")
 _BOOT_ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")
 
 
@@ -61,9 +67,10 @@ class Cursor:
     boot_id: str = ""
     after: float = -1.0
     states: tuple[tuple[str, str], ...] = ()
+    seen: int = 0  # records stamped ``after`` already read
 
     def dumps(self) -> str:
-        return json.dumps({"boot": self.boot_id, "after": self.after,
+        return json.dumps({"boot": self.boot_id, "after": self.after, "seen": self.seen,
                            "states": [list(k) for k in self.states]}, separators=(",", ":"))
 
     @classmethod
@@ -72,7 +79,8 @@ class Cursor:
         try:
             value = json.loads(stored) if stored else {}
             states = tuple((str(c), str(s)) for c, s in value.get("states", ()))
-            return cls(str(value.get("boot", "")), float(value.get("after", -1.0)), states)
+            return cls(str(value.get("boot", "")), float(value.get("after", -1.0)), states,
+                       int(value.get("seen", 0)))
         except (ValueError, TypeError, AttributeError):
             return cls()
 
@@ -126,30 +134,52 @@ def parse(body: object) -> Evidence:
     return Evidence(boot_id, tuple(line[:MAX_LINE_CHARS] for line in kept), sections, dropped)
 
 
+def stamp_of(line: str) -> float | None:
+    """A record's stamp: seconds since boot, or ``-T``'s local time as seconds since the
+    epoch (only ever compared with the same node's own stamps); None: a continuation."""
+    match = _STAMP.match(line)
+    if match is None:
+        return None
+    if match[1] is not None:
+        return float(match[1])
+    try:
+        return float(calendar.timegm(time.strptime(match[2], "%a %b %d %H:%M:%S %Y")))
+    except ValueError:
+        return None
+
+
 def new_records(lines: tuple[str, ...], cursor: Cursor, boot_id: str
-                ) -> tuple[list[str], int, float]:
+                ) -> tuple[list[str], int, Cursor]:
     """The lines after the cursor (a record's continuation lines stay with it), how many
-    were skipped, and the last stamp now read."""
-    after = cursor.after if cursor.boot_id == boot_id else -1.0
+    were skipped, and the cursor after them (its states unchanged)."""
+    fresh = cursor.boot_id != boot_id
+    after, seen = (-1.0, 0) if fresh else (cursor.after, cursor.seen)
     kept: list[str] = []
-    skipped, last, keep = 0, after, after < 0  # unstamped lines first: only on a fresh read
+    skipped, at_after, last, last_seen = 0, 0, after, seen
+    keep = after < 0  # lines before the first stamp: only on a boot's first read
     for line in lines:
-        match = _STAMP.match(line)
-        if match is not None:
-            stamp = float(match[1])
-            keep = math.isfinite(stamp) and stamp > after
-            if keep:
-                last = max(last, stamp)
+        stamp = stamp_of(line)
+        if stamp is not None:
+            if stamp == after:
+                at_after += 1
+            keep = math.isfinite(stamp) and (stamp > after or (stamp == after
+                                                               and at_after > seen))
+            if keep and stamp > last:
+                last, last_seen = stamp, 1
+            elif keep and stamp == last:
+                last_seen += 1
         if keep:
             kept.append(line)
         else:
             skipped += 1
-    return kept, skipped, last
+    if kept and last < 0:
+        last = 0.0  # a log with no stamp: read once this boot
+    return kept, skipped, Cursor(boot_id, last, cursor.states, last_seen)
 
 
 def read(evidence: Evidence, cursor: Cursor) -> Reading:
     """The findings in a post, the cursor after it."""
-    lines, skipped, last = new_records(evidence.kernel_log, cursor, evidence.boot_id)
+    lines, skipped, moved = new_records(evidence.kernel_log, cursor, evidence.boot_id)
     events = classify_kernel_log("\n".join(lines)) if lines else []
     states: list[Finding] = []
     errors: dict[str, str] = {}
@@ -165,13 +195,14 @@ def read(evidence: Evidence, cursor: Cursor) -> Reading:
         events = events[:MAX_FINDINGS]
         states = states[:MAX_FINDINGS - len(events)]
     keys = tuple(sorted({(str(f.cls), f.subject) for f in states}))
-    return Reading(events, states, Cursor(evidence.boot_id, last, keys), len(lines),
-                   skipped, dropped, errors)
+    return Reading(events, states, Cursor(moved.boot_id, moved.after, keys, moved.seen),
+                   len(lines), skipped, dropped, errors)
 
 
 def summary(reading: Reading) -> dict[str, Any]:
     """The answer to the probe: where to start next time, and what was taken."""
     return {"accepted": True, "boot_id": reading.cursor.boot_id, "after": reading.cursor.after,
+            "seen": reading.cursor.seen,
             "lines": reading.lines_read, "skipped": reading.lines_skipped,
             "findings": len(reading.events) + len(reading.states),
             "dropped": reading.dropped, "errors": reading.errors}

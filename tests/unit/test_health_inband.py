@@ -28,7 +28,7 @@ def test_a_first_post_raises_what_the_ring_holds_and_sets_the_cursor() -> None:
     assert [(f.cls, f.action) for f in reading.events] == [(HealthClass.GPU_LOST,
                                                             Action.RESTART_OS)]
     assert "0000:b3:00.0" in reading.events[0].evidence  # the record's continuation lines
-    assert reading.cursor == Cursor(BOOT, 1843.439669)
+    assert reading.cursor == Cursor(BOOT, 1843.439669, (), 1)
     assert reading.lines_read == len(OFF_BUS) and reading.lines_skipped == 0
 
 
@@ -46,8 +46,28 @@ def test_a_line_is_never_read_twice_and_only_new_records_are() -> None:
 def test_continuation_lines_stay_with_their_record() -> None:
     """The cursor on the record that names the GPU: its continuation lines (the "fallen
     off the bus" words) are skipped with it, never read as a new record."""
-    reading = read(post(OFF_BUS), Cursor(BOOT, 1843.308145))
+    reading = read(post(OFF_BUS), Cursor(BOOT, 1843.308145, (), 1))
     assert reading.events == [] and reading.lines_read == 2  # the two later records
+
+
+def test_dmesg_t_stamps_of_one_second_lose_and_repeat_nothing() -> None:
+    """``dmesg -T`` (one-second stamps): the GSP XID 119 excerpt has many records in one
+    second; a post cut inside that second and the next post read each line once."""
+    lines = (HEALTH / "gpud-dmesg-with-xid-119.log").read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if "Xid (PCI:0000:9b:00): 119" in line)
+    first = read(post(lines[:cut]), Cursor())
+    assert first.events == [] and first.cursor.seen > 1  # records of that second read
+    rest = read(post(lines), Cursor.loads(first.cursor.dumps()))
+    assert rest.lines_read == len(lines) - cut and rest.lines_skipped == cut
+    assert [(f.cls, f.action) for f in rest.events] == [(HealthClass.GPU, Action.RESET_GPU)]
+    assert read(post(lines), rest.cursor).lines_read == 0
+
+
+def test_a_log_without_stamps_is_read_once_per_boot() -> None:
+    lines = (HEALTH / "ml-engineering-xid63.log").read_text().splitlines()
+    first = read(post(lines), Cursor())
+    assert len(first.events) == 1 and first.cursor.after == 0.0
+    assert read(post(lines), first.cursor).events == []
 
 
 def test_a_new_boot_reads_its_ring_from_the_start() -> None:
@@ -63,7 +83,7 @@ def test_stamps_that_go_back_are_skipped_and_never_move_the_cursor_back() -> Non
 
 
 def test_the_cursor_survives_storage_and_a_bad_one_starts_over() -> None:
-    cursor = Cursor(BOOT, 12.5, (("infiniband", "mlx5_1/1"),))
+    cursor = Cursor(BOOT, 12.5, (("infiniband", "mlx5_1/1"),), 3)
     assert Cursor.loads(cursor.dumps()) == cursor
     for junk in (None, "", "not json", "[1, 2]", '{"after": "x"}', '{"states": [1]}'):
         assert Cursor.loads(junk) == Cursor()
