@@ -9,14 +9,16 @@ The payload (JSON; every key optional but ``boot_id``)::
      "nvidia_smi": "<nvidia-smi -q>", "ibstat": "<ibstat>", "dcgm_health": "<dcgmi health -c>"}
 
 Kernel-log lines are ``dmesg``'s: a stamp, raw (``[ 1843.308145]``, seconds since boot)
-or ``dmesg -T``'s (``[Sun Feb 23 16:24:18 2025]``), starts a record; a line without one
-continues the record before it (the driver's multi-line messages). The cursor is the
-daemon's, per node: the boot, the last stamp read and how many records bore it (``-T``
-stamps have one-second grain: more may come in that second). A record at or before the
-cursor in the same boot is never read again; a new boot starts over (the kernel's ring is
-per boot: what it holds is this boot's evidence, so a node's first post raises what its
-ring already holds). A log with no stamp at all is read once per boot. The other sections are states: what
-is wrong now; the cursor keeps their keys so a state that went away is cleared.
+or ``dmesg -T``'s (``[Sun Feb 23 16:24:18 2025]``), maybe after a syslog prefix
+(``Dec  6 17:49:03 host kernel: [ 8659.726062]``: a ``kern.log``), starts a record; a
+line without one continues the record before it (the driver's multi-line messages). The
+cursor is the daemon's, per node: the boot, the last stamp read and how many records bore
+it (``-T`` stamps have one-second grain: more may come in that second). A record at or
+before the cursor in the same boot is never read again; a new boot starts over (the
+kernel's ring is per boot: what it holds is this boot's evidence, so a node's first post
+raises what its ring already holds). A log with no stamp at all is read once per boot.
+The other sections are states: what is wrong now; the cursor keeps their keys so a state
+that went away is cleared.
 
 A node may lie. It can only speak of itself (its identity is the token's binding, never the
 payload), and what it sends is bounded: ``MAX_LINES`` lines of ``MAX_LINE_CHARS`` each,
@@ -54,7 +56,7 @@ SECTIONS: Final[dict[str, Callable[[str], list[Finding]]]] = {
     "ibstat": classify_ibstat,
     "dcgm_health": classify,  # dcgmi health -c: JSON (-j) or its table
 }
-_STAMP = re.compile(r"^\[\s*(?:(\d{1,12}(?:\.\d{1,9})?)|"
+_STAMP = re.compile(r"^(?:[^\[]{0,200}?\bkernel: )?\[\s*(?:(\d{1,12}(?:\.\d{1,9})?)|"
                     r"((?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d "
                     r"\d{4}))\]")
 _BOOT_ID = re.compile(r"^[0-9A-Za-z-]{1,64}$")

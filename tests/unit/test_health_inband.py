@@ -63,6 +63,16 @@ def test_dmesg_t_stamps_of_one_second_lose_and_repeat_nothing() -> None:
     assert read(post(lines), rest.cursor).lines_read == 0
 
 
+def test_a_syslog_kern_log_is_stamped_by_its_kernel_stamps() -> None:
+    lines = (HEALTH / "ubuntu-forum-syslog-xid79.log").read_text().splitlines()
+    first = read(post(lines[:1]), Cursor())
+    assert first.events == [] and first.cursor.after == 8659.726052
+    rest = read(post(lines), first.cursor)
+    assert rest.lines_skipped == 1 and rest.cursor == Cursor(BOOT, 8659.726078, (), 3)
+    assert [(f.cls, f.action) for f in rest.events] == [(HealthClass.GPU_LOST,
+                                                         Action.RESTART_OS)]
+
+
 def test_a_log_without_stamps_is_read_once_per_boot() -> None:
     lines = (HEALTH / "ml-engineering-xid63.log").read_text().splitlines()
     first = read(post(lines), Cursor())
