@@ -274,8 +274,9 @@ class BootHttp:
         node's own address, a bounded body; the node is the token's, never the body's."""
         assert self._inband is not None
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        info = await self._tokens.lookup(token) if scheme == "Bearer" and token else None
-        if info is None or info.role is not Role.AGENT or not is_probe_token(info):
+        info = await self._inband.authenticate(token) if scheme == "Bearer" and token \
+            else None
+        if info is None:
             raise _problem(401, "missing, expired or invalid probe token")
         try:
             body = await _json_body(request, await _capped_body(request, MAX_PROBE_BYTES))

@@ -43,7 +43,8 @@ class HealthSettings(Section):
         "limits and breaker of [bmc])")
     probe_period_s: float = Field(
         60.0, gt=0, description="In-band probe (the node's systemd timer): how often it "
-        "posts its kernel log, nvidia-smi -q, ibstat and dcgmi health to /agent/v1/health")
+        "posts its kernel log, nvidia-smi -q, ibstat and dcgmi health to /agent/v1/health "
+        "(under 60: a divisor of 60; from 60: whole minutes)")
     probe_min_interval_s: float = Field(
         10.0, ge=0, description="In-band probe: posts of one node closer together than "
         "this are refused (429); a node cannot flood the intake")

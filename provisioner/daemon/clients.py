@@ -77,7 +77,8 @@ def ansible_installer(settings: Settings, stack: AsyncExitStack,
         # a controller token: the facts role posts from this host, not from the node
         agent = AgentEndpoint(base_url(settings), agent_tokens.issue_controller_token,
                               issue_probe_token=lambda node_id: issue_probe_token(
-                                  tokens, node_id, settings.health.probe_token_ttl_s))
+                                  tokens, node_id, settings.health.probe_token_ttl_s),
+                              probe_period_s=settings.health.probe_period_s)
     return AnsibleInstaller.create(install, state_dir=settings.state_dir, pool=pool,
                                    agent=agent)
 

@@ -18,7 +18,8 @@ before the cursor in the same boot is never read again; a new boot starts over (
 kernel's ring is per boot: what it holds is this boot's evidence, so a node's first post
 raises what its ring already holds). A log with no stamp at all is read once per boot.
 The other sections are states: what is wrong now; the cursor keeps their keys so a state
-that went away is cleared.
+that went away is cleared, and a digest of the sections: the same outputs as last time
+(the usual case: error counters do not move) are not read again (``Reading.unchanged``).
 
 A node may lie. It can only speak of itself (its identity is the token's binding, never the
 payload), and what it sends is bounded: ``MAX_LINES`` lines of ``MAX_LINE_CHARS`` each,
@@ -29,6 +30,7 @@ as dropped, not read.
 from __future__ import annotations
 
 import calendar
+import hashlib
 import json
 import math
 import re
@@ -70,10 +72,12 @@ class Cursor:
     after: float = -1.0
     states: tuple[tuple[str, str], ...] = ()
     seen: int = 0  # records stamped ``after`` already read
+    digest: str = ""  # of the state sections last read
 
     def dumps(self) -> str:
         return json.dumps({"boot": self.boot_id, "after": self.after, "seen": self.seen,
-                           "states": [list(k) for k in self.states]}, separators=(",", ":"))
+                           "states": [list(k) for k in self.states], "digest": self.digest},
+                          separators=(",", ":"))
 
     @classmethod
     def loads(cls, stored: str | None) -> Cursor:
@@ -82,7 +86,7 @@ class Cursor:
             value = json.loads(stored) if stored else {}
             states = tuple((str(c), str(s)) for c, s in value.get("states", ()))
             return cls(str(value.get("boot", "")), float(value.get("after", -1.0)), states,
-                       int(value.get("seen", 0)))
+                       int(value.get("seen", 0)), str(value.get("digest", "")))
         except (ValueError, TypeError, AttributeError):
             return cls()
 
@@ -104,6 +108,7 @@ class Reading:
     lines_skipped: int = 0  # at or before the cursor
     dropped: int = 0
     errors: dict[str, str] = field(default_factory=dict)  # section -> why it was not read
+    unchanged: bool = False  # the sections are those of the cursor: ``states`` not read
 
 
 def parse(body: object) -> Evidence:
@@ -176,13 +181,17 @@ def new_records(lines: tuple[str, ...], cursor: Cursor, boot_id: str
             skipped += 1
     if kept and last < 0:
         last = 0.0  # a log with no stamp: read once this boot
-    return kept, skipped, Cursor(boot_id, last, cursor.states, last_seen)
+    return kept, skipped, Cursor(boot_id, last, cursor.states, last_seen, cursor.digest)
 
 
 def read(evidence: Evidence, cursor: Cursor) -> Reading:
     """The findings in a post, the cursor after it."""
     lines, skipped, moved = new_records(evidence.kernel_log, cursor, evidence.boot_id)
-    events = classify_kernel_log("\n".join(lines)) if lines else []
+    events = dedupe(classify_kernel_log("\n".join(lines))) if lines else []
+    digest = _digest(evidence.sections)
+    if digest == cursor.digest and moved.boot_id == cursor.boot_id:
+        return Reading(events[:MAX_FINDINGS], [], moved, len(lines), skipped,
+                       evidence.dropped + max(0, len(events) - MAX_FINDINGS), unchanged=True)
     states: list[Finding] = []
     errors: dict[str, str] = {}
     for name, text in evidence.sections.items():
@@ -197,8 +206,17 @@ def read(evidence: Evidence, cursor: Cursor) -> Reading:
         events = events[:MAX_FINDINGS]
         states = states[:MAX_FINDINGS - len(events)]
     keys = tuple(sorted({(str(f.cls), f.subject) for f in states}))
-    return Reading(events, states, Cursor(moved.boot_id, moved.after, keys, moved.seen),
+    return Reading(events, states,
+                   Cursor(moved.boot_id, moved.after, keys, moved.seen, digest),
                    len(lines), skipped, dropped, errors)
+
+
+def _digest(sections: dict[str, str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(sections):
+        h.update(f"{name}\0{len(sections[name])}\0".encode())
+        h.update(sections[name].encode("utf-8", "surrogatepass"))
+    return h.hexdigest()[:32]
 
 
 def summary(reading: Reading) -> dict[str, Any]:

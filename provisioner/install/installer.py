@@ -127,9 +127,11 @@ class AnsibleInstaller:
         """``health-probe.yml``: the in-band health probe (a systemd timer) and its token,
         which reaches the node only over this SSH (``lifecycle.inband``)."""
         url = self._agent.url if self._agent is not None else ""
+        period = self._agent.probe_period_s if self._agent is not None else 60.0
         spec = RunSpec(node_id=node.id, run_id=f"{generation}-probe", playbook=PROBE_PLAYBOOK,
                        inventory=await self.pinned_inventory(node),
-                       extravars=self.variables(node) | {"provisioner_agent_url": url},
+                       extravars=self.variables(node) | {"provisioner_agent_url": url,
+                                                         "health_probe_period_s": int(period)},
                        secrets={"provisioner_probe_token": token})
         raise_for(await self._runner.run(spec), f"health probe of {node.hostname or node.id}")
 

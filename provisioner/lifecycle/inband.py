@@ -14,7 +14,13 @@ findings of that one node from that one address, no more; the breaker caps what 
 
 Per node: one post at a time, none closer than ``health.probe_min_interval_s`` to the last
 (``ProbeTooSoon``: 429), and the cursor (``health_cursor``, source ``in-band``) so a log line
-is never raised twice, even across daemons and restarts.
+is never raised twice, even across restarts.
+
+A fleet posts every period, so a quiet post must cost little (docs/performance.md): the
+probe token (``CACHE_S``; a revoked one may work that long), the node's address and state
+(``CACHE_S``) and its cursor (written through, ``CURSOR_CACHE_S``: a post another daemon
+took meanwhile may be read again, which reports an open finding as seen, nothing more) are
+kept in memory; an unchanged post writes nothing.
 """
 
 from __future__ import annotations
@@ -37,11 +43,14 @@ from provisioner.health.model import HealthClass
 from provisioner.health.records import Origin, Report
 from provisioner.lifecycle.health import OBSERVED_STATES, HealthFindings
 from provisioner.store.repo import NodeRepo
-from provisioner.store.tokens import TokenRepo
+from provisioner.store.tokens import TokenRepo, hash_token
 
 log = logging.getLogger(__name__)
 
 PROBE_TOKEN_PREFIX: Final = "probe:"
+CACHE_S: Final = 30.0
+CURSOR_CACHE_S: Final = 300.0
+MAX_CACHED: Final = 200_000
 SOURCE: Final = str(Origin.IN_BAND)
 ACTOR: Final = "inband-probe"
 
@@ -84,6 +93,24 @@ class InbandIntake:
         self._now = now
         self._last: dict[str, float] = {}
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._known: dict[str, tuple[float, TokenInfo]] = {}  # token hash ->
+        self._nodes: dict[str, tuple[float, str, str]] = {}  # node -> (until, address, state)
+        self._cursors: dict[str, tuple[float, str | None]] = {}
+
+    async def authenticate(self, token: str) -> TokenInfo | None:
+        """The probe token's info; None when it is unknown, expired or not a probe token."""
+        digest, now = hash_token(token), self._monotonic()
+        cached = self._known.get(digest)
+        if cached is None or cached[0] < now:
+            info = await self._tokens.lookup(token)
+            if info is None or info.role is not Role.AGENT or not is_probe_token(info):
+                return None
+            cached = (now + CACHE_S, info)
+            _put(self._known, digest, cached)
+        info = cached[1]
+        if info.expires_at is not None and _aware(info.expires_at) <= self._now():
+            return None
+        return info
 
     async def issue_token(self, node_id: str) -> str:
         return await issue_probe_token(self._tokens, node_id,
@@ -94,21 +121,40 @@ class InbandIntake:
         """One post: checked, read, reported; the answer tells the probe where to start."""
         if not is_probe_token(info) or info.node_id is None:
             raise ProbeRefused("not a probe token: /agent/v1/health takes only those")
-        node = await self._repo.get(info.node_id)
-        address = node.facts.get("address")
-        if not isinstance(address, str) or not address or remote != address:
-            raise ProbeRefused(f"probe token of node {node.id} used from {remote or '?'}; it "
+        node_id = info.node_id
+        address, state = await self._node(node_id)
+        if not address or remote != address:
+            raise ProbeRefused(f"probe token of node {node_id} used from {remote or '?'}; it "
                                f"is bound to {address or 'no address (facts.address unset)'}")
         evidence = inband.parse(body)  # before the budget: a malformed post costs no slot
-        async with self._locks[node.id]:
-            self._admit(node.id)
-            if node.state not in OBSERVED_STATES:
-                return {"accepted": False, "reason": f"node is {node.state}, not in service"}
-            reading = await self._apply(node.id, evidence)
+        async with self._locks[node_id]:
+            self._admit(node_id)
+            if state not in OBSERVED_STATES:
+                return {"accepted": False, "reason": f"node is {state}, not in service"}
+            reading = await self._apply(node_id, evidence)
         answer = inband.summary(reading)
         if (fresh := await self._rotate(info)) is not None:
             answer["token"] = fresh
         return answer
+
+    async def _node(self, node_id: str) -> tuple[str, str]:
+        now = self._monotonic()
+        cached = self._nodes.get(node_id)
+        if cached is None or cached[0] < now:
+            node = await self._repo.get(node_id)
+            address = node.facts.get("address")
+            cached = (now + CACHE_S, address if isinstance(address, str) else "",
+                      str(node.state))
+            _put(self._nodes, node_id, cached)
+        return cached[1], cached[2]
+
+    async def _cursor(self, node_id: str) -> str | None:
+        cached = self._cursors.get(node_id)
+        if cached is not None and cached[0] >= self._monotonic():
+            return cached[1]
+        stored = await self._health.repo.cursor(node_id, SOURCE)
+        _put(self._cursors, node_id, (self._monotonic() + CURSOR_CACHE_S, stored))
+        return stored
 
     def _admit(self, node_id: str) -> None:
         now, last = self._monotonic(), self._last.get(node_id)
@@ -119,7 +165,7 @@ class InbandIntake:
         self._last[node_id] = now
 
     async def _apply(self, node_id: str, evidence: inband.Evidence) -> inband.Reading:
-        stored = await self._health.repo.cursor(node_id, SOURCE)
+        stored = await self._cursor(node_id)
         before = inband.Cursor.loads(stored)
         reading = inband.read(evidence, before)
         if reading.events:
@@ -127,16 +173,18 @@ class InbandIntake:
                                       [Report.of(f).clipped() for f in reading.events],
                                       actor=ACTOR)
         now = [Report.of(f).clipped() for f in reading.states]
-        if now:  # a state still wrong is seen again (last_seen), never opened twice
-            await self._health.report(node_id, Origin.IN_BAND, now, actor=ACTOR)
-        keys = tuple(sorted({(str(r.cls), r.subject) for r in now}))
-        for cls, subject in before.states:
-            if (cls, subject) not in keys:
-                await self._health.resolve(node_id, Origin.IN_BAND, HealthClass(cls), subject,
-                                           actor=ACTOR)
-        reading = replace(reading, cursor=replace(reading.cursor, states=keys))
-        if reading.cursor.dumps() != stored:
-            await self._health.repo.set_cursor(node_id, SOURCE, reading.cursor.dumps())
+        if not reading.unchanged:  # the same outputs as last time: the same states
+            if now:  # a state still wrong is seen again (last_seen), never opened twice
+                await self._health.report(node_id, Origin.IN_BAND, now, actor=ACTOR)
+            keys = tuple(sorted({(str(r.cls), r.subject) for r in now}))
+            for cls, subject in before.states:
+                if (cls, subject) not in keys:
+                    await self._health.resolve(node_id, Origin.IN_BAND, HealthClass(cls),
+                                               subject, actor=ACTOR)
+            reading = replace(reading, cursor=replace(reading.cursor, states=keys))
+        if (after := reading.cursor.dumps()) != stored:
+            await self._health.repo.set_cursor(node_id, SOURCE, after)
+            _put(self._cursors, node_id, (self._monotonic() + CURSOR_CACHE_S, after))
         if reading.events or reading.dropped or reading.errors:
             log.info("in-band: node %s: %d lines read (%d skipped), %d events, %d states, "
                      "%d dropped%s", node_id, reading.lines_read, reading.lines_skipped,
@@ -148,8 +196,18 @@ class InbandIntake:
         """The next token once the one in use is past half its life."""
         if info.expires_at is None or info.node_id is None:
             return None
-        expires = info.expires_at if info.expires_at.tzinfo else info.expires_at.replace(
-            tzinfo=UTC)
-        if expires - self._now() > timedelta(seconds=self._settings.probe_token_ttl_s / 2):
+        half = timedelta(seconds=self._settings.probe_token_ttl_s / 2)
+        if _aware(info.expires_at) - self._now() > half:
             return None
         return await self.issue_token(info.node_id)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _put(cache: dict[str, Any], key: str, value: Any) -> None:
+    """A bounded cache: past ``MAX_CACHED`` entries (more than a fleet has), start over."""
+    if len(cache) >= MAX_CACHED and key not in cache:
+        cache.clear()
+    cache[key] = value

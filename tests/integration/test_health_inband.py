@@ -179,6 +179,9 @@ async def test_xid_lines_on_the_node_walk_the_ladder_to_service_required(
             assert target.changed_file(
                 "/etc/systemd/system/timers.target.wants/provisioner-health-probe.timer"
             ).is_symlink()
+            timer = target.changed_file(
+                "/etc/systemd/system/provisioner-health-probe.timer").read_text()
+            assert "OnCalendar=*:0/1\n" in timer and "RandomizedDelaySec=60\n" in timer
 
             # the log before the XID: read, nothing found, the node stays in service
             assert f"{cut} lines, 0 findings" in await probe(target)
