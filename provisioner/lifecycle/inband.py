@@ -37,7 +37,7 @@ from typing import Any, Final
 
 from provisioner.config.health import HealthSettings
 from provisioner.domain import Role, TokenInfo
-from provisioner.errors import ProvisionerError
+from provisioner.errors import NotFound, ProvisionerError
 from provisioner.health import inband
 from provisioner.health.model import HealthClass
 from provisioner.health.records import Origin, Report
@@ -141,7 +141,10 @@ class InbandIntake:
         now = self._monotonic()
         cached = self._nodes.get(node_id)
         if cached is None or cached[0] < now:
-            node = await self._repo.get(node_id)
+            try:
+                node = await self._repo.get(node_id)
+            except NotFound:
+                raise ProbeRefused(f"node {node_id} is gone") from None
             address = node.facts.get("address")
             cached = (now + CACHE_S, address if isinstance(address, str) else "",
                       str(node.state))
