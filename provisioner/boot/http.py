@@ -22,11 +22,18 @@ from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
 from provisioner.domain import NodeState, Role, TokenInfo
 from provisioner.errors import InvalidRequest
+from provisioner.health.inband import MAX_BODY_BYTES as MAX_PROBE_BYTES
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.agent_binding import SourceRefused
 from provisioner.lifecycle.agents import AgentService
 from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.fabrics import DEFAULT_FABRIC, FabricRefused, FabricReports
+from provisioner.lifecycle.inband import (
+    InbandIntake,
+    ProbeRefused,
+    ProbeTooSoon,
+    is_probe_token,
+)
 from provisioner.store.tokens import TokenRepo
 
 log = logging.getLogger(__name__)
@@ -69,8 +76,10 @@ class BootHttp:
     def __init__(self, config: BootHttpConfig, *, discovery: Discovery, agents: AgentService,
                  tokens: TokenRepo, renderer: Renderer, fabrics: FabricReports | None = None,
                  max_fabric_bytes: int = 32 << 20,
-                 installer: InstallerHttp | None = None) -> None:
+                 installer: InstallerHttp | None = None,
+                 inband: InbandIntake | None = None) -> None:
         self._config = config
+        self._inband = inband
         self._installer = installer
         self._fabrics = fabrics
         self._max_fabric_bytes = max_fabric_bytes
@@ -104,6 +113,8 @@ class BootHttp:
         app.router.add_post("/agent/v1/callback", self.agent_callback)
         if self._fabrics is not None:
             app.router.add_post("/agent/v1/fabric", self.agent_fabric)
+        if self._inband is not None:
+            app.router.add_post("/agent/v1/health", self.agent_health)
         if self._installer is not None:
             self._installer.add_routes(app)
         return app
@@ -258,6 +269,27 @@ class BootHttp:
         finally:
             self._fabric_posts.done(info.node_id)
 
+    async def agent_health(self, request: web.Request) -> web.Response:
+        """The in-band probe's evidence (``lifecycle.inband``): a probe token, from the
+        node's own address, a bounded body; the node is the token's, never the body's."""
+        assert self._inband is not None
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        info = await self._inband.authenticate(token) if scheme == "Bearer" and token \
+            else None
+        if info is None:
+            raise _problem(401, "missing, expired or invalid probe token")
+        try:
+            body = await _json_body(request, await _capped_body(request, MAX_PROBE_BYTES))
+            return web.json_response(await self._inband.accept(info, request.remote, body))
+        except ProbeRefused as exc:
+            log.warning("in-band post refused: %s", exc)
+            raise _problem(403, str(exc)) from None
+        except ProbeTooSoon as exc:
+            raise _problem(429, str(exc), retry_after=max(1, round(exc.retry_after_s))) \
+                from None
+        except InvalidRequest as exc:
+            raise _problem(422, str(exc)) from None
+
     async def _fabric(self, request: web.Request, node_id: str) -> web.Response:
         assert self._fabrics is not None
         body = await _json_body(request, await _capped_body(request, self._max_fabric_bytes))
@@ -286,7 +318,8 @@ class BootHttp:
         """The call's agent token, checked against its binding (401, 403)."""
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
         info = await self._tokens.lookup(token) if scheme == "Bearer" and token else None
-        if info is None or info.role is not Role.AGENT or info.node_id is None:
+        if info is None or info.role is not Role.AGENT or info.node_id is None \
+                or is_probe_token(info):  # a probe token is for /agent/v1/health alone
             log.warning("agent call %s from %s refused: missing or invalid token",
                         request.path, request.remote)
             raise _problem(401, "missing, expired or invalid agent token")

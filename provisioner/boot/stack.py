@@ -26,6 +26,7 @@ from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery, TokenBucket
 from provisioner.lifecycle.fabrics import FabricReports
+from provisioner.lifecycle.inband import InbandIntake
 from provisioner.lifecycle.ports import HttpBootUri, no_http_boot_uri
 from provisioner.ramdisk.netboot import stage_ipxe
 from provisioner.ramdisk.service import BuildJob, RamdiskBuilder
@@ -80,8 +81,10 @@ def base_url(settings: Settings) -> str:
 def build_boot(settings: Settings, store: Store, conductor: Conductor,
                mailbox: FactsMailbox, agent_tokens: AgentTokens,
                jobs: AgentJobs, callbacks: BootCallbacks | None = None,
-               caches: list[Discovery] | None = None) -> list[Server]:
-    """``caches``: gets the MAC caches, for invalidation by other daemons' writes."""
+               caches: list[Discovery] | None = None,
+               inband: InbandIntake | None = None) -> list[Server]:
+    """``caches``: gets the MAC caches, for invalidation by other daemons' writes;
+    ``inband``: the in-band probes' intake (``POST /agent/v1/health``)."""
     servers: list[Server] = []
     dhcp = settings.dhcp
     discovery = Discovery(store.nodes, conductor,
@@ -124,7 +127,7 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
         http = BootHttp(config, discovery=discovery, agents=agents, tokens=store.tokens,
                         renderer=renderer, installer=installer,
                         fabrics=FabricReports(conductor, store.topology, store.nodes),
-                        max_fabric_bytes=settings.topology.max_fabric_bytes)
+                        max_fabric_bytes=settings.topology.max_fabric_bytes, inband=inband)
         servers.append(HttpServer(http.app(), settings.http.listen))
     servers += _network_servers(settings, discovery, assets, leases)
     return servers

@@ -41,6 +41,16 @@ class HealthSettings(Section):
     bmc_poll_concurrency: int = Field(
         32, ge=1, description="BMCs read at once in a health poll (each within the BMC "
         "limits and breaker of [bmc])")
+    probe_period_s: float = Field(
+        60.0, gt=0, description="In-band probe (the node's systemd timer): how often it "
+        "posts its kernel log, nvidia-smi -q, ibstat and dcgmi health to /agent/v1/health "
+        "(under 60: a divisor of 60; from 60: whole minutes)")
+    probe_min_interval_s: float = Field(
+        10.0, ge=0, description="In-band probe: posts of one node closer together than "
+        "this are refused (429); a node cannot flood the intake")
+    probe_token_ttl_s: float = Field(
+        30 * 86400.0, gt=0, description="In-band probe: a probe token's lifetime; past "
+        "half of it, the answer to a post carries the next one")
     os_up_timeout_s: float = Field(
         900.0, gt=0, description="After an OS restart or a power cycle, how long the node's "
         "SSH may take to answer again before the rung fails")

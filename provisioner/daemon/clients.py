@@ -16,12 +16,14 @@ from provisioner.kube.client import KubeClient
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.kube.release import KubeOnlyHandoff
 from provisioner.lifecycle.agents import AgentTokens
+from provisioner.lifecycle.inband import issue_probe_token
 from provisioner.lifecycle.ports import KubeJoiner, SlurmRegistrar
 from provisioner.lifecycle.routing import Unavailable
 from provisioner.slurm.client import make_slurm_client
 from provisioner.slurm.handoff import SlurmHandoff
 from provisioner.slurm.maintenance import SlurmFirstKube
 from provisioner.slurm.model import SlurmClient
+from provisioner.store.tokens import TokenRepo
 from provisioner.topology_live.live import LiveTopology
 
 
@@ -64,7 +66,7 @@ def kube_and_slurm(settings: Settings, joiner: KubeNodeJoiner | None,
 
 
 def ansible_installer(settings: Settings, stack: AsyncExitStack,
-                      agent_tokens: AgentTokens) -> AnsibleInstaller:
+                      agent_tokens: AgentTokens, tokens: TokenRepo) -> AnsibleInstaller:
     """The "install" pool (runs take tens of minutes) and the Ansible installer; its
     ``facts`` role posts to the boot server's agent API with a node's agent token."""
     install = settings.install
@@ -73,7 +75,10 @@ def ansible_installer(settings: Settings, stack: AsyncExitStack,
     agent = None
     if settings.http.listen is not None:
         # a controller token: the facts role posts from this host, not from the node
-        agent = AgentEndpoint(base_url(settings), agent_tokens.issue_controller_token)
+        agent = AgentEndpoint(base_url(settings), agent_tokens.issue_controller_token,
+                              issue_probe_token=lambda node_id: issue_probe_token(
+                                  tokens, node_id, settings.health.probe_token_ttl_s),
+                              probe_period_s=settings.health.probe_period_s)
     return AnsibleInstaller.create(install, state_dir=settings.state_dir, pool=pool,
                                    agent=agent)
 

@@ -52,6 +52,7 @@ from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton, Work
 from provisioner.lifecycle.health import HealthFindings
+from provisioner.lifecycle.inband import InbandIntake
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.repair import RepairService, ladder_listener, repair_timer
 from provisioner.lifecycle.repair_domains import RepairHolds, RepairRejoin, combine
@@ -141,7 +142,8 @@ class Daemon:
             agent_tokens = AgentTokens(store.boot_tokens,
                                        ttl_s=self._settings.boot.agent_token_ttl_s)
             # ConfigError (exit 2) without ansible-playbook
-            ansible = ansible_installer(self._settings, stack, agent_tokens)
+            ansible = ansible_installer(self._settings, stack, agent_tokens,
+                                        store.tokens)
             metrics.watch_pool("install", lambda: ansible.runner.hung_runs)
             if kube_client is not None:
                 client = kube_client
@@ -221,7 +223,9 @@ class Daemon:
                                      slurm=slurm_client, kube=joiner, waves=waves)
             stack.push_async_callback(runner.cleanup)  # runs first: no new requests, then drain
             await start_boot(self._settings, stack, store, conductor, mailbox, agent_tokens,
-                             jobs, callbacks, on_remote=runner.app[FEED].wake)
+                             jobs, callbacks, on_remote=runner.app[FEED].wake,
+                             inband=InbandIntake(store.nodes, store.tokens, health,
+                                                 self._settings.health))
             resumed = await self._resume(store, conductor)  # before any new work starts
             log.info("ready: api on %s, instance %s, %d in-flight nodes resumed",
                      self._settings.api.listen, store.instance, resumed)

@@ -24,6 +24,7 @@ from provisioner.lifecycle.callbacks import BootCallbacks
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.discovery import Discovery
 from provisioner.lifecycle.health import HealthFindings
+from provisioner.lifecycle.inband import InbandIntake
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
 from provisioner.lifecycle.waves import WaveDriver
@@ -61,13 +62,14 @@ async def start_api(settings: Settings, store: Store, conductor: Conductor, metr
 async def start_boot(settings: Settings, stack: AsyncExitStack, store: Store,
                      conductor: Conductor, mailbox: FactsMailbox, agent_tokens: AgentTokens,
                      jobs: AgentJobs, callbacks: BootCallbacks,
-                     on_remote: Callable[[], None] | None = None) -> None:
+                     on_remote: Callable[[], None] | None = None,
+                     inband: InbandIntake | None = None) -> None:
     """The boot services that are configured: HTTP (scripts, artefacts, agent), DHCP,
     TFTP. Each binds before READY=1; a port in use stops the start. ``on_remote``: called
     when another daemon wrote a node (the event feed reads at once)."""
     caches: list[Discovery] = []
     boot = build_boot(settings, store, conductor, mailbox, agent_tokens, jobs,
-                      callbacks, caches=caches)
+                      callbacks, caches=caches, inband=inband)
     listen_for_changes(settings, stack, store, caches, conductor, on_remote)
     for server in boot:
         await server.start()

@@ -93,6 +93,9 @@ class AgentEndpoint:
 
     url: str
     issue_token: Callable[[str], Awaitable[str]]
+    #: the in-band probe's token (``lifecycle.inband``); None: no probe is installed
+    issue_probe_token: Callable[[str], Awaitable[str]] | None = None
+    probe_period_s: float = 60.0  # the probe's timer (``health.probe_period_s``)
 
 
 class ImageWriter(Protocol):

@@ -40,6 +40,7 @@ from provisioner.install.workdir import (
 )
 
 log = logging.getLogger(__name__)
+PROBE_PLAYBOOK = "health-probe.yml"
 _GROUP_UNSAFE = re.compile(r"\W+")
 
 
@@ -117,6 +118,22 @@ class AnsibleInstaller:
                        inventory=await self.pinned_inventory(node), extravars=extravars,
                        secrets={"provisioner_agent_token": agent_token})
         raise_for(await self._runner.run(spec), f"configure {node.hostname or node.id}")
+        if self._agent is not None and self._agent.issue_probe_token is not None \
+                and (self._runner.options.playbooks / PROBE_PLAYBOOK).is_file():
+            await self.install_health_probe(node, generation,
+                                            await self._agent.issue_probe_token(node.id))
+
+    async def install_health_probe(self, node: Node, generation: str, token: str) -> None:
+        """``health-probe.yml``: the in-band health probe (a systemd timer) and its token,
+        which reaches the node only over this SSH (``lifecycle.inband``)."""
+        url = self._agent.url if self._agent is not None else ""
+        period = self._agent.probe_period_s if self._agent is not None else 60.0
+        spec = RunSpec(node_id=node.id, run_id=f"{generation}-probe", playbook=PROBE_PLAYBOOK,
+                       inventory=await self.pinned_inventory(node),
+                       extravars=self.variables(node) | {"provisioner_agent_url": url,
+                                                         "health_probe_period_s": int(period)},
+                       secrets={"provisioner_probe_token": token})
+        raise_for(await self._runner.run(spec), f"health probe of {node.hostname or node.id}")
 
     async def collect_facts(self, node: Node, generation: str) -> None:
         """``facts.yml`` (the ``facts`` role alone): the node reports its facts again. A site's

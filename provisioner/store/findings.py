@@ -201,6 +201,14 @@ class FindingRepo(SessionRepo):
 
         return await self._run(work)
 
+    async def cursor(self, node_id: str, source: str) -> str | None:
+        """One node's cursor for ``source`` (the in-band intake reads it per post)."""
+        def work(s: Session) -> str | None:
+            row = s.get(HealthCursorRow, (node_id, source))
+            return None if row is None else row.cursor
+
+        return await self._run(work)
+
     async def set_cursor(self, node_id: str, source: str, cursor: str) -> None:
         def work(s: Session) -> None:
             row = s.get(HealthCursorRow, (node_id, source))
