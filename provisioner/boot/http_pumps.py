@@ -71,6 +71,7 @@ async def pump_copy(pump: Pump, sock_fd: int, file_fd: int, offset: int, count: 
                     continue
                 except OSError:
                     break
+            body.done.exception()  # resolved, and looked at: no "never retrieved" warning
             raise
     finally:
         os.close(body.fd)
@@ -107,6 +108,10 @@ class Pump(threading.Thread):
             return
         self._orders.append(order)
         self._wake()
+        if self._stopped:  # it stopped meanwhile: nobody else takes the order
+            while self._orders:
+                _resolve(self._orders.popleft()[1].done,
+                         ConnectionResetError("the server is stopping"))
 
     def stop(self) -> None:
         """Ends the thread (the bodies it still has fail) and closes its descriptors."""
