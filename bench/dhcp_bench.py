@@ -1,5 +1,9 @@
 """DHCP leases/s with Kea's perfdhcp: the daemon vs dnsmasq vs Kea, in the same run.
 
+``--rounds`` (3) rounds, interleaved: each round runs every server in turn (ours, theirs,
+ours, …); each round's ratios are taken within it, and the bench prints every round's ratio
+and the median with its spread (min–max); the table shows the medians.
+
 Two network namespaces joined by a veth pair (server 10.77.0.1/16, perfdhcp 10.77.0.2/16, a
 relay as far as the servers can tell); each server in turn gets a rate sweep (DORA exchanges
 per second, each step ``--seconds`` long) and the best rate whose DISCOVER-OFFER and
@@ -22,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import _rounds
 from _netns import stop, veth_pair, wait_listening
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,19 +217,46 @@ def measure(name: str, start: Callable[[Path], subprocess.Popen[bytes]], srv: st
     return Score(name, best, burst, sweep)
 
 
-def report(scores: list[Score]) -> str:
-    ref = {s.name: s.best.leases_per_s if s.best else 0.0 for s in scores}
-    lines = ["| server | best rate at ≤ 2.5 % drops | leases/s | avg delay | vs dnsmasq "
+REFERENCES = ("dnsmasq (leasefile-ro)", "Kea (memfile, 1 thread)")
+
+
+def rate(score: Score | None) -> float:
+    return score.best.leases_per_s if score is not None and score.best else float("nan")
+
+
+def by_name(scores: list[Score], name: str) -> Score | None:
+    return next((s for s in scores if s.name == name), None)
+
+
+def report(rounds: list[list[Score]]) -> str:
+    """One row a server: the median over the rounds of its best rate, leases/s and delay, its
+    ratios to the references as the median of each round's ratio (ours and theirs measured
+    in the same round), the worst burst; then every round's ratio and the spread."""
+    names = [s.name for s in rounds[0]]
+    per = {n: [s for r in rounds if (s := by_name(r, n)) is not None] for n in names}
+    ratios = {(n, k): [_rounds.ratio(rate(by_name(r, n)), rate(by_name(r, k))) for r in rounds]
+              for n in names for k in REFERENCES}
+    lines = [f"{len(rounds)} round(s), interleaved: "
+             + ", ".join(names) + ", then again; medians over the rounds.", "",
+             "| server | best rate at ≤ 2.5 % drops | leases/s | avg delay | vs dnsmasq "
              "(leasefile-ro) | vs Kea | 1,000-client burst drops |",
              "|---|---|---|---|---|---|---|"]
-    for s in scores:
-        b = s.best
-        got = b.leases_per_s if b else 0.0
-        ratio = [f"{got / ref[k]:.2f}×" if ref.get(k) else "n/a"
-                 for k in ("dnsmasq (leasefile-ro)", "Kea (memfile, 1 thread)")]
-        lines.append(f"| {s.name} | {b.rate if b else '—'}/s | {got:.0f} | "
-                     f"{b.avg_delay_ms if b else 0:.1f} ms | {ratio[0]} | {ratio[1]} | "
-                     f"{s.burst.discover_drops:.1f} % / {s.burst.request_drops:.1f} % |")
+    for n in names:
+        scores = per[n]
+        best = [s.best.rate for s in scores if s.best]
+        delay = _rounds.median([s.best.avg_delay_ms for s in scores if s.best])
+        worst = max(scores, key=lambda s: max(s.burst.discover_drops, s.burst.request_drops))
+        lines.append(
+            f"| {n} | {f'{statistics.median(best):.0f}' if best else '—'}/s | "
+            f"{_rounds.median([rate(s) for s in scores]):.0f} | {delay:.1f} ms | "
+            f"{_rounds.cell(_rounds.median(ratios[n, REFERENCES[0]]))} | "
+            f"{_rounds.cell(_rounds.median(ratios[n, REFERENCES[1]]))} | "
+            f"{worst.burst.discover_drops:.1f} % / {worst.burst.request_drops:.1f} % |")
+    lines.append("")
+    lines.append("leases/s per round: " + "; ".join(
+        f"{n} " + ", ".join(f"{rate(s):.0f}" for s in per[n]) for n in names))
+    lines += [_rounds.summary(f"{n} vs {k}", ratios[n, k])
+              for n in names if n not in REFERENCES for k in REFERENCES if k in names]
     return "\n".join(lines)
 
 
@@ -234,6 +267,8 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=20000)
     parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds; each runs every server in turn (ours, theirs, …)")
     parser.add_argument("--only", default="", help="run only servers whose name contains this")
     parser.add_argument("--serve-dhcp-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -251,10 +286,13 @@ def main() -> int:
         ("Kea (memfile, 1 thread)", start_kea),
     ]
     servers = [(name, fn) for name, fn in servers if args.only in name]
+    rounds: list[list[Score]] = []
     with namespaces() as (srv, cli):
-        scores = [measure(name, lambda d, f=fn: f(srv, d), srv, cli, args)
-                  for name, fn in servers]
-    print(report(scores))
+        for k in range(args.rounds):
+            print(f"round {k + 1} of {args.rounds}", file=sys.stderr)
+            rounds.append([measure(name, lambda d, f=fn: f(srv, d), srv, cli, args)
+                           for name, fn in servers])
+    print(report(rounds))
     return 0
 
 

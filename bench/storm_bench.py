@@ -51,7 +51,11 @@ client's own time (its start to its last initrd byte), DHCP and TFTP retransmiss
 clients, TCP segments the servers' namespace retransmitted, UDP datagrams either side's
 sockets had no room for, the median time at which each phase ended, failures (a client not done
 after ``--deadline`` s, or a wrong size), and the load average. The ratio is the reference
-stack's time over ours (higher is better for us; the issue's bar is ≥ 0.83, within 1.2×).
+stack's time over ours (higher is better for us), for the last client (``ratio``) and for the
+median client (``ratio p50``: the p50 of the clients' own times). ``--rounds`` (3) rounds run
+interleaved (ours, theirs, ours, …); each round's ratios are taken within that round, and the
+bench prints every round's ratios and their median with its spread (min–max); the table
+shows the medians over the rounds.
 
 Run as root from the repository root:  python3 bench/storm_bench.py [--clients 1000]
 (``--verbose``: every network counter that moved, per namespace; ``--logs DIR``: the servers'
@@ -89,6 +93,7 @@ from pathlib import Path
 from typing import Any
 
 import _netns
+import _rounds
 from _netns import listening, sh, veth_pair
 
 SERVER, CLIENT = "10.77.0.1", "10.77.0.2"
@@ -99,6 +104,8 @@ IPXE_DIR = Path("/usr/lib/ipxe")
 FIRST_STAGES = ("undionly.kpxe", "snponly.efi")
 KERNEL, INITRD = "inspect/vmlinuz", "inspect/initrd.gz"
 ARCH_BIOS, ARCH_EFI_X64 = 0, 7
+
+PHASES = ("dhcp", "tftp", "ipxe_dhcp", "script", "kernel", "initrd")
 
 # DHCP message types and the timeouts between retransmissions (PXE spec; iPXE's dhcp.c)
 DISCOVER, OFFER, REQUEST, ACK, NAK = 1, 2, 3, 5, 6
@@ -698,6 +705,7 @@ class StackRun:
     client_cpu_s: float
     load: str
     phases: dict[str, float]
+    spans: dict[str, float]
     errors: list[str]
 
 
@@ -751,15 +759,17 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
     for r in results:
         if r.error is not None:
             errors[r.error] = errors.get(r.error, 0) + 1
-    phases = {p: statistics.median(r.phases[p] for r in done) for p in
-              ("dhcp", "tftp", "ipxe_dhcp", "script", "kernel", "initrd") if done}
+    phases = {p: statistics.median(r.phases[p] for r in done) for p in PHASES if done}
+    # how long each phase itself took (its end less the previous one's), median client
+    spans = {p: statistics.median(r.phases[p] - r.phases.get(q, 0.0) for r in done)
+             for q, p in zip(("",) + PHASES, PHASES, strict=False) if done}
     run = StackRun(
         name, max((r.done for r in done if r.done is not None), default=float("nan")),
         percentile(own, 0.5), percentile(own, 0.99), sum(r.dhcp_retx for r in results),
         sum(r.tftp_retx for r in results), tcp, syn, udp_drops[srv], udp_drops[cli],
         sum(r.http_retries for r in results),
         sum(r.script_retries for r in results), len(results) - len(done), data["cpu_s"],
-        " ".join(load), phases, [f"{n} × {e}" for e, n in sorted(errors.items())])
+        " ".join(load), phases, spans, [f"{n} × {e}" for e, n in sorted(errors.items())])
     print(f"{name}: last client done at {run.total_s:.2f} s, p50 {run.p50_s:.2f} s, p99 "
           f"{run.p99_s:.2f} s, {run.failures} failed, DHCP/TFTP/TCP retransmits "
           f"{run.dhcp_retx}/{run.tftp_retx}/{run.tcp_retx} ({run.syn_retx} SYN-ACKs), "
@@ -769,6 +779,8 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
           f"{run.client_cpu_s:.1f} s, load {run.load}", file=sys.stderr)
     print("  median phase ends (s after the client's start): " + ", ".join(
         f"{p} {t:.2f}" for p, t in phases.items()), file=sys.stderr)
+    print("  median phase durations (s): " + ", ".join(
+        f"{p} {t:.2f}" for p, t in spans.items()), file=sys.stderr)
     for line in run.errors[:10]:
         print(f"  failure: {line}", file=sys.stderr)
     return run
@@ -799,19 +811,45 @@ def prepare_files(root: Path, args: argparse.Namespace) -> dict[str, int]:
     return sizes
 
 
-def report(runs: list[StackRun], clients: int) -> str:
-    ref = next((r for r in runs if r.name != "provisioner serve"), None)
-    lines = ["| stack | clients | last client done | p50 per client | p99 per client | "
+def report(every: dict[str, list[StackRun]], clients: int) -> str:
+    """One row a stack: the medians over its rounds (failures: all rounds' together); our
+    ratios are the median of each round's ratio, ours and theirs from the same round, for
+    the last client and the median client (p50); then every round's ratios and the spread."""
+    ours = every.get("provisioner serve", [])
+    ref = next((rs for name, rs in every.items() if name != "provisioner serve"), None)
+    last = [_rounds.ratio(t.total_s, o.total_s) for o, t in zip(ours, ref or [], strict=False)]
+    p50 = [_rounds.ratio(t.p50_s, o.p50_s) for o, t in zip(ours, ref or [], strict=False)]
+    lines = [f"{max(map(len, every.values()), default=0)} round(s) a stack, interleaved "
+             f"({', '.join(every)}, then again); medians over the rounds", "",
+             "| stack | clients | last client done | p50 per client | p99 per client | "
              "DHCP retransmits | TFTP retransmits | TCP retransmits (servers) | failures | "
-             "ratio (their time / ours) |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in runs:
-        ratio = "—"
-        if r.name == "provisioner serve" and ref is not None and r.total_s > 0:
-            ratio = f"{ref.total_s / r.total_s:.2f}×"
-        lines.append(f"| {r.name} | {clients} | {r.total_s:.2f} s | {r.p50_s:.2f} s | "
-                     f"{r.p99_s:.2f} s | {r.dhcp_retx} | {r.tftp_retx} | "
-                     f"{r.tcp_retx} ({r.syn_retx} SYN-ACK) | "
-                     f"{r.failures} | {ratio} |")
+             "ratio p50 (their time / ours) | ratio (their time / ours) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, rs in every.items():
+        ratio_p50, ratio = "—", "—"
+        if name == "provisioner serve" and ref is not None:
+            ratio_p50, ratio = (_rounds.cell(_rounds.median(v)) for v in (p50, last))
+
+        def med(get: Callable[[StackRun], float], rs: list[StackRun] = rs) -> float:
+            return _rounds.median([get(r) for r in rs])
+
+        lines.append(f"| {name} | {clients} | {med(lambda r: r.total_s):.2f} s | "
+                     f"{med(lambda r: r.p50_s):.2f} s | {med(lambda r: r.p99_s):.2f} s | "
+                     f"{med(lambda r: r.dhcp_retx):.0f} | {med(lambda r: r.tftp_retx):.0f} | "
+                     f"{med(lambda r: r.tcp_retx):.0f} ({med(lambda r: r.syn_retx):.0f} "
+                     f"SYN-ACK) | {sum(r.failures for r in rs)} | {ratio_p50} | {ratio} |")
+    lines.append("")
+    for name, rs in every.items():
+        lines.append(f"{name}: last client " + ", ".join(f"{r.total_s:.2f}" for r in rs)
+                     + " s; p50 " + ", ".join(f"{r.p50_s:.2f}" for r in rs) + " s; median "
+                     "phase ends (median over the rounds): " + ", ".join(
+                         f"{p} {_rounds.median([r.phases.get(p, float('nan')) for r in rs]):.2f}"
+                         for p in PHASES) + "; median phase durations: " + ", ".join(
+                         f"{p} {_rounds.median([r.spans.get(p, float('nan')) for r in rs]):.2f}"
+                         for p in PHASES))
+    if ours and ref:
+        lines.append(_rounds.summary("ratio, last client (their time / ours)", last))
+        lines.append(_rounds.summary("ratio p50, median client (their time / ours)", p50))
     return "\n".join(lines)
 
 
@@ -829,8 +867,9 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=300.0,
                         help="a client not done this long after its start failed")
     parser.add_argument("--nginx-workers", default="auto")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="rounds per stack, alternating; the median is reported")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds per stack, interleaved (ours, theirs, ours, …); every "
+                        "round's ratios and their median are reported")
     parser.add_argument("--verbose", action="store_true",
                         help="print every network counter that moved, per namespace")
     parser.add_argument("--ours-toml", default="", help="TOML appended to the daemon's "
@@ -869,7 +908,7 @@ def main() -> int:
         ]
         every: dict[str, list[StackRun]] = {}
         with namespaces() as (srv, cli):
-            for _ in range(args.rounds):  # alternating, the median round reported
+            for _ in range(args.rounds):  # interleaved: ours, theirs, ours, theirs, …
                 for name, fn in stacks:
                     if args.only in name:
                         def begin(d: Path, f: Callable[[str, Path], list[subprocess.Popen[
@@ -878,11 +917,11 @@ def main() -> int:
 
                         every.setdefault(name, []).append(
                             measure(name, begin, srv, cli, plan, args.logs, args.verbose))
-    runs = [sorted(rs, key=lambda r: r.total_s)[len(rs) // 2] for rs in every.values()]
-    print(report(runs, args.clients))
-    print(f"\nload average after the runs: {runs[-1].load if runs else '?'}; "
-          f"client process CPU: " + ", ".join(f"{r.name} {r.client_cpu_s:.1f} s"
-                                               for r in runs))
+    print(report(every, args.clients))
+    last = [rs[-1] for rs in every.values()]
+    print(f"\nload average after the runs: {last[-1].load if last else '?'}; "
+          f"client process CPU (last round): " + ", ".join(f"{r.name} {r.client_cpu_s:.1f} s"
+                                                            for r in last))
     return 0
 
 

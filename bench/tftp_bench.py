@@ -4,7 +4,9 @@ Both servers run as their own process on loopback and serve the same directory; 
 processes start at once and each fetches the whole file; the score is the wall time until
 the last one finished (every copy is checked byte for byte, a failed or short copy counts
 as a failure). Clients: tftp-hpa (512-byte blocks, like a plain PXE ROM) and atftp with
-blksize 1468 (like iPXE). Rounds alternate between the servers; the median is reported.
+blksize 1468 (like iPXE). Rounds alternate between the servers (ours, theirs, ours, …);
+each round's ratio is taken within the round, and the bench prints every round's ratio and
+their median with its spread (min–max); the table's ratio is that median.
 Every client's source address is 127.0.0.1, so the TftpServer's workers, which are steered
 by source address, serve them all in one process (docs/performance.md, "TFTP").
 
@@ -36,6 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import _rounds
 from _netns import add_namespace, join, sh, stop, wait_listening
 
 NET = "10.201"  # --addresses: the servers are NET.K.1, the clients of namespace K NET.K.2
@@ -171,11 +174,11 @@ def main() -> int:
         data = os.urandom(1024 * 1024)
         (root / "file1m").write_bytes(data)
         digest = hashlib.sha256(data).hexdigest()
-        rows = []
+        rows, summaries = [], []
         for kind in args.kinds.split(","):
             times: dict[str, list[float]] = {"provisioner": [], "tftpd-hpa": []}
             failures = dict.fromkeys(times, 0)
-            for _ in range(args.rounds):
+            for _ in range(args.rounds):  # interleaved: ours, theirs, ours, theirs, …
                 for name in times:
                     port = free_port()
                     proc = start(name, root, port, net)
@@ -189,13 +192,21 @@ def main() -> int:
                     print(f"{kind:8} {name:11} {args.clients} clients: {elapsed:6.2f} s, "
                           f"{failed} failed", file=sys.stderr)
             ours, peer = (statistics.median(times[n]) for n in ("provisioner", "tftpd-hpa"))
+            # each round's ratio within that round; the table shows their median
+            ratios = [_rounds.ratio(t, o) for o, t in zip(times["provisioner"],
+                                                          times["tftpd-hpa"], strict=True)]
             rows.append(f"| {kind} | {args.clients} | {ours:.2f} s | {peer:.2f} s | "
-                        f"{peer / ours:.2f}× | {failures['provisioner']} / "
-                        f"{failures['tftpd-hpa']} |")
+                        f"{_rounds.cell(_rounds.median(ratios))} | "
+                        f"{failures['provisioner']} / {failures['tftpd-hpa']} |")
+            summaries.append(_rounds.summary(f"{kind} (tftpd-hpa time / ours)", ratios))
+    print(f"{args.rounds} round(s) a client, interleaved (ours, tftpd-hpa, ours, …), "
+          f"{args.addresses or 'one'} source address(es); ratio: the median of the rounds' ratios")
     print("| client | concurrent | provisioner (median wall) | tftpd-hpa | ratio "
           "(tftpd-hpa time / ours) | failed copies (ours / tftpd-hpa) |")
     print("|---|---|---|---|---|---|")
     print("\n".join(rows))
+    print()
+    print("\n".join(summaries))
     return 0
 
 

@@ -70,6 +70,7 @@ class BootHttpConfig:
     initrd_arm64: str = "inspect/arm64/initrd.gz"
     kernel_args_arm64: str = "console=ttyAMA0"
     sendfile_threads: int = 4  # 0: aiohttp's sendfile in the loop's thread
+    sendfile_pumps: bool = False  # the threads own their downloads (boot/http_pumps.py)
 
 
 class BootHttp:
@@ -87,7 +88,8 @@ class BootHttp:
         self._agents = agents
         self._tokens = tokens
         self._renderer = renderer
-        self._sendfile = SendfileThreads(config.sendfile_threads) \
+        self._sendfile = SendfileThreads(config.sendfile_threads,
+                                         pumps=config.sendfile_pumps) \
             if config.sendfile_threads else None
         # unknown MACs one address may have discovered: a flood of made-up MACs from one
         # machine cannot use up the discovery rate every new machine shares

@@ -21,27 +21,39 @@ from aiohttp import web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.web_request import BaseRequest
 
+from provisioner.boot.http_pumps import Pumps
+
 MAX_COPY = 4 << 20  # bytes one sendfile call may copy (another download's turn after it)
 
 
 class SendfileThreads:
-    """The bounded pool the copies run in (``boot.http_sendfile_threads``)."""
+    """The bounded pool the copies run in (``http.sendfile_threads``), or as many pumps
+    (``http.sendfile_pumps``: ``http_pumps.py``)."""
 
-    def __init__(self, threads: int) -> None:
+    def __init__(self, threads: int, *, pumps: bool = False) -> None:
         self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="http-sendfile")
+        self._pumps = Pumps(threads) if pumps else None
+
+    async def copy(self, sock_fd: int, file_fd: int, offset: int, count: int) -> None:
+        if self._pumps is not None:
+            await self._pumps.copy(sock_fd, file_fd, offset, count)
+        else:
+            await _copy(self.pool, sock_fd, file_fd, offset, count)
 
     def file(self, path: Path, *, chunk_size: int = 256 * 1024) -> web.FileResponse:
-        return OffLoopFileResponse(path, self.pool, chunk_size=chunk_size)
+        return OffLoopFileResponse(path, self, chunk_size=chunk_size)
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self._pumps is not None:
+            self._pumps.close()
 
 
 class OffLoopFileResponse(web.FileResponse):
-    def __init__(self, path: Path, pool: ThreadPoolExecutor, *,
+    def __init__(self, path: Path, threads: SendfileThreads, *,
                  chunk_size: int = 256 * 1024) -> None:
         super().__init__(path, chunk_size=chunk_size)
-        self._pool = pool
+        self._threads = threads
 
     async def _sendfile(self, request: BaseRequest, fobj: IO[Any], offset: int,
                         count: int) -> AbstractStreamWriter:
@@ -57,8 +69,8 @@ class OffLoopFileResponse(web.FileResponse):
         transport.pause_reading()
         await transport._make_empty_waiter()  # the head is on the wire before the body
         try:
-            await _copy(self._pool, transport.get_extra_info("socket").fileno(),
-                        fobj.fileno(), offset, count)
+            await self._threads.copy(transport.get_extra_info("socket").fileno(),
+                                     fobj.fileno(), offset, count)
         finally:
             transport._reset_empty_waiter()
             if reading and not transport.is_closing():

@@ -111,7 +111,8 @@ def build_boot(settings: Settings, store: Store, conductor: Conductor,
             kernel_arm64=settings.boot.inspection_kernel_arm64,
             initrd_arm64=settings.boot.inspection_initrd_arm64,
             kernel_args_arm64=settings.boot.kernel_args_arm64,
-            sendfile_threads=settings.http.sendfile_threads)
+            sendfile_threads=settings.http.sendfile_threads,
+            sendfile_pumps=settings.http.sendfile_pumps)
         builder = ramdisk_builder(settings, config.base_url, assets)
         if builder is not None:  # without it, serve's preflight told of a missing ramdisk
             servers.append(builder)

@@ -1,4 +1,5 @@
-"""File bodies copied beside the event loop (``boot/http_sendfile.py``), downloaded by curl
+"""File bodies copied beside the event loop (``boot/http_sendfile.py``, and with
+``http.sendfile_pumps`` ``boot/http_pumps.py``: every test runs with both), downloaded by curl
 on loopback: whole files and ranges arrive intact with one copy thread serving several
 downloads; a client that stops reading does not hold that thread (another download
 finishes meanwhile); a client gone mid-body leaves no descriptor behind and the server
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from provisioner.boot.http_pumps import Pumps
 from provisioner.boot.http_sendfile import SendfileThreads
 
 SIZE = 24 << 20
@@ -33,9 +35,9 @@ def blob(tmp_path: Path, data: bytes) -> Path:
     return path
 
 
-@pytest.fixture
-async def url(blob: Path) -> AsyncIterator[str]:
-    threads = SendfileThreads(1)  # one copy thread for every download
+@pytest.fixture(params=[False, True], ids=["pool", "pumps"])
+async def url(blob: Path, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    threads = SendfileThreads(1, pumps=request.param)  # one copy thread for every download
 
     async def handler(_request: web.Request) -> web.StreamResponse:
         return threads.file(blob)
@@ -106,3 +108,41 @@ async def test_a_client_gone_mid_body_leaves_nothing_behind(url: str, data: byte
     assert digest(await curl(url)) == digest(data)  # serves on
     await asyncio.sleep(0.2)
     assert open_fds() <= before
+
+
+async def test_a_cancelled_pump_copy_lets_go_and_the_pump_serves_on(blob: Path,
+                                                                    data: bytes) -> None:
+    """A download cancelled while its pump waits for room (the peer reads nothing): the
+    copy ends cancelled, its descriptor is closed, and the same pump copies the next one."""
+    pumps = Pumps(1)
+    try:
+        with blob.open("rb") as fobj:
+            stalled, peer = socket.socketpair()
+            with stalled, peer:
+                stalled.setblocking(False)
+                before = open_fds()
+                copy = asyncio.create_task(pumps.copy(stalled.fileno(), fobj.fileno(), 0, SIZE))
+                await asyncio.sleep(0.3)  # the socket's buffer is full: the pump waits
+                assert not copy.done()
+                copy.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await copy
+                assert open_fds() == before
+            sender, reader = socket.socketpair()
+            with sender, reader:
+                sender.setblocking(False)
+                received = bytearray()
+
+                def drain() -> None:
+                    while len(received) < SIZE:
+                        chunk = reader.recv(1 << 20)
+                        if not chunk:
+                            return
+                        received.extend(chunk)
+
+                draining = asyncio.get_running_loop().run_in_executor(None, drain)
+                await asyncio.wait_for(pumps.copy(sender.fileno(), fobj.fileno(), 0, SIZE), 30)
+                await asyncio.wait_for(draining, 30)
+                assert digest(bytes(received)) == digest(data)
+    finally:
+        pumps.close()
