@@ -1,0 +1,141 @@
+"""The ``storage_layout`` servicing step (issue 25): the profile's storage volumes
+(``[[servicing.profiles.<p>.storage]]``) made on the node.
+
+``via = "redfish"`` volumes: the BMC's storage controller (Redfish ``Storage`` → ``Drives``,
+``Volumes``), planned by ``validation.storage.plan_volumes``: a volume already there (same
+RAID type, over drives the selector accepts, in the wanted number) is left alone and the
+result says so; the others are created by a POST to the controller's ``Volumes``; volumes
+outside the layout are deleted only with ``storage_replace``. Each deletion and creation is
+a checkpointed sub-step, and the plan is read again from the BMC on a resume, so a daemon
+killed mid-layout never asks for a volume twice. A BMC answering with a task is followed as
+a firmware update's task is; an ``OnReset`` apply time is followed by a power cycle; then the
+volumes are read back and a wanted one that is missing fails the step.
+
+``via = "mdadm"`` volumes: software arrays, built by the node's agent in the ramdisk
+(``provisioner.agent.storage``); see ``_mdadm``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from provisioner.errors import FatalError
+from provisioner.lifecycle.service_ports import ServiceBmc
+from provisioner.lifecycle.service_record import ServiceRecord
+from provisioner.lifecycle.service_step import (
+    STEP_EVENT,
+    BmcGetter,
+    _reboot,
+    _record,
+    _wait_task,
+    _write,
+)
+from provisioner.validation.storage import (
+    Controller,
+    VolumePlan,
+    WantedVolume,
+    plan_volumes,
+)
+
+if TYPE_CHECKING:
+    from provisioner.lifecycle.steps import StepContext
+
+TASK_PREFIX = "volume:"
+
+
+async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    baseline = ctx.ports.servicing.baseline(ctx.node)
+    if not baseline.storage:
+        return f"profile {ctx.node.profile} has no storage layout"
+    results: list[str] = []
+    redfish = [w for w in baseline.storage if w.via == "redfish"]
+    mdadm = [w for w in baseline.storage if w.via == "mdadm"]
+    if redfish:
+        results.append(await _redfish(ctx, name, await bmc(), redfish,
+                                      baseline.storage_replace))
+    if mdadm:
+        results.append(_mdadm(ctx, mdadm))
+    return "; ".join(results)
+
+
+async def _redfish(ctx: StepContext, name: str, service: ServiceBmc,
+                   wanted: list[WantedVolume], replace: bool) -> str:
+    controller, plan = await _plan(service, wanted, replace)
+    for volume in plan.delete:
+        await ctx.substep(f"{name}:delete:{volume.ref}", _deleter(
+            ctx, name, service, controller, volume.ref, volume.name))
+    for item, drives in plan.create:
+        await ctx.substep(f"{name}:create:{item.name}",
+                          _creator(ctx, name, service, controller, item, [d.ref for d in drives]))
+    changed = [s for s in _record(ctx).results if s[0].startswith(f"{name}:changed")]
+    if changed and controller.apply_time == "OnReset":
+        await ctx.substep(f"{name}:reboot", lambda: _reboot(ctx))
+    _, after = await _plan(service, wanted, replace=False, allow_missing=True)
+    missing = [item.describe() for item, _ in after.create]
+    if missing:
+        raise FatalError("storage layout not in effect: the BMC does not show "
+                         + ", ".join(missing))
+    kept = {item.name for item, _ in plan.kept}
+    parts = [f"{item.name}: {volume.raid} over {len(volume.drives)} drives ("
+             + ("already there, left alone" if item.name in kept else "created") + ")"
+             for item, volume in after.kept]
+    parts += [f"deleted {v.name or v.ref} ({v.raid})" for v in plan.delete]
+    return "redfish volumes: " + "; ".join([*parts, *plan.notes])
+
+
+async def _plan(service: ServiceBmc, wanted: list[WantedVolume], replace: bool, *,
+                allow_missing: bool = False) -> tuple[Controller, VolumePlan]:
+    """The plan on the first controller that can hold the layout (the first one's error
+    when none can); ``allow_missing``: the plan as it is, volumes to make and all."""
+    found = await service.storage()
+    failures: list[str] = []
+    for controller in found:
+        try:
+            return controller, plan_volumes(wanted, controller.volumes, controller.drives,
+                                            replace=replace)
+        except FatalError as exc:
+            if allow_missing:
+                return controller, VolumePlan(create=tuple((w, ()) for w in wanted))
+            failures.append(f"{controller.uri}: {exc}")
+    raise FatalError("; ".join(failures))
+
+
+def _deleter(ctx: StepContext, name: str, service: ServiceBmc, controller: Controller, uri: str,
+             label: str) -> Callable[[], Awaitable[None]]:
+    async def delete() -> None:
+        task = await service.delete_volume(controller, uri)
+        await _follow(ctx, service, f"{TASK_PREFIX}delete:{uri}", task)
+        await _changed(ctx, name, f"deleted volume {label or uri} (not in the layout; "
+                       f"storage_replace; apply time {controller.apply_time})")
+    return delete
+
+
+def _creator(ctx: StepContext, name: str, service: ServiceBmc, controller: Controller,
+             item: WantedVolume, drives: list[str]) -> Callable[[], Awaitable[None]]:
+    async def create() -> None:
+        task = await service.create_volume(controller, item.name, item.raid, drives)
+        await _follow(ctx, service, f"{TASK_PREFIX}{item.name}", task)
+        await _changed(ctx, name, f"created volume {item.name}: {item.raid} over "
+                       f"{', '.join(d.rsplit('/', 1)[-1] for d in drives)} (apply time "
+                       f"{controller.apply_time})")
+    return create
+
+
+async def _follow(ctx: StepContext, service: ServiceBmc, key: str, task: str) -> None:
+    if task:
+        await _write(ctx, _record(ctx).with_task(key, task))
+        await _wait_task(ctx, service, key)
+
+
+async def _changed(ctx: StepContext, name: str, what: str) -> None:
+    record: ServiceRecord = _record(ctx)
+    await _write(ctx, record.with_result(f"{name}:changed", what))
+    await ctx.record(STEP_EVENT, f"storage_layout: {what}")
+
+
+def _mdadm(ctx: StepContext, wanted: list[WantedVolume]) -> str:
+    raise FatalError(
+        "storage_layout: mdadm volumes (" + ", ".join(w.name for w in wanted) + ") are built "
+        "by the agent's storage job in the ramdisk, which servicing does not boot yet")
+
