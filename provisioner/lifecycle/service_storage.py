@@ -12,13 +12,14 @@ a firmware update's task is; an ``OnReset`` apply time is followed by a power cy
 volumes are read back and a wanted one that is missing fails the step.
 
 ``via = "mdadm"`` volumes: software arrays, built by the node's agent in the ramdisk
-(``provisioner.agent.storage``); see ``_mdadm``.
+(``provisioner.agent.storage``), each array's result (array, level, members, state) in the
+history and in ``facts["md_arrays"]`` with ``/proc/mdstat``; see ``_mdadm``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from provisioner.errors import FatalError
 from provisioner.lifecycle.service_ports import ServiceBmc
@@ -32,9 +33,12 @@ from provisioner.lifecycle.service_step import (
     _write,
 )
 from provisioner.validation.storage import (
+    MDADM_LEVELS,
     Controller,
+    Drive,
     VolumePlan,
     WantedVolume,
+    pick,
     plan_volumes,
 )
 
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
     from provisioner.lifecycle.steps import StepContext
 
 TASK_PREFIX = "volume:"
+ARRAYS_KEY = "md_arrays"  # facts: the agent's report on the arrays, /proc/mdstat with it
 
 
 async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
@@ -55,7 +60,7 @@ async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
         results.append(await _redfish(ctx, name, await bmc(), redfish,
                                       baseline.storage_replace))
     if mdadm:
-        results.append(_mdadm(ctx, mdadm))
+        results.append(await _mdadm(ctx, name, mdadm))
     return "; ".join(results)
 
 
@@ -134,8 +139,54 @@ async def _changed(ctx: StepContext, name: str, what: str) -> None:
     await ctx.record(STEP_EVENT, f"storage_layout: {what}")
 
 
-def _mdadm(ctx: StepContext, wanted: list[WantedVolume]) -> str:
-    raise FatalError(
-        "storage_layout: mdadm volumes (" + ", ".join(w.name for w in wanted) + ") are built "
-        "by the agent's storage job in the ramdisk, which servicing does not boot yet")
+async def _mdadm(ctx: StepContext, name: str, wanted: list[WantedVolume]) -> str:
+    """The arrays planned from the inspected disks (``facts["disks"]``: the selector's
+    disks, smallest first), built by the agent in the ramdisk: the servicing record's
+    ``netboot`` makes the boot server hand the node the ramdisk (``boot.http``), the node
+    netboots, the agent's ``storage`` job (keyed by the step's run id: asked again after a
+    restart, the agent answers from memory) builds what is missing, each array's result is
+    recorded, ``netboot`` is cleared and the node power-cycled back to its own disk."""
+    disks = ctx.node.facts.get("disks")
+    drives = [Drive.from_disk(d) for d in disks if isinstance(d, dict)] \
+        if isinstance(disks, list) else []
+    taken: set[str] = set()
+    arrays: list[dict[str, Any]] = []
+    for item in wanted:
+        members = [d.ref for d in pick(item, drives, taken)]
+        taken |= set(members)
+        arrays.append({"name": item.name, "level": MDADM_LEVELS[item.raid],
+                       "members": members})
+    from provisioner.lifecycle.steps import _netboot
 
+    async def boot_ramdisk() -> None:
+        await _write(ctx, _record(ctx).with_netboot(True))
+    await ctx.substep(f"{name}:ramdisk", boot_ramdisk)
+    await _netboot(ctx)
+
+    async def build() -> None:
+        report = await ctx.ports.installer.build_arrays(ctx.node, f"storage:{ctx.run_id}",
+                                                        arrays)
+        for array in report.get("arrays") or []:
+            await ctx.record(STEP_EVENT, "storage_layout: " + _describe(array))
+        await ctx.merge_facts({ARRAYS_KEY: {"arrays": report.get("arrays") or [],
+                                            "mdstat": str(report.get("mdstat", ""))[:4000]}})
+        if report.get("ok") is not True:
+            raise FatalError(f"mdadm: {report.get('error') or 'failed'}")
+    await ctx.substep(f"{name}:arrays", build)
+
+    async def boot_disk() -> None:
+        await _write(ctx, _record(ctx).with_netboot(False))
+        await _reboot(ctx)
+    await ctx.substep(f"{name}:disk", boot_disk)
+    kept = ctx.node.facts.get(ARRAYS_KEY)
+    built = kept.get("arrays") if isinstance(kept, dict) else []
+    return "md arrays: " + "; ".join(_describe(a) for a in built or [] if isinstance(a, dict))
+
+
+def _describe(array: dict[str, Any]) -> str:
+    if array.get("error"):
+        return f"{array.get('name')}: failed: {array['error']}"
+    members = ", ".join(str(m) for m in array.get("members") or [])
+    return (f"{array.get('name')}: {array.get('array')} {array.get('level')} over {members}, "
+            f"state {array.get('state') or '?'} ("
+            + ("created" if array.get("created") else "already there, left alone") + ")")

@@ -9,17 +9,23 @@ nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from provisioner.bmc.redfish import RedfishDriver
+from provisioner.bmc.redfish_service import SiteServicing
 from provisioner.config.servicing import ServicingSettings
+from provisioner.domain import BmcCredentials, BmcEndpoint, Node
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.service_record import ServiceRecord
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.lifecycle.steps import STEPS
 from provisioner.store.store import Store
-from tests.conftest import wait_for_state
-from tests.integration.test_servicing import conductor, new_node
+from tests.conftest import fake_ports, wait_for_state
+from tests.integration.test_servicing import MANUAL, _parked, conductor, new_node
 from tests.integration.test_servicing import driver as driver  # noqa: F401  (fixture)
 from tests.sim.redfish_storage import VOLUMES, StorageSim, attach_storage
 from tests.sim.redfish_update import UpdateSim, make_app
@@ -100,3 +106,41 @@ async def test_replace_deletes_the_others_and_creates_once(  # type: ignore[no-u
     assert again[-1] == ("storage_layout: redfish volumes: boot: RAID1 over 2 drives (already "
                          "there, left alone); scratch: RAID0 over 2 drives (already there, left "
                          "alone)")
+
+
+async def test_mdadm_arrays_through_the_agent_then_left_alone(  # type: ignore[no-untyped-def]
+        store, world, make_node, driver) -> None:
+    """The simulated agent (``FakeInstaller.build_arrays``): the arrays planned from the
+    inspected disks, the ramdisk asked for and given back, each array in the history."""
+    async def credentials(node: Node) -> BmcCredentials:
+        return await store.nodes.credentials(node.id)
+
+    layout = settings([{"name": "data", "raid": "RAID1", "drives": "all NVMe",
+                        "via": "mdadm"}])
+    ports = dataclasses.replace(fake_ports(world), servicing=SiteServicing(
+        layout, driver, credentials))
+    disks = [{"name": f"nvme{i}n1", "size_bytes": 3_840_000_000_000, "rotational": False}
+             for i in range(2)] + [{"name": "sda", "size_bytes": 480_000_000_000,
+                                    "rotational": False}]
+    for serial, attempt in (("MD1", "created"), ("MD2", "already there, left alone")):
+        # the same simulated machine (its BMC address), enrolled twice
+        node = await make_node(S.INSPECTED, profile="gpu", serial=serial, bmc_password="pw",
+                               bmc=BmcEndpoint(driver="fake", address="MD1"))
+        await store.nodes.merge_facts(node.id, {"disks": disks})
+        cond = Conductor(store.nodes, ports, MANUAL, steps={**STEPS, S.DEPLOYING: _parked})
+        await cond.fire(node.id, Event.DEPLOY, actor="op")
+        done = await wait_for_state(store, node.id, S.DEPLOYING)
+        await cond.stop()
+        history = [h.reason for h in await store.nodes.history(node.id)
+                   if h.event == "service_step"]
+        assert history[-1] == ("storage_layout: md arrays: data: /dev/md/data raid1 over "
+                               f"nvme0n1, nvme1n1, state clean ({attempt})")
+        record = ServiceRecord.from_facts(done.facts)
+        assert record is not None and not record.netboot  # given back to its own disk
+        ledger = {op: calls for (key, op), (calls, _) in world.ledger_blocking().items()
+                  if key == "MD1"}
+        runs = 1 if serial == "MD1" else 2
+        # each run: netbooted (PXE, off, on), then power-cycled back to its disk; the
+        # array made once
+        assert (ledger["bootdev"], ledger["power_on"], ledger["power_cycle"]) == (runs,) * 3
+        assert ledger["md:data"] == 1
