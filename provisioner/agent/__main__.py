@@ -147,6 +147,8 @@ def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str,
     if command["command"] == "sanitise":
         return _sanitise(command, result, done, device_dir)
     if command["command"] == "storage":  # md arrays (provisioner.agent.storage)
+        if device_dir == Path("/dev"):  # the ramdisk has no /run: mdadm keeps its map there
+            Path("/run/mdadm").mkdir(parents=True, exist_ok=True)
         outcome = build_arrays(command.get("arrays") or [], device_dir=device_dir)
         done[generation] = outcome
         return result | outcome

@@ -41,7 +41,8 @@ class Arch:
 
 
 _COMMON_MODULES = ("virtio_net", "virtio_pci", "virtio_blk", "mlx5_core", "nvme", "ahci",
-                   "sd_mod", "igb", "ixgbe", "e1000e")
+                   "sd_mod", "igb", "ixgbe", "e1000e",
+                   "raid0", "raid1", "raid10", "raid456")  # md (with md_mod): the storage job
 ARCHES: dict[str, Arch] = {
     "x86_64": Arch("x86_64", "amd64", "x86_64-linux-gnu", "x86_64", "linux-image-amd64",
                    (*_COMMON_MODULES, "e1000")),
