@@ -67,15 +67,16 @@ async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
 async def _redfish(ctx: StepContext, name: str, service: ServiceBmc,
                    wanted: list[WantedVolume], replace: bool) -> str:
     controller, plan = await _plan(service, wanted, replace)
-    for volume in plan.delete:
-        await ctx.substep(f"{name}:delete:{volume.ref}", _deleter(
-            ctx, name, service, controller, volume.ref, volume.name))
-    for item, drives in plan.create:
-        await ctx.substep(f"{name}:create:{item.name}",
-                          _creator(ctx, name, service, controller, item, [d.ref for d in drives]))
-    changed = [s for s in _record(ctx).results if s[0].startswith(f"{name}:changed")]
-    if changed and controller.apply_time == "OnReset":
-        await ctx.substep(f"{name}:reboot", lambda: _reboot(ctx))
+    deletes = [f"{name}:delete:{volume.ref}" for volume in plan.delete]
+    for step, volume in zip(deletes, plan.delete, strict=True):
+        await ctx.substep(step, _deleter(ctx, name, service, controller, volume.ref,
+                                         volume.name))
+    await _settle(ctx, name, "delete", deletes, service, controller)
+    creates = [f"{name}:create:{item.name}" for item, _ in plan.create]
+    for step, (item, drives) in zip(creates, plan.create, strict=True):
+        await ctx.substep(step, _creator(ctx, name, service, controller, item,
+                                         [d.ref for d in drives]))
+    await _settle(ctx, name, "create", creates, service, controller)
     _, after = await _plan(service, wanted, replace=False, allow_missing=True)
     missing = [item.describe() for item, _ in after.create]
     if missing:
@@ -110,7 +111,7 @@ def _deleter(ctx: StepContext, name: str, service: ServiceBmc, controller: Contr
              label: str) -> Callable[[], Awaitable[None]]:
     async def delete() -> None:
         task = await service.delete_volume(controller, uri)
-        await _follow(ctx, service, f"{TASK_PREFIX}delete:{uri}", task)
+        await _follow(ctx, service, controller, f"{TASK_PREFIX}delete:{uri}", task)
         await _changed(ctx, name, f"deleted volume {label or uri} (not in the layout; "
                        f"storage_replace; apply time {controller.apply_time})")
     return delete
@@ -120,17 +121,39 @@ def _creator(ctx: StepContext, name: str, service: ServiceBmc, controller: Contr
              item: WantedVolume, drives: list[str]) -> Callable[[], Awaitable[None]]:
     async def create() -> None:
         task = await service.create_volume(controller, item.name, item.raid, drives)
-        await _follow(ctx, service, f"{TASK_PREFIX}{item.name}", task)
+        await _follow(ctx, service, controller, f"{TASK_PREFIX}create:{item.name}", task)
         await _changed(ctx, name, f"created volume {item.name}: {item.raid} over "
                        f"{', '.join(d.rsplit('/', 1)[-1] for d in drives)} (apply time "
                        f"{controller.apply_time})")
     return create
 
 
-async def _follow(ctx: StepContext, service: ServiceBmc, key: str, task: str) -> None:
+async def _follow(ctx: StepContext, service: ServiceBmc, controller: Controller, key: str,
+                  task: str) -> None:
+    """The BMC's task for a change: followed now when it applies at once; with ``OnReset``
+    it waits for the reset (a task the BMC keeps pending until then), see ``_settle``."""
     if task:
         await _write(ctx, _record(ctx).with_task(key, task))
-        await _wait_task(ctx, service, key)
+        if controller.apply_time != "OnReset":
+            await _wait_task(ctx, service, key)
+
+
+async def _settle(ctx: StepContext, name: str, phase: str, steps: list[str],
+                  service: ServiceBmc, controller: Controller) -> None:
+    """After the deletions, then after the creations (``steps``, their sub-steps): with
+    ``OnReset``, the power cycle that applies them (the creations need the drives the
+    deletions free), then their tasks."""
+    if controller.apply_time != "OnReset" or not any(ctx.finished(s) for s in steps):
+        return
+    await ctx.substep(f"{name}:{phase}:reboot", lambda: _reboot(ctx))
+    prefix = f"{TASK_PREFIX}{phase}:"
+    for key in [k for k in _record(ctx).tasks if k.startswith(prefix)]:
+        await ctx.substep(f"{name}:{phase}:task:{key}", _task_waiter(ctx, service, key))
+
+
+def _task_waiter(ctx: StepContext, service: ServiceBmc,
+                 key: str) -> Callable[[], Awaitable[None]]:
+    return lambda: _wait_task(ctx, service, key)
 
 
 async def _changed(ctx: StepContext, name: str, what: str) -> None:

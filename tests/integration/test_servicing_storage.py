@@ -144,3 +144,23 @@ async def test_mdadm_arrays_through_the_agent_then_left_alone(  # type: ignore[n
         # array made once
         assert (ledger["bootdev"], ledger["power_on"], ledger["power_cycle"]) == (runs,) * 3
         assert ledger["md:data"] == 1
+
+
+async def test_on_reset_bmc_stages_the_changes_for_a_power_cycle(  # type: ignore[no-untyped-def]
+        store, world, make_node, storage_bmc, driver) -> None:
+    """A BMC that lists only ``OnReset``: each change is asked for with that apply time and
+    answers a task that stays Pending; a power cycle applies the deletions (their drives
+    freed), another the creation, and the tasks are followed to Completed after each."""
+    sim, url = storage_bmc
+    sim.apply_times = ["OnReset"]
+    _, steps = await _run(store, world, make_node, driver, url,
+                          settings([BOOT, SCRATCH], replace=True), S.DEPLOYING)
+    assert sim.posts == [{"Name": "scratch", "RAIDType": "RAID0",
+                          "@Redfish.OperationApplyTime": "OnReset", "Links": {"Drives": [
+                              {"@odata.id": DRIVES + "32ADF365C6C1B7BD"},
+                              {"@odata.id": DRIVES + "3D58ECBC375FD9F2"}]}}]
+    assert sim.resets == 2 and sim.tasks == {"vol1": "Completed", "vol2": "Completed",
+                                             "vol3": "Completed"}
+    assert steps[-1].startswith("storage_layout: redfish volumes: boot: RAID1 over 2 drives "
+                                "(already there, left alone); scratch: RAID0 over 2 drives "
+                                "(created)")

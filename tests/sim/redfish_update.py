@@ -115,6 +115,8 @@ async def reset(request: web.Request) -> web.Response:
     if kind not in ("On", "ForceOff", "ForceRestart"):
         return _error(f"ResetType {kind} not supported")
     sim.power = "Off" if kind == "ForceOff" else "On"
+    if kind in ("On", "ForceRestart") and STORAGE_SIM in request.app:
+        request.app[STORAGE_SIM].reset()
     if kind in ("On", "ForceRestart") and sim.pending:  # the BIOS applies pending settings
         sim.bios.update(sim.pending)
         sim.pending.clear()
@@ -208,6 +210,8 @@ async def simple_update(request: web.Request) -> web.Response:
 async def task(request: web.Request) -> web.Response:
     sim = request.app[SIM]
     tid = request.match_info["tid"]
+    if STORAGE_SIM in request.app and (staged := request.app[STORAGE_SIM].task(tid)):
+        return _json(staged)
     state = sim.tasks.get(tid)
     if state is None or sim.task_fault == "vanish":
         if state is not None:
