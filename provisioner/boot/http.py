@@ -151,6 +151,8 @@ class BootHttp:
         if node is None:
             return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
                           reason="discovery rate exceeded")
+        if node.state is NodeState.SERVICING:  # the step's record, as it wrote it last
+            node = await self._discovery.current(node)
         purpose = _NETBOOT_STATES.get(node.state) or _servicing_netboot(node)
         if purpose is not None and not node.maintenance:
             try:  # the script carries the node's token: only to the node's leased address

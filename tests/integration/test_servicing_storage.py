@@ -25,6 +25,8 @@ from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.steps import STEPS
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
+from tests.integration.test_boot_http import MAC, get_script
+from tests.integration.test_boot_http import boot as boot  # noqa: F401  (fixture)
 from tests.integration.test_servicing import MANUAL, _parked, conductor, new_node
 from tests.integration.test_servicing import driver as driver  # noqa: F401  (fixture)
 from tests.sim.redfish_storage import VOLUMES, StorageSim, attach_storage
@@ -164,3 +166,21 @@ async def test_on_reset_bmc_stages_the_changes_for_a_power_cycle(  # type: ignor
     assert steps[-1].startswith("storage_layout: redfish volumes: boot: RAID1 over 2 drives "
                                 "(already there, left alone); scratch: RAID0 over 2 drives "
                                 "(created)")
+
+
+async def test_a_servicing_node_boots_the_ramdisk_only_while_the_record_asks(  # type: ignore[no-untyped-def]
+        boot, make_node) -> None:
+    """The boot server: a node in ``servicing`` is handed the agent's ramdisk only while
+    its servicing record says ``netboot`` (storage_layout's mdadm arrays), else its disk."""
+    record = ServiceRecord.open("onboard", ("storage_layout",), "onboarding", "op")
+    node = await make_node(S.SERVICING, macs=(MAC,), profile="gpu")
+    await boot.store.nodes.merge_facts(node.id, {"servicing": record.to_facts()})
+    local = await get_script(boot, MAC)
+    assert "sanboot" in local and "token" not in local
+    await boot.store.nodes.merge_facts(node.id, {
+        "servicing": record.with_netboot(True).to_facts()})
+    script = await get_script(boot, MAC)
+    assert "provisioner.token=pvt_" in script and "/artefacts/inspect/vmlinuz" in script
+    await boot.store.nodes.merge_facts(node.id, {"servicing": record.to_facts()})
+    local = await get_script(boot, MAC)
+    assert "sanboot" in local and "token" not in local
