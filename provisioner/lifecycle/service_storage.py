@@ -170,8 +170,9 @@ async def _mdadm(ctx: StepContext, name: str, wanted: list[WantedVolume]) -> str
     restart, the agent answers from memory) builds what is missing, each array's result is
     recorded, ``netboot`` is cleared and the node power-cycled back to its own disk."""
     disks = ctx.node.facts.get("disks")
-    drives = [Drive.from_disk(d) for d in disks if isinstance(d, dict)] \
-        if isinstance(disks, list) else []
+    drives = [Drive.from_disk(d) for d in disks if isinstance(d, dict)  # not the arrays
+              and not str(d.get("name", "")).startswith("md")] if isinstance(disks, list) \
+        else []
     taken: set[str] = set()
     arrays: list[dict[str, Any]] = []
     for item in wanted:
