@@ -40,6 +40,7 @@ APT_PACKAGES=(
   nvme-cli         # nvme: the ramdisk's NVMe sanitize/format (the agent's sanitise job)
   hdparm           # the ramdisk's ATA secure erase
   sg3-utils        # sg_sanitize: the ramdisk's SCSI/SAS sanitize
+  mdadm            # the ramdisk's software RAID (the agent's storage job)
   kea-admin        # perfdhcp (DHCP load generator / relay)
   kea-dhcp4-server # bench/dhcp_bench.py peer
   dnsmasq-base     # the site's DHCP server beside our proxy mode; bench peer

@@ -22,6 +22,7 @@ from typing import Any
 from provisioner.agent.collect import collect
 from provisioner.agent.deploy import write_image
 from provisioner.agent.sanitise import node_disks, sanitise
+from provisioner.agent.storage import build_arrays
 
 log = logging.getLogger("provisioner.agent")
 
@@ -105,7 +106,7 @@ def run(
     device_dir: Path = Path("/dev"),
 ) -> int:
     """Report facts, then obey commands: ``wait``, ``report`` (again), ``poweroff``, ``reboot``,
-    and run jobs (``deploy``, ``sanitise``)."""
+    and run jobs (``deploy``, ``sanitise``, ``storage``)."""
     client = AgentClient(args["url"], args["token"], args.get("mac", ""))
     _report(client, args, gather)
     # jobs done, by generation, with what they reported: a repeated job (the daemon restarted
@@ -118,7 +119,7 @@ def run(
             time.sleep(float(command.get("interval_s", 5)))
         elif name == "report":  # the daemon restarted while its step waited for facts
             _report(client, args, gather)
-        elif name in ("deploy", "sanitise"):
+        elif name in ("deploy", "sanitise", "storage"):
             result = _job(client, command, done, device_dir)
             client.call("POST", "/agent/v1/result", result)
             if result["ok"] and command.get("reboot"):  # no BMC: boot the disk ourselves
@@ -137,7 +138,7 @@ def run(
 
 def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str, Any]],
          device_dir: Path) -> dict[str, Any]:
-    """Run a deploy or sanitise job; the result names its generation."""
+    """Run a deploy, sanitise or storage job; the result names its generation."""
     generation = str(command.get("generation", ""))
     result: dict[str, Any] = {"command": command["command"], "generation": generation}
     if generation in done:
@@ -145,6 +146,12 @@ def _job(client: AgentClient, command: dict[str, Any], done: dict[str, dict[str,
         return result | {"ok": True} | done[generation] | {"note": "already done"}
     if command["command"] == "sanitise":
         return _sanitise(command, result, done, device_dir)
+    if command["command"] == "storage":  # md arrays (provisioner.agent.storage)
+        if device_dir == Path("/dev"):  # the ramdisk has no /run: mdadm keeps its map there
+            Path("/run/mdadm").mkdir(parents=True, exist_ok=True)
+        outcome = build_arrays(command.get("arrays") or [], device_dir=device_dir)
+        done[generation] = outcome
+        return result | outcome
     try:
         report = write_image(command, device_dir=device_dir, fetch_seed=lambda: client.fetch(
             "GET", f"/agent/v1/seed?generation={generation}"))

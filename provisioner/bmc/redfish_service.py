@@ -21,9 +21,10 @@ Redfish UpdateService", never skips.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Final
 
+from provisioner.bmc import redfish_storage
 from provisioner.bmc.base import BmcUnsupported
 from provisioner.bmc.redfish import JsonObject, RedfishClient, RedfishDriver, _check, _dig
 from provisioner.config.servicing import ServicingSettings
@@ -37,6 +38,7 @@ from provisioner.validation.baseline import (
     TaskState,
     Wanted,
 )
+from provisioner.validation.storage import Controller, WantedVolume
 
 NO_UPDATE_SERVICE: Final = "this BMC has no Redfish UpdateService"
 
@@ -162,6 +164,17 @@ class RedfishService:
                 running.append(_local(member))
         return named or running
 
+    async def storage(self) -> list[Controller]:
+        return await redfish_storage.controllers(self._client)
+
+    async def create_volume(self, controller: Controller, name: str, raid: str,
+                            drives: Sequence[str]) -> str:
+        return await redfish_storage.create_volume(self._client, controller, name, raid,
+                                                   drives)
+
+    async def delete_volume(self, controller: Controller, uri: str) -> str:
+        return await redfish_storage.delete_volume(self._client, controller, uri)
+
     async def aclose(self) -> None:
         """Nothing: the session belongs to the driver."""
 
@@ -216,7 +229,10 @@ class SiteServicing:
         if profile is None:
             return Baseline()
         return Baseline(dict(profile.bios), tuple(Wanted(f.id, f.version, f.image)
-                                                  for f in profile.firmware))
+                                                  for f in profile.firmware),
+                        tuple(WantedVolume(v.name, v.raid, v.count, v.kind,
+                                           int(v.min_size_gb * 1e9), v.via)
+                              for v in profile.storage), profile.storage_replace)
 
     def wave_runbook(self, profile: str) -> str | None:
         found = self._settings.profiles.get(profile)

@@ -20,7 +20,7 @@ from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.http_sendfile import SendfileThreads
 from provisioner.boot.install_http import InstallerHttp, _local_address
 from provisioner.boot.render import Renderer
-from provisioner.domain import NodeState, Role, TokenInfo
+from provisioner.domain import Node, NodeState, Role, TokenInfo
 from provisioner.errors import InvalidRequest
 from provisioner.health.inband import MAX_BODY_BYTES as MAX_PROBE_BYTES
 from provisioner.ids import normalize_mac
@@ -34,6 +34,7 @@ from provisioner.lifecycle.inband import (
     ProbeTooSoon,
     is_probe_token,
 )
+from provisioner.lifecycle.service_record import ServiceRecord
 from provisioner.store.tokens import TokenRepo
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,15 @@ _MAX_AGENT_BODY = 2 * MAX_NVIDIA_SMI_XML_BYTES + (1 << 20)
 DISCOVERIES_PER_SOURCE_PER_S, DISCOVERY_BURST_PER_SOURCE = 0.5, 10
 FABRIC_SCANS_PER_S, FABRIC_SCAN_BURST = 1 / 60, 3
 MAX_JSON_DEPTH = 64  # an agent report nests 5 deep; json.loads gives up near 1,000
+
+
+def _servicing_netboot(node: Node) -> str | None:
+    """A servicing node boots the agent's ramdisk only while a step needs it (the storage
+    layout's mdadm arrays); else its own disk."""
+    if node.state is not NodeState.SERVICING:
+        return None
+    record = ServiceRecord.from_facts(node.facts)
+    return "service" if record is not None and record.netboot else None
 
 
 class _Flavour(StrEnum):
@@ -154,7 +164,9 @@ class BootHttp:
         if node is None:
             return render("retry", base_url=self._config.base_url, mac=mac, seconds=10,
                           reason="discovery rate exceeded")
-        purpose = _NETBOOT_STATES.get(node.state)
+        if node.state is NodeState.SERVICING:  # the step's record, as it wrote it last
+            node = await self._discovery.current(node)
+        purpose = _NETBOOT_STATES.get(node.state) or _servicing_netboot(node)
         if purpose is not None and not node.maintenance:
             try:  # the script carries the node's token: only to the node's leased address
                 await self._agents.check_boot_source(node, request.remote)

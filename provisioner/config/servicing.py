@@ -9,8 +9,15 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from provisioner.config.section import Section
 
-ServiceStepName = Literal["firmware_inventory", "bios_settings", "firmware_update"]
-SERVICE_STEPS: tuple[str, ...] = ("firmware_inventory", "bios_settings", "firmware_update")
+ServiceStepName = Literal["firmware_inventory", "bios_settings", "firmware_update",
+                          "storage_layout"]
+SERVICE_STEPS: tuple[str, ...] = ("firmware_inventory", "bios_settings", "firmware_update",
+                                  "storage_layout")
+RaidType = Literal["None", "RAID0", "RAID1", "RAID5", "RAID6", "RAID10"]
+# the fewest drives each level is made of (provisioner.validation.storage keeps the same)
+RAID_MIN_DRIVES: dict[str, int] = {"None": 1, "RAID0": 2, "RAID1": 2, "RAID5": 3,
+                                   "RAID6": 4, "RAID10": 4}
+_MEDIA = ("NVMe", "SSD", "HDD")
 
 
 class Runbook(Section):
@@ -20,7 +27,8 @@ class Runbook(Section):
         min_length=1, description="In order: firmware_inventory (read the BMC's "
         "UpdateService/FirmwareInventory), bios_settings (the profile's BIOS baseline, "
         "validated against the BMC's attribute registry), firmware_update (each baseline "
-        "component below its version, through UpdateService.SimpleUpdate)")
+        "component below its version, through UpdateService.SimpleUpdate), storage_layout "
+        "(the profile's storage volumes: Redfish Storage/Volumes, or mdadm through the agent)")
 
 
 class FirmwareComponent(Section):
@@ -32,6 +40,57 @@ class FirmwareComponent(Section):
     image: str = Field(min_length=1, description="Image file, fetched by the BMC as "
                        "<image_base_url>/<image> (our boot HTTP server serves "
                        "boot.artefacts_dir under /artefacts/), or a full http(s) URL")
+
+
+class StorageVolume(Section):
+    """One volume of a profile's storage layout (``[[servicing.profiles.<p>.storage]]``)."""
+
+    name: str = Field(min_length=1, max_length=32, pattern=r"^[A-Za-z0-9_.-]+$",
+                      description="The volume's name (Redfish Name; the md array's name)")
+    raid: RaidType = Field(description="RAID0, RAID1, RAID5, RAID6, RAID10, or None (one "
+                           "drive, no RAID: Redfish only)")
+    drives: int | str = Field(
+        description="How many drives: a count, or \"all\" / \"all NVMe\" / \"all SSD\" / "
+        "\"all HDD\" (every drive of that kind)")
+    media: Literal["NVMe", "SSD", "HDD"] | None = Field(
+        None, description="Only drives of this kind (Redfish Protocol NVMe or MediaType; for "
+        "mdadm, nvme* disks or the disk's rotational flag)")
+    min_size_gb: float = Field(0, ge=0, description="Only drives at least this large")
+    via: Literal["redfish", "mdadm"] = Field(
+        "redfish", description="redfish: a volume of the BMC's RAID controller "
+        "(Storage/Volumes); mdadm: a software array built by the node's agent")
+
+    @model_validator(mode="after")
+    def _enough_drives(self) -> StorageVolume:
+        if isinstance(self.drives, str):
+            word, _, kind = self.drives.partition(" ")
+            if word != "all" or (kind and kind not in _MEDIA):
+                raise ValueError(f"volume {self.name}: drives {self.drives!r}: a count, or "
+                                 "'all', 'all NVMe', 'all SSD', 'all HDD'")
+            if kind and self.media is not None and kind != self.media:
+                raise ValueError(f"volume {self.name}: drives {self.drives!r} and media "
+                                 f"{self.media!r} disagree")
+        elif self.drives < RAID_MIN_DRIVES[self.raid]:
+            raise ValueError(f"volume {self.name}: {self.raid} needs at least "
+                             f"{RAID_MIN_DRIVES[self.raid]} drives, drives = {self.drives}")
+        elif self.raid == "RAID10" and self.drives % 2:
+            raise ValueError(f"volume {self.name}: RAID10 needs an even number of drives")
+        elif self.raid == "None" and self.drives != 1:
+            raise ValueError(f"volume {self.name}: raid None is one drive")
+        if self.via == "mdadm" and self.raid == "None":
+            raise ValueError(f"volume {self.name}: mdadm makes RAID arrays: raid None is "
+                             "for a Redfish pass-through volume")
+        return self
+
+    @property
+    def count(self) -> int | None:
+        return self.drives if isinstance(self.drives, int) else None
+
+    @property
+    def kind(self) -> str | None:
+        if isinstance(self.drives, str) and " " in self.drives:
+            return self.drives.partition(" ")[2]
+        return self.media
 
 
 class ServicingProfile(Section):
@@ -52,6 +111,21 @@ class ServicingProfile(Section):
         False, description="When a disk offers no erase of its own (NVMe sanitize/format, "
         "ATA secure erase, SCSI sanitize), overwrite it with zeros instead of failing the "
         "sanitise step (retire); slow on large disks, and it cannot reach remapped blocks")
+    storage: list[StorageVolume] = Field(
+        default_factory=list, description="The storage layout the storage_layout step "
+        "makes: [[servicing.profiles.<p>.storage]] name, raid, drives, media, min_size_gb, via")
+    storage_replace: bool = Field(
+        False, description="storage_layout deletes the BMC's volumes that are not in the "
+        "layout when the layout needs their drives (unset: it fails, naming them)")
+
+    @field_validator("storage")
+    @classmethod
+    def _unique_volumes(cls, value: list[StorageVolume]) -> list[StorageVolume]:
+        names = [v.name for v in value]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"storage: volume names used twice: {', '.join(twice)}")
+        return value
 
 
 class ServicingSettings(Section):

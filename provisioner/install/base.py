@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Protocol
+from typing import Any, Protocol
 
 from provisioner.domain import Node, Sanitised
 
@@ -106,6 +106,10 @@ class ImageWriter(Protocol):
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         ...
 
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        ...
+
 
 class Configurer(Protocol):
     """The part of an ``Installer`` that configures a written OS."""
@@ -134,3 +138,7 @@ class ComposedInstaller:
 
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         return await self._images.sanitise(node, generation, skip)
+
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self._images.build_arrays(node, generation, arrays)

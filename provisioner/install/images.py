@@ -162,6 +162,13 @@ class AgentImageWriter:
             "allow_overwrite": allow}, keep_failure=True)
         return Sanitised.from_report(report)
 
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        log.info("node %s: building md arrays %s (%s)", node.id,
+                 ", ".join(str(a.get("name")) for a in arrays), generation)
+        return await self._jobs.run(node.id, {"command": "storage", "generation": generation,
+                                              "arrays": arrays}, keep_failure=True)
+
 
 def _format_of(url: str) -> str:
     for suffix, name in _FORMATS.items():

@@ -296,9 +296,10 @@ class AgentService:
         return {"command": "poweroff"}
 
     async def result(self, node_id: str, body: dict[str, Any]) -> None:
-        """The agent's report on a job (``deploy``, ``sanitise``) or a power command."""
+        """The agent's report on a job (``deploy``, ``sanitise``, ``storage``) or a power
+        command."""
         command, generation = body.get("command"), body.get("generation")
-        if command in ("deploy", "sanitise") and isinstance(generation, str):
+        if command in ("deploy", "sanitise", "storage") and isinstance(generation, str):
             ok, error = body.get("ok") is True, str(body.get("error", ""))[:1000]
             if command == "deploy" and ok and self._jobs.pending(node_id) is not None:
                 self._binding.release(node_id)  # the OS, next, may have another address

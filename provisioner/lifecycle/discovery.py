@@ -124,6 +124,11 @@ class Discovery:
             self._cache[known] = node
         return node
 
+    async def current(self, node: Node) -> Node:
+        """The node as stored now: what a step wrote since the cache's copy (its facts; the
+        cache follows only the conductor's transitions)."""
+        return await self._repo.get(node.id)
+
     def _remember_unknown(self, mac: str) -> None:
         if len(self._unknown) >= self._cache_size:
             self._unknown.clear()

@@ -39,6 +39,15 @@ class Installer(Protocol):
         the job: asked again (a daemon restart), the agent answers without erasing again."""
         ...
 
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        """Build md arrays (``{"name", "level", "members"}``) on the net-booted node with
+        mdadm (the agent's ``storage`` job); an array already there is left alone. The
+        agent's answer: ``ok``, ``arrays`` (each: array, level, members, state, created or
+        error), ``mdstat``. Asked again under the same ``generation``, it answers from
+        memory."""
+        ...
+
 
 class KubeJoiner(Protocol):
     async def join(self, node: Node) -> None: ...

@@ -53,6 +53,10 @@ class Unavailable:
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         raise self._fail()
 
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        raise self._fail()
+
     async def join(self, node: Node) -> None:
         raise self._fail()
 
@@ -93,6 +97,10 @@ class RoutedInstaller:
 
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         return await self._pick(node).sanitise(node, generation, skip)
+
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self._pick(node).build_arrays(node, generation, arrays)
 
 
 class RoutedKube:

@@ -4,7 +4,7 @@ runbooks and baselines. The daemon's implementation is ``provisioner.bmc.redfish
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from provisioner.domain import Node
@@ -16,6 +16,7 @@ from provisioner.validation.baseline import (
     TaskLimits,
     TaskState,
 )
+from provisioner.validation.storage import Controller
 
 __all__ = ["Baseline", "NoServicing", "ServiceBmc", "Servicing", "TaskLimits", "TaskState"]
 
@@ -45,6 +46,18 @@ class ServiceBmc(Protocol):
         """The BMC's tasks that update from ``image_uri`` (their payload names it), else
         those still running; None when the BMC has no TaskService to ask."""
         ...
+
+    async def storage(self) -> list[Controller]:
+        """The System's storage controllers with a Volumes collection, their drives and
+        volumes; BmcUnsupported where the BMC has none."""
+        ...
+
+    async def create_volume(self, controller: Controller, name: str, raid: str,
+                            drives: Sequence[str]) -> str:
+        """POST to the controller's Volumes; the task monitor's URI, '' when done at once."""
+        ...
+
+    async def delete_volume(self, controller: Controller, uri: str) -> str: ...
 
     async def aclose(self) -> None: ...
 

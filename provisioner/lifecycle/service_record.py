@@ -34,6 +34,7 @@ class ServiceRecord:
     tasks: dict[str, str] = field(default_factory=dict)  # component id -> task monitor URI
     outcome: str = ""
     ended_at: str = ""
+    netboot: bool = False  # the node is to boot the agent's ramdisk (storage_layout, mdadm)
 
     @classmethod
     def open(cls, runbook: str, steps: tuple[str, ...], origin: str, actor: str) -> ServiceRecord:
@@ -60,6 +61,9 @@ class ServiceRecord:
         """Whether the update of ``component`` was being asked for, its task unknown."""
         return self.tasks.get(component, "").startswith(ASKING)
 
+    def with_netboot(self, on: bool) -> ServiceRecord:
+        return replace(self, netboot=on)
+
     def closed(self, outcome: str) -> ServiceRecord:
         return replace(self, outcome=outcome, ended_at=now())
 
@@ -67,7 +71,8 @@ class ServiceRecord:
         return {"runbook": self.runbook, "steps": list(self.steps), "origin": self.origin,
                 "actor": self.actor, "started_at": self.started_at,
                 "results": [{"step": s, "result": r, "at": a} for s, r, a in self.results],
-                "tasks": dict(self.tasks), "outcome": self.outcome, "ended_at": self.ended_at}
+                "tasks": dict(self.tasks), "outcome": self.outcome, "ended_at": self.ended_at,
+                "netboot": self.netboot}
 
     @classmethod
     def from_facts(cls, facts: dict[str, Any]) -> ServiceRecord | None:
@@ -81,7 +86,8 @@ class ServiceRecord:
                    str(raw.get("origin", ACTIVE)), str(raw.get("actor", "")),
                    str(raw.get("started_at", "")), results,
                    {str(k): str(v) for k, v in (tasks or {}).items()},
-                   str(raw.get("outcome", "")), str(raw.get("ended_at", "")))
+                   str(raw.get("outcome", "")), str(raw.get("ended_at", "")),
+                   raw.get("netboot") is True)
 
     def onboarded(self, runbook: str) -> bool:
         """Whether this record is a passed onboarding run of ``runbook``."""

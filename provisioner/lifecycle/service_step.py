@@ -22,6 +22,8 @@ Steps (``SERVICE_STEPS``):
   handling: a BMC component (Id containing ``BMC``) is waited for until the
   BMC answers ``bmc_good_reads`` reads in a row; any other component (BIOS, NIC, GPU)
   activates on the power cycle that follows the updates; then every component is read back.
+* ``storage_layout``: the profile's storage volumes (``service_storage``): Redfish
+  ``Storage/Volumes`` where the BMC offers them, left alone when already there.
 
 A step's failure carries the BMC's own message into ``service_failed``.
 """
@@ -344,10 +346,18 @@ async def _reboot(ctx: StepContext) -> None:
         await ctx.ports.repairs.wait_os(ctx.node)
 
 
+async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    """The profile's storage volumes (``service_storage``, imported here as it imports
+    this module's helpers)."""
+    from provisioner.lifecycle.service_storage import storage_layout as layout
+    return await layout(ctx, name, bmc)
+
+
 _STEPS: Final[Mapping[str, Run]] = {
     "firmware_inventory": firmware_inventory,
     "bios_settings": bios_settings,
     "firmware_update": firmware_update,
+    "storage_layout": storage_layout,
 }
 SERVICE_STEPS: Final = tuple(_STEPS)
 

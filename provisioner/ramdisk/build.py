@@ -126,7 +126,7 @@ def _assemble(sysroot: Sysroot, sources: Path, root: Path) -> None:
     python = sysroot.resolve(sysroot.python)
     _install(python, root / "usr/bin/python3", 0o755)
     elves = [python]
-    for path, _ in TOOLS:  # nvme, hdparm, sg_sanitize: the sanitise job's erase tools
+    for path, _ in TOOLS:  # nvme, hdparm, sg_sanitize (sanitise), mdadm (storage)
         tool = root / "usr/bin" / Path(path).name
         _install(sysroot.resolve(path), tool, 0o755)
         elves.append(tool)

@@ -41,7 +41,8 @@ class Arch:
 
 
 _COMMON_MODULES = ("virtio_net", "virtio_pci", "virtio_blk", "mlx5_core", "nvme", "ahci",
-                   "sd_mod", "igb", "ixgbe", "e1000e")
+                   "sd_mod", "igb", "ixgbe", "e1000e",
+                   "raid0", "raid1", "raid10", "raid456")  # md (with md_mod): the storage job
 ARCHES: dict[str, Arch] = {
     "x86_64": Arch("x86_64", "amd64", "x86_64-linux-gnu", "x86_64", "linux-image-amd64",
                    (*_COMMON_MODULES, "e1000")),
@@ -53,11 +54,12 @@ ARCHES: dict[str, Arch] = {
 _ALIASES = {"amd64": "x86_64", "x86-64": "x86_64", "aarch64": "arm64"}
 PYTHON_VERSION = "3.11"  # Debian 12's python3; the agent needs only its standard library
 
-#: The disk erase tools the agent's ``sanitise`` job runs (path, Debian package), packed
-#: with their shared libraries.
+#: The disk tools the agent's jobs run (path, Debian package), packed with their shared
+#: libraries: the ``sanitise`` job's erase tools, the ``storage`` job's mdadm.
 TOOLS: tuple[tuple[str, str], ...] = (("/usr/sbin/nvme", "nvme-cli"),
                                       ("/sbin/hdparm", "hdparm"),
-                                      ("/usr/bin/sg_sanitize", "sg3-utils"))
+                                      ("/usr/bin/sg_sanitize", "sg3-utils"),
+                                      ("/sbin/mdadm", "mdadm"))
 # The arm64 packages a foreign-architecture ramdisk is made from (plus the kernel).
 FOREIGN_PACKAGES = ("busybox-static", f"python{PYTHON_VERSION}-minimal",
                     f"libpython{PYTHON_VERSION}-minimal", f"libpython{PYTHON_VERSION}-stdlib",
@@ -66,7 +68,8 @@ FOREIGN_PACKAGES = ("busybox-static", f"python{PYTHON_VERSION}-minimal",
                     # the erase tools and what they link (nvme-cli: libnvme, via D-Bus systemd)
                     "nvme-cli", "libnvme1", "libjson-c5", "libdbus-1-3", "libsystemd0",
                     "libcap2", "libgcrypt20", "liblz4-1", "libgpg-error0", "hdparm",
-                    "sg3-utils", "libsgutils2-1.46-2")
+                    "sg3-utils", "libsgutils2-1.46-2",
+                    "mdadm", "libudev1")  # the storage job's software RAID
 
 
 def arch_named(name: str) -> Arch:
@@ -148,7 +151,7 @@ def host_sysroot(arch: Arch) -> Sysroot:
         raise RamdiskError(f"no {sysroot.python}: install python3")
     missing = [package for path, package in TOOLS if not Path(path).is_file()]
     if missing:
-        raise RamdiskError(f"the disk erase tools are missing: apt-get install "
+        raise RamdiskError(f"the agent's disk tools are missing: apt-get install "
                            f"{' '.join(missing)}")
     pkgs = _run(["dpkg-query", "-W", "busybox-static", f"python{PYTHON_VERSION}-minimal",
                  *(package for _, package in TOOLS)], check=False)

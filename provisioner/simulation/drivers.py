@@ -76,6 +76,21 @@ class FakeInstaller(_Sim):
                         "simulated", True, self._delay_s)
             for d in disks if d["name"] not in skip))
 
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        """Each array made once over its members (state ``clean``, simulated)."""
+        await self._work("storage", node)
+        reports = []
+        for array in arrays:
+            key, attr = machine_key(node), f"md:{array['name']}"
+            there = bool(await self._world.get(key, attr))
+            if not there:
+                await self._world.ensure(key, attr, attr, ",".join(array["members"]))
+            reports.append({"name": array["name"], "array": f"/dev/md/{array['name']}",
+                            "level": f"raid{array['level']}", "members": array["members"],
+                            "state": "clean", "created": not there})
+        return {"ok": True, "arrays": reports, "mdstat": ""}
+
 
 class FakeKube(_Sim):
     async def join(self, node: Node) -> None:

@@ -9,13 +9,14 @@ that text as the BMC's message. Each update and install is counted in the world'
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import PurePosixPath
 from typing import Final
 
 from provisioner.errors import DriverError
 from provisioner.simulation.world import SimWorld
 from provisioner.validation.baseline import BiosValue, Component, TaskState
+from provisioner.validation.storage import Controller
 
 SIMULATED_FIRMWARE: Final = {"BMC": "25.04.1", "BIOS": "1.0.0", "HGX_FW_GPU_0": "96.00.5E.00.01",
                              "NIC.Slot.1": "28.39.1002"}
@@ -76,6 +77,16 @@ class SimServiceBmc:
         return [_TASKS + cid for cid in SIMULATED_FIRMWARE
                 if await self._world.get(self._key, f"fw_pending:{cid}")
                 == image_version(image_uri)]
+
+    async def storage(self) -> list[Controller]:
+        raise DriverError("the simulated BMC has no Redfish Storage")
+
+    async def create_volume(self, controller: Controller, name: str, raid: str,
+                            drives: Sequence[str]) -> str:
+        raise DriverError("the simulated BMC has no Redfish Storage")
+
+    async def delete_volume(self, controller: Controller, uri: str) -> str:
+        raise DriverError("the simulated BMC has no Redfish Storage")
 
     async def aclose(self) -> None:
         return None

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
+from provisioner.validation.storage import WantedVolume
+
 BiosValue = str | int | bool
 
 
@@ -184,6 +186,8 @@ class TaskState:
 class Baseline:
     bios: Mapping[str, BiosValue] = field(default_factory=dict)
     firmware: tuple[Wanted, ...] = ()
+    storage: tuple[WantedVolume, ...] = ()
+    storage_replace: bool = False
 
 
 @dataclass(frozen=True, slots=True)

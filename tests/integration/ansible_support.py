@@ -68,6 +68,10 @@ class Nothing:
     async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
         return Sanitised(())
 
+    async def build_arrays(self, node: Node, generation: str,
+                           arrays: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"ok": True, "arrays": []}
+
     async def join(self, node: Node) -> None:
         return None
 

@@ -201,6 +201,10 @@ async def test_budget_queues_work_instead_of_rejecting(store, world, make_node) 
                            skip: frozenset[str]) -> Sanitised:
             return await base.installer.sanitise(node, generation, skip)
 
+        async def build_arrays(self, node: Node, generation: str,
+                               arrays: list[dict[str, Any]]) -> dict[str, Any]:
+            return await base.installer.build_arrays(node, generation, arrays)
+
     installer = CountingInstaller()
     ports = Ports(bmc=base.bmc, inspector=base.inspector, installer=installer,
                   kube=base.kube, slurm=base.slurm)

@@ -3,7 +3,8 @@ fake driver cannot do: a ``Bios`` resource with pending ``Settings`` applied at 
 reset, its attribute registry under ``/redfish/v1/Registries`` (sushy-tools' own registry,
 tests/fixtures/redfish-servicing), ``UpdateService/FirmwareInventory`` and ``SimpleUpdate``
 whose task runs over a few polls, and the faults real BMCs show: a task that disappears
-(404), one that never progresses, one that ends in ``Exception`` with the BMC's message.
+(404), one that never progresses, one that ends in ``Exception`` with the BMC's message;
+with ``redfish_storage.attach_storage``, DMTF's ``Storage``/``Volumes`` mockup besides.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+
+from tests.sim.redfish_storage import STORAGE, STORAGE_SIM
 
 SYSTEM = "/redfish/v1/Systems/1"
 BIOS = f"{SYSTEM}/Bios"
@@ -96,7 +99,8 @@ async def systems(_request: web.Request) -> web.Response:
 
 async def system(request: web.Request) -> web.Response:
     sim = request.app[SIM]
-    return _json({"@odata.id": SYSTEM, "Id": "1", "PowerState": sim.power,
+    storage = {"Storage": {"@odata.id": STORAGE}} if STORAGE_SIM in request.app else {}
+    return _json({**storage, "@odata.id": SYSTEM, "Id": "1", "PowerState": sim.power,
                   "BiosVersion": sim.versions["BIOS"], "Bios": {"@odata.id": BIOS},
                   "Actions": {"#ComputerSystem.Reset": {
                       "target": f"{SYSTEM}/Actions/ComputerSystem.Reset",
@@ -111,6 +115,8 @@ async def reset(request: web.Request) -> web.Response:
     if kind not in ("On", "ForceOff", "ForceRestart"):
         return _error(f"ResetType {kind} not supported")
     sim.power = "Off" if kind == "ForceOff" else "On"
+    if kind in ("On", "ForceRestart") and STORAGE_SIM in request.app:
+        request.app[STORAGE_SIM].reset()
     if kind in ("On", "ForceRestart") and sim.pending:  # the BIOS applies pending settings
         sim.bios.update(sim.pending)
         sim.pending.clear()
@@ -204,6 +210,8 @@ async def simple_update(request: web.Request) -> web.Response:
 async def task(request: web.Request) -> web.Response:
     sim = request.app[SIM]
     tid = request.match_info["tid"]
+    if STORAGE_SIM in request.app and (staged := request.app[STORAGE_SIM].task(tid)):
+        return _json(staged)
     state = sim.tasks.get(tid)
     if state is None or sim.task_fault == "vanish":
         if state is not None:
