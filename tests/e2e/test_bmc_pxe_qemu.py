@@ -19,7 +19,13 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_pxe_qemu import Vm, _missing, build_ramdisk, qemu_command
-from tests.peers.ipmi_sim import _EMU, _LAN, PASSWORD, USER, ipmi_sim_unavailable_reason
+from tests.peers.ipmi_sim import (
+    PASSWORD,
+    USER,
+    emu_commands,
+    ipmi_sim_unavailable_reason,
+    lan_conf,
+)
 from tests.peers.netns import Namespace, bridged_namespace
 
 pytestmark = [pytest.mark.e2e, pytest.mark.root]
@@ -45,11 +51,10 @@ def start_ipmi_sim(ns: Namespace, work: Path, tap: str, vm: Vm = VM,
     if disk is not None:
         vm_json["disk"] = disk
     (work / "vm.json").write_text(json.dumps(vm_json))
-    lan = _LAN.format(address="10.77.0.1", port=623, d=work, user=USER,
-                      password=PASSWORD).replace(
+    lan = lan_conf(address="10.77.0.1", port=623, d=work).replace(
         f'"{work}/chassisctl.sh 0x20"', f'"{sys.executable} {CHASSIS} {work} 0x20"')
     (work / "lan.conf").write_text(lan)
-    (work / "bmc.emu").write_text(_EMU)
+    (work / "bmc.emu").write_text(emu_commands())
     proc = subprocess.Popen([*ns.exec_prefix(), "ipmi_sim", "-c", str(work / "lan.conf"),
                              "-f", str(work / "bmc.emu"), "-s", str(work / "state"), "-n"],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -76,6 +76,19 @@ mc_add 0x20 0 no-device-sdrs 0x23 9 8 0x9f 0x1291 0xf02 persist_sdr
 _SEL = "sel_enable 0x20 1000 0x0a\n"
 
 
+def lan_conf(*, address: str, port: int, d: Path, user: str = USER, password: str = PASSWORD,
+             console_port: int | None = None) -> str:
+    """ipmi_sim's LAN configuration (``-c``); ``console_port``: its command console."""
+    console = f"  console 127.0.0.1 {console_port}\n" if console_port else ""
+    return _LAN.format(address=address, port=port, d=d, user=user, password=password,
+                       console=console)
+
+
+def emu_commands(*, sel: bool = False) -> str:
+    """ipmi_sim's emulator commands (``-f``): one BMC; ``sel``: with a SEL."""
+    return _EMU.format(sel=_SEL if sel else "")
+
+
 @dataclass(frozen=True)
 class IpmiSimBmc:
     port: int
@@ -135,11 +148,9 @@ def running_ipmi_sim(workdir: Path, address: str = "127.0.0.1",
     script.chmod(0o755)
     port = port or free_udp_port()
     console_port = free_tcp_port() if console else None
-    console_line = f"  console 127.0.0.1 {console_port}\n" if console_port else ""
-    (workdir / "lan.conf").write_text(_LAN.format(address=address, port=port, d=workdir,
-                                                  user=USER, password=PASSWORD,
-                                                  console=console_line))
-    (workdir / "bmc.emu").write_text(_EMU.format(sel=_SEL if console else ""))
+    (workdir / "lan.conf").write_text(lan_conf(address=address, port=port, d=workdir,
+                                               console_port=console_port))
+    (workdir / "bmc.emu").write_text(emu_commands(sel=console))
     log = (workdir / "ipmi_sim.log").open("wb")
     proc = subprocess.Popen(["ipmi_sim", "-c", str(workdir / "lan.conf"), "-f",
                              str(workdir / "bmc.emu"), "-s", str(workdir / "state"), "-n"],
