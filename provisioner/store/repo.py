@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import delete, update
 from sqlmodel import Session, col, select
 
-from provisioner.domain import BmcEndpoint, NewNode, Node, NodeState
+from provisioner.domain import BmcCredentials, BmcEndpoint, NewNode, Node, NodeState
 from provisioner.errors import Fenced, NodeBusy
 from provisioner.ids import new_node_id, normalize_mac
 from provisioner.store import notify
@@ -302,14 +302,22 @@ class NodeRepo(NodeAdmin):
 
         return await self._run(work)
 
-    async def with_bmc(self) -> builtins.list[Node]:
-        """Every node with a BMC endpoint (the power-state sync reads them all)."""
+    async def with_bmc(self) -> builtins.list[tuple[Node, BmcCredentials]]:
+        """Every node with a BMC endpoint and its credentials, in one read: the power-state
+        sync reads them all every period (one query per node cost a fleet at rest more
+        than the BMC reads themselves)."""
 
-        def work(s: Session) -> builtins.list[Node]:
+        def work(s: Session) -> builtins.list[tuple[Node, BmcCredentials]]:
             rows = s.exec(select(NodeRow).where(col(NodeRow.bmc_driver).is_not(None))
                           .order_by(col(NodeRow.id))).all()
             macs = macs_for(s, [r.id for r in rows])
-            return [to_node(s, r, macs.get(r.id, ())) for r in rows]
+            found = []
+            for row in rows:
+                sealed = row.bmc_password_enc
+                password = None if sealed is None else self._box.decrypt(sealed)
+                found.append((to_node(s, row, macs.get(row.id, ())),
+                              BmcCredentials(username=row.bmc_username, password=password)))
+            return found
 
         return await self._run(work)
 
