@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import event
@@ -13,7 +14,10 @@ from sqlalchemy import event
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import BmcSettings, LifecycleSettings
 from provisioner.domain import BmcEndpoint, NewNode
+from provisioner.health.model import Action, HealthClass
+from provisioner.health.records import Origin, Report
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.states import NodeState
 from provisioner.simulation.world import SimWorld
@@ -24,19 +28,27 @@ NODES = 50
 WRITES = ("INSERT", "UPDATE", "DELETE")
 
 
+@dataclass
+class Seen:
+    statements: list[str] = field(default_factory=list)
+    rows_written: int = 0  # rows inserted, updated or deleted
+
+
 @contextmanager
-def statements(store: Store) -> Iterator[list[str]]:
-    """Every SQL statement the store runs meanwhile."""
-    seen: list[str] = []
+def statements(store: Store) -> Iterator[Seen]:
+    """Every SQL statement the store runs meanwhile, and the rows they wrote."""
+    seen = Seen()
 
-    def note(_conn: Any, _cursor: Any, statement: str, *_args: Any) -> None:
-        seen.append(statement.lstrip())
+    def note(_conn: Any, cursor: Any, statement: str, *_args: Any) -> None:
+        seen.statements.append(statement.lstrip())
+        if statement.lstrip().upper().startswith(WRITES):
+            seen.rows_written += max(0, cursor.rowcount)
 
-    event.listen(store.engine, "before_cursor_execute", note)
+    event.listen(store.engine, "after_cursor_execute", note)
     try:
         yield seen
     finally:
-        event.remove(store.engine, "before_cursor_execute", note)
+        event.remove(store.engine, "after_cursor_execute", note)
 
 
 async def active_fleet(store: Store, world: SimWorld) -> list[str]:
@@ -66,12 +78,32 @@ async def test_a_power_sweep_over_unchanged_nodes_writes_nothing_and_reads_once(
     with statements(store) as seen:
         again = await sync.sweep()
     assert (again.read, again.changed, again.failed) == (NODES, 0, 0)
-    assert [s for s in seen if s.upper().startswith(WRITES)] == []
+    assert seen.rows_written == 0, seen
     # the nodes, their MACs and their credentials in one read, not a query per node
-    assert len(seen) <= 3, seen
+    assert len(seen.statements) <= 3, seen
 
     await world.ensure("REST007", "power_off", "power", "off")  # the one that changed
     with statements(store) as seen:
         changed = await sync.sweep()
     assert changed.changed == 1
-    assert 0 < len([s for s in seen if s.upper().startswith(WRITES)]) <= 3
+    assert seen.rows_written == 2  # the node's power state and one history row
+
+
+async def test_a_sync_pass_that_sees_the_same_findings_writes_nothing(
+        store: Store, world: SimWorld) -> None:
+    """Slurm and Kubernetes hand every node's reports to ``HealthFindings.sync`` every pass
+    (30 s): nodes with an open finding that did not change are not rewritten."""
+    await active_fleet(store, world)
+    conductor = Conductor(store.nodes, fake_ports(world),
+                          LifecycleSettings(auto_inspect=False, auto_deploy=False))
+    health = HealthFindings(store.findings, conductor)
+    down = Report(HealthClass.UNRESPONSIVE, Action.RESTART_OS,
+                  "Slurm: node DOWN: Not responding", "slurmd")
+    passes = {f"rest-{i:03d}": [down] if i % 5 == 0 else [] for i in range(NODES)}
+    assert await health.sync(Origin.SLURM, passes) == NODES // 5  # opened, with history
+    with statements(store) as seen:
+        assert await health.sync(Origin.SLURM, passes) == 0
+    assert seen.rows_written == 0, seen
+    assert len(seen.statements) <= 2, seen
+
+    await conductor.stop()
