@@ -18,7 +18,7 @@ from provisioner.bmc.base import (
     ensure_soft_off,
 )
 from provisioner.config import BmcSettings
-from provisioner.domain import BmcCredentials, Node
+from provisioner.domain import BmcTarget
 from provisioner.errors import DriverError
 from provisioner.lifecycle.states import IN_FLIGHT
 from provisioner.store.repo import NodeRepo
@@ -88,12 +88,12 @@ class PowerSync:
         report = SweepReport()
         slots = asyncio.Semaphore(self._settings.power_sync_concurrency)
 
-        async def one(node: Node, credentials: BmcCredentials) -> None:
-            if node.state in IN_FLIGHT or node.bmc is None:
+        async def one(node: BmcTarget) -> None:
+            if node.state in IN_FLIGHT:
                 report.skipped += 1  # its step owns the power
                 return
             async with slots:
-                state = await self._read(node, credentials)
+                state = await self._read(node)
             if state is None:
                 report.failed += 1
                 return
@@ -103,13 +103,11 @@ class PowerSync:
                 report.changed += 1
 
         # nodes and credentials in one read; no write unless a state differs
-        await asyncio.gather(*(one(node, credentials)
-                               for node, credentials in await self._repo.with_bmc()))
+        await asyncio.gather(*(one(node) for node in await self._repo.bmc_targets()))
         return report
 
-    async def _read(self, node: Node, credentials: BmcCredentials) -> PowerState | None:
-        assert node.bmc is not None
-        bmc = self._bmc(node.id, node.bmc, credentials)
+    async def _read(self, node: BmcTarget) -> PowerState | None:
+        bmc = self._bmc(node.id, node.bmc, node.credentials)
         try:
             return await bmc.power_state()
         except DriverError as exc:  # this task's boundary: log once, try again next sweep
