@@ -38,6 +38,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,8 +143,9 @@ def kube_peer(names: list[tuple[str, str]]) -> Iterator[str | None]:
     with running_kube() as cluster:
         admin = KubeAdmin(cluster)
         try:
-            for node_id, name in names:
-                admin.create_node(name, labels={LABEL_NODE_ID: node_id})
+            with ThreadPoolExecutor(8) as pool:
+                list(pool.map(lambda pair: admin.create_node(
+                    pair[1], labels={LABEL_NODE_ID: pair[0]}), names))
         finally:
             admin.close()
         yield str(cluster.kubeconfig)
