@@ -60,8 +60,9 @@ def free_port() -> int:
 
 
 def cpu_seconds(pid: int) -> float:
+    """The daemon's CPU and that of the commands it ran and waited for (scontrol)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
 
 
 def rss_mib(pid: int) -> float:
@@ -153,8 +154,10 @@ def kube_peer(names: list[tuple[str, str]]) -> Iterator[str | None]:
 
 @contextlib.contextmanager
 def slurm_peer(names: list[tuple[str, str]]) -> Iterator[Path | None]:
-    """slurmctld knowing every node (no slurmd: they stay as slurmctld first lists them), or
-    None when it cannot run here."""
+    """slurmctld knowing every node, or None when it cannot run here. There is no slurmd per
+    node: they are powered-down cloud nodes (``IDLE+CLOUD+POWERED_DOWN``, listed with
+    ``PrivateData=cloud``), which slurmctld does not ping, so none turns ``NOT_RESPONDING``
+    (a change the daemon rightly acts on)."""
     from tests.peers.slurm import (
         open_workdir,
         running_munged,
@@ -170,7 +173,11 @@ def slurm_peer(names: list[tuple[str, str]]) -> Iterator[Path | None]:
     lines = [f"NodeName={name} NodeAddr=127.0.0.1 CPUs=2 RealMemory=2000 State=CLOUD"
              for _, name in names]
     with open_workdir("pv-idle-slurm-") as workdir, running_munged() as sock, \
-            running_slurmctld(workdir, lines, None, sock, plugin="topology/none") as slurm:
+            running_slurmctld(workdir, lines, None, sock, plugin="topology/none",
+                              extra={"PrivateData": "cloud"}) as slurm:
+        listed = slurm.scontrol("show", "node", "-o").count("NodeName=")
+        if listed != len(names):
+            raise SystemExit(f"slurmctld lists {listed} of {len(names)} nodes")
         yield slurm.conf
 
 
