@@ -4,9 +4,11 @@ than once per node. At a small size here, so the 10,000-node bench has nothing t
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -20,7 +22,7 @@ from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.power import PowerSync
 from provisioner.lifecycle.states import NodeState
-from provisioner.simulation.world import SimWorld
+from provisioner.simulation.world import SimWorld, read_ledger
 from provisioner.store.store import Store
 from tests.conftest import fake_ports
 
@@ -109,3 +111,16 @@ async def test_a_sync_pass_that_sees_the_same_findings_writes_nothing(
     assert len(seen.statements) <= 2, seen
 
     await conductor.stop()
+
+
+async def test_the_simulated_machines_count_reads_for_the_bench(tmp_path: Path) -> None:
+    """bench/fleet_idle_bench.py reports BMC calls per node from the world's ``reads`` (written
+    at close: a read changes nothing) and its ledger (the writes)."""
+    world = SimWorld(tmp_path / "world.sqlite")
+    for _ in range(3):
+        assert await world.get("M1", "power") == "off"
+    await world.ensure("M1", "power_on", "power", "on")
+    world.close()
+    with closing(sqlite3.connect(tmp_path / "world.sqlite")) as db:
+        assert db.execute("SELECT key, attr, calls FROM reads").fetchall() == [("M1", "power", 3)]
+    assert read_ledger(tmp_path / "world.sqlite") == {("M1", "power_on"): (1, 1)}
