@@ -18,7 +18,7 @@ from provisioner.bmc.base import (
     ensure_soft_off,
 )
 from provisioner.config import BmcSettings
-from provisioner.domain import Node
+from provisioner.domain import BmcTarget
 from provisioner.errors import DriverError
 from provisioner.lifecycle.states import IN_FLIGHT
 from provisioner.store.repo import NodeRepo
@@ -88,8 +88,8 @@ class PowerSync:
         report = SweepReport()
         slots = asyncio.Semaphore(self._settings.power_sync_concurrency)
 
-        async def one(node: Node) -> None:
-            if node.state in IN_FLIGHT or node.bmc is None:
+        async def one(node: BmcTarget) -> None:
+            if node.state in IN_FLIGHT:
                 report.skipped += 1  # its step owns the power
                 return
             async with slots:
@@ -102,12 +102,12 @@ class PowerSync:
             if changed and await self._record(node.id, str(state)) is not None:
                 report.changed += 1
 
-        await asyncio.gather(*(one(node) for node in await self._repo.with_bmc()))
+        # nodes and credentials in one read; no write unless a state differs
+        await asyncio.gather(*(one(node) for node in await self._repo.bmc_targets()))
         return report
 
-    async def _read(self, node: Node) -> PowerState | None:
-        assert node.bmc is not None
-        bmc = self._bmc(node.id, node.bmc, await self._repo.credentials(node.id))
+    async def _read(self, node: BmcTarget) -> PowerState | None:
+        bmc = self._bmc(node.id, node.bmc, node.credentials)
         try:
             return await bmc.power_state()
         except DriverError as exc:  # this task's boundary: log once, try again next sweep

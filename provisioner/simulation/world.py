@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,9 @@ CREATE TABLE IF NOT EXISTS machine (
 CREATE TABLE IF NOT EXISTS ledger (
     key TEXT NOT NULL, op TEXT NOT NULL, calls INTEGER NOT NULL DEFAULT 0,
     effects INTEGER NOT NULL DEFAULT 0, PRIMARY KEY (key, op));
+CREATE TABLE IF NOT EXISTS reads (
+    key TEXT NOT NULL, attr TEXT NOT NULL, calls INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (key, attr));
 """
 
 DEFAULTS = {"power": "off", "bootdev": "disk", "disk": "", "configured": "",
@@ -41,11 +45,15 @@ class SimWorld:
         self._db.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;" + _SCHEMA)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="simworld")
+        # reads change nothing: counted in memory, written to the ``reads`` table at close
+        # (the fleet-at-rest bench's BMC calls per node)
+        self._reads: Counter[tuple[str, str]] = Counter()
 
     async def _run(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn)
 
     async def get(self, key: str, attr: str) -> str:
+        self._reads[(key, attr)] += 1
         return await self._run(lambda: self._get_blocking(key, attr))
 
     async def ensure(self, key: str, op: str, attr: str, value: str) -> bool:
@@ -59,6 +67,13 @@ class SimWorld:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self._reads:
+            with self._db:  # idle: no transaction of ensure() is open
+                self._db.executemany(
+                    "INSERT INTO reads(key, attr, calls) VALUES (?, ?, ?) ON CONFLICT(key, attr) "
+                    "DO UPDATE SET calls=calls+excluded.calls",
+                    [(key, attr, n) for (key, attr), n in self._reads.items()])
+            self._reads.clear()
         self._db.close()
 
     def _get_blocking(self, key: str, attr: str) -> str:

@@ -14,7 +14,7 @@ import builtins
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, update
@@ -35,6 +35,8 @@ from provisioner.store.models import (
 )
 from provisioner.store.session import SessionRepo
 
+TOUCH_AFTER = timedelta(minutes=5)
+"""How stale a sync's open finding's ``last_seen`` may grow before a pass bumps it."""
 _KEY = ["node_id", "origin", "health_class", "subject"]
 BREAKER = "fleet"
 
@@ -106,13 +108,17 @@ class FindingRepo(SessionRepo):
 
         return await self._run(work)
 
-    async def touch(self, origin: Origin) -> int:
-        """Bump ``last_seen`` of every open finding from ``origin`` (a sync pass that saw
-        them all again): one statement, whatever the number of findings."""
+    async def touch(self, origin: Origin, *, older_than: timedelta = TOUCH_AFTER) -> int:
+        """Bump ``last_seen`` of the open findings from ``origin`` seen last more than
+        ``older_than`` ago (a sync pass saw them all again): one statement, whatever the
+        number of findings. Not every pass: a sync every 30 s would rewrite every open
+        finding of a fleet at rest twice a minute; ``last_seen`` is true to ``TOUCH_AFTER``."""
         def work(s: Session) -> int:
+            now = utcnow()
             result = s.execute(update(HealthFindingRow).where(
                 col(HealthFindingRow.origin) == str(origin),
-                col(HealthFindingRow.cleared_at).is_(None)).values(last_seen=utcnow()))
+                col(HealthFindingRow.cleared_at).is_(None),
+                col(HealthFindingRow.last_seen) <= now - older_than).values(last_seen=now))
             s.commit()
             return int(result.rowcount)  # type: ignore[attr-defined]
 

@@ -57,7 +57,8 @@ async def test_a_daemon_with_another_key_or_none_refuses(backend_settings: Setti
     assert fingerprint(second.state_dir) in text and "copy secret.key" in text
     shutil.copy(backend_settings.state_dir / "secret.key", second.state_dir / "secret.key")
     store = open_store(second)  # the fleet's key: it starts and reads the password
-    node = (await store.nodes.with_bmc())[0]
+    node = (await store.nodes.bmc_targets())[0]
+    assert node.credentials.password == "pw-0x43"
     assert (await store.nodes.credentials(node.id)).password == "pw-0x43"
     store.close()
 
