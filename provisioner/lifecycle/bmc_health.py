@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from provisioner.bmc.base import BmcFactory, BmcHealth, BmcUnsupported, HealthReader
 from provisioner.config.health import HealthSettings
-from provisioner.domain import Node
+from provisioner.domain import BmcTarget
 from provisioner.errors import DriverError
 from provisioner.health.model import HealthClass
 from provisioner.health.records import Origin, Report
@@ -80,20 +80,20 @@ class BmcHealthPoll:
         slots = asyncio.Semaphore(self._settings.bmc_poll_concurrency)
         cursors = await self._health.repo.cursors(SOURCE)
 
-        async def one(node: Node) -> None:
-            if node.state not in OBSERVED_STATES or node.bmc is None:
+        async def one(node: BmcTarget) -> None:
+            if node.state not in OBSERVED_STATES:
                 report.skipped += 1
                 return
             async with slots:
                 await self._poll(node, cursors.get(node.id), report)
 
-        await asyncio.gather(*(one(node) for node in await self._repo.with_bmc()))
+        # one read of the columns needed, credentials included (as the power sync does)
+        await asyncio.gather(*(one(node) for node in await self._repo.bmc_targets()))
         report.seconds = time.monotonic() - started
         return report
 
-    async def _poll(self, node: Node, stored: str | None, report: HealthSweep) -> None:
-        assert node.bmc is not None
-        bmc = self._bmc(node.id, node.bmc, await self._repo.credentials(node.id))
+    async def _poll(self, node: BmcTarget, stored: str | None, report: HealthSweep) -> None:
+        bmc = self._bmc(node.id, node.bmc, node.credentials)
         if not isinstance(bmc, HealthReader):
             report.skipped += 1
             return
@@ -120,7 +120,7 @@ class BmcHealthPoll:
         else:
             await self._health.repo.set_cursor(node.id, SOURCE, after)
 
-    async def _apply(self, node: Node, reading: BmcHealth, before: dict[str, Any],
+    async def _apply(self, node: BmcTarget, reading: BmcHealth, before: dict[str, Any],
                      report: HealthSweep) -> list[list[str]]:
         for event in reading.events:
             finding = event.finding
