@@ -249,7 +249,18 @@ async def test_redfish_leak_detectors_read_in_fewest_gets_that_still_see_every_o
         before = [gets(log) for log in logs]
         await poll.sweep()
         assert [gets(log) - b for log, b in zip(logs, before, strict=True)] == [5, 2]
-        # the manifold dries: both clear it, the grouped tray from its one GET
+        # the tray's firmware stops listing the groups: that poll reads nothing (the leak
+        # stays open), the next discovers the detectors again and reads them one by one
+        groups.edit(leak_detection, LeakDetectorGroups=[])
+        lost = await poll.sweep()
+        assert (lost.read, lost.skipped, lost.cleared) == (1, 1, 0)
+        assert len(await open_findings(store, nodes[1].id)) == 1
+        before = gets(logs[1])
+        assert (await poll.sweep()).cleared == 0
+        assert [f.subject for f in await open_findings(store, nodes[1].id)] == [
+            "Chassis_0_LeakDetector_1_Manifold"]
+        groups.edit(leak_detection, LeakDetectorGroups=[group])
+        # the manifold dries: both clear it
         for server in (expand, groups):
             server.write(f"{leak_detection}/LeakDetectors/Chassis_0_LeakDetector_1_Manifold",
                          {**states[f"/redfish/v1/{leak_detection}/LeakDetectors/"
