@@ -24,8 +24,8 @@ to finding, finding to drained, the poll's CPU), the median of ``--runs`` runs e
   nothing wrong (their CPU is the poll's steady cost). Then ``--faults`` BMCs go bad at
   random moments of one interval, half with a leaking manifold (drained at once, no rung
   can fix it: ``service_required``), half with the system's ``Status.Health`` Critical
-  (drained, a power cycle fixes it: the ladder's simulated rung clears it at the BMC, the
-  gate passes, ``active`` again); from the same moment ``--flaps`` other BMCs flap (system
+  (drained, a power cycle fixes it: the ladder's simulated rung, ``--rung-s`` long, clears
+  it at the BMC, the gate passes, ``active`` again); from the same moment ``--flaps`` other BMCs flap (system
   Critical in periods 0 and 2, OK in 1 and 3: one ladder, the second bad period refused
   by the cool-down); once those settle, ``--burst`` nodes of one rack go Critical at once
   (a failed switch: the rack's breaker, 25 % of 40, lets 10 drain and trips). The repair
@@ -257,14 +257,14 @@ def serve_bmcs(port: int, count: int, mode: str, interval_s: float) -> None:
 
 
 async def bench_poll(nodes: int, faults: int, interval_s: float, mode: str, flaps: int,
-                     burst: int) -> dict[str, float]:
+                     burst: int, rung_s: float) -> dict[str, float]:
     logging.getLogger("provisioner").setLevel(logging.ERROR)  # each opening logs a warning
     work = Path(tempfile.mkdtemp(prefix="pv-health-poll-"))
     port = free_port()
     server = subprocess.Popen([sys.executable, __file__, "--serve-bmcs", str(port), str(nodes),
                                mode, str(interval_s)])
     try:
-        return await _poll_fleet(work, port, nodes, faults, interval_s, flaps, burst)
+        return await _poll_fleet(work, port, nodes, faults, interval_s, flaps, burst, rung_s)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
@@ -281,7 +281,7 @@ class _Alerts(logging.Handler):
 
 
 async def _poll_fleet(work: Path, port: int, nodes: int, faults: int, interval_s: float,
-                      flaps: int, burst: int) -> dict[str, float]:
+                      flaps: int, burst: int, rung_s: float) -> dict[str, float]:
     from provisioner.bmc.managed import BmcManager
     from provisioner.bmc.redfish import RedfishDriver
     from provisioner.bmc.registry import BmcRegistry
@@ -319,7 +319,7 @@ async def _poll_fleet(work: Path, port: int, nodes: int, faults: int, interval_s
         conn.getresponse().read()
 
     class TimedRepairs:
-        """The simulated Slurm/Kubernetes drains, timed; a rung takes a second and fixes
+        """The simulated Slurm/Kubernetes drains, timed; a rung takes ``rung_s`` and fixes
         the machine (its BMC's system reads OK again)."""
 
         def __init__(self, inner: Any) -> None:
@@ -334,7 +334,7 @@ async def _poll_fleet(work: Path, port: int, nodes: int, faults: int, interval_s
             return result
 
         async def _fix(self, rung: str, node: Any) -> None:
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(rung_s)
             await asyncio.to_thread(post, index_of[node.id], "clear")
             await getattr(self._inner, rung)(node)
 
@@ -520,6 +520,8 @@ def main() -> None:
     parser.add_argument("--ipmi-reads", type=int, default=500)
     parser.add_argument("--flaps", type=int, default=20)
     parser.add_argument("--burst", type=int, default=16, help="nodes of one rack (of 40)")
+    parser.add_argument("--rung-s", type=float, default=10.0,
+                        help="how long a simulated rung takes (a real power cycle: minutes)")
     parser.add_argument("--tray", choices=("recorded", "expand", "groups"), default="recorded",
                         help="how the BMCs' trays answer (see serve_bmcs)")
     parser.add_argument("--only", nargs="+", default=["classify", "intake", "ipmi", "poll"])
@@ -542,7 +544,8 @@ def main() -> None:
               f"({m['worker_cpu_ms']:.2f} in the worker process)", flush=True)
     if "poll" in args.only:
         runs = [asyncio.run(bench_poll(args.nodes, args.faults, args.interval, args.tray,
-                                       args.flaps, args.burst)) for _ in range(args.runs)]
+                                       args.flaps, args.burst, args.rung_s))
+                for _ in range(args.runs)]
         p = median_of(runs)
         print(f"poll: {args.nodes} Redfish BMCs ({args.tray} tray) every {args.interval:g} s, "
               f"{args.faults} faults (half leaks, half system Critical), median of "
