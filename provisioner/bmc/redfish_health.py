@@ -4,8 +4,13 @@ has ``ThermalSubsystem/LeakDetection`` (GB200/GB300 trays) or the newer
 ``Chassis/{id}/LeakDetectors``. Where the BMC has them: a missing link is no error.
 
 The URIs found (log services, detectors) are kept per client, so a poll after the first is
-the system, one GET per log service's entries, and one per detector. The cursor is a JSON
-object ``{"logs": {service: {"created", "ids"}}}`` (``health.bmc.log_cursor``).
+the system, one GET per log service's entries, and for each chassis's detectors the fewest
+GETs that still read every detector's state: one of ``LeakDetection`` where its
+``LeakDetectorGroups`` list the state of every detector of the collection (DMTF's cooling
+unit), else one of the collection with ``$expand`` where the service root offers it and the
+answer carries the members (sushy-static answers 404 to any query: then per detector), else
+one per detector (the Supermicro GB200 tray). The cursor is a JSON object ``{"logs":
+{service: {"created", "ids"}}}`` (``health.bmc.log_cursor``).
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ MAX_ENTRIES: Final = 200  # entries read per log service and poll (expanded memb
 class _Found:
     system: str | None
     logs: list[str]
-    detectors: list[str]
+    detectors: list[str]  # read one by one
+    groups: list[str]  # LeakDetection resources that carry every detector's state
+    expanded: list[str]  # collection URIs with the $expand query the BMC answered
 
 
 _FOUND: weakref.WeakKeyDictionary[Any, _Found] = weakref.WeakKeyDictionary()
@@ -64,10 +71,18 @@ async def read_health(client: RedfishClient, cursor: str | None) -> BmcHealth:
         baseline += len(entries) if seen is None else 0
         events += log_events(fresh)
         logs[uri] = log_cursor(entries, seen)
-    for uri in found.detectors:
-        detector = await _get(client, uri)
-        if detector and (leak := leak_finding(detector)) is not None:
-            states.append(leak)
+    detectors: list[Mapping[str, Any]] = [await _get(client, uri) for uri in found.detectors]
+    for uri in found.groups:
+        detectors += grouped_detectors(await _get(client, uri)) or [{}]
+    for uri in found.expanded:
+        detectors += expanded_detectors(await _get(client, uri)) or [{}]
+    if {} in detectors and (found.groups or found.expanded):
+        # the shortcut stopped answering (a firmware update): no reading this time (an open
+        # leak is not cleared for want of a read), discovered again at the next poll
+        _FOUND.pop(client, None)
+        raise BmcUnsupported("leak detector states no longer inline; reading them again")
+    states += [leak for detector in detectors
+               if detector and (leak := leak_finding(detector)) is not None]
     return BmcHealth(tuple(events), tuple(states),
                      json.dumps({"logs": logs}, separators=(",", ":")), baseline)
 
@@ -83,16 +98,75 @@ async def _discover(client: RedfishClient) -> _Found:
             service = await _get(client, service_uri)
             if (entries := _link(service, "Entries")) is not None:
                 logs.append(entries)
-    detectors: list[str] = []
+    found = _Found(systems[0] if systems else None, logs, [], [], [])
+    expand = expand_query(await _get(client, "/redfish/v1/"))
     for chassis_uri in _members(await _get(client, "/redfish/v1/Chassis"))[:MAX_CHASSIS]:
         chassis = await _get(client, chassis_uri)
-        collection = _link(chassis, "LeakDetectors")
+        collection, leak, detection = _link(chassis, "LeakDetectors"), None, {}
         if collection is None and (thermal := _link(chassis, "ThermalSubsystem")):
             leak = _link(await _get(client, thermal), "LeakDetection")
-            collection = _link(await _get(client, leak), "LeakDetectors") if leak else None
-        if collection is not None:
-            detectors += _members(await _get(client, collection))
-    return _Found(systems[0] if systems else None, logs, detectors[:MAX_DETECTORS])
+            detection = await _get(client, leak) if leak else {}
+            collection = _link(detection, "LeakDetectors")
+        members = _members(await _get(client, collection)) if collection else []
+        if leak and grouped_detectors(detection, members):
+            found.groups.append(leak)
+        elif collection and members and expand and len(expanded_detectors(
+                await _get(client, f"{collection}?{expand}"), members)) == len(members):
+            found.expanded.append(f"{collection}?{expand}")
+        else:
+            found.detectors += members
+    found.detectors = found.detectors[:MAX_DETECTORS]
+    return found
+
+
+def expand_query(root: Mapping[str, Any]) -> str | None:
+    """The ``$expand`` query that inlines a collection's members, where the service root's
+    ``ProtocolFeaturesSupported.ExpandQuery`` offers one: ``.`` (no links) or ``*``, one
+    level where ``Levels`` is supported."""
+    features = root.get("ProtocolFeaturesSupported")
+    offer = features.get("ExpandQuery") if isinstance(features, Mapping) else None
+    if not isinstance(offer, Mapping):
+        return None
+    which = "." if offer.get("NoLinks") is True else "*" if offer.get("ExpandAll") is True \
+        else None
+    if which is None:
+        return None
+    return f"$expand={which}($levels=1)" if offer.get("Levels") is True else f"$expand={which}"
+
+
+def grouped_detectors(detection: Mapping[str, Any], members: list[str] | None = None
+                      ) -> list[dict[str, Any]]:
+    """The detectors ``LeakDetection.LeakDetectorGroups`` lists with their ``DetectorState``,
+    named as their own resources are (the last segment of ``DataSourceUri``); [] unless
+    every one has a state and, given ``members`` (the collection's URIs), every member is
+    among them by that name (DMTF's cooling unit points its groups at the chassis's
+    detectors): a group that leaves a detector out is no substitute for reading it."""
+    groups = detection.get("LeakDetectorGroups")
+    found: list[dict[str, Any]] = []
+    for group in groups if isinstance(groups, list) else []:
+        items = group.get("Detectors") if isinstance(group, Mapping) else None
+        for item in items if isinstance(items, list) else []:
+            if not isinstance(item, Mapping) or not isinstance(item.get("DetectorState"), str):
+                return []
+            uri = str(item.get("DataSourceUri") or "")
+            found.append({"Id": _last(uri) or item.get("DeviceName"),
+                          "Name": item.get("DeviceName"), "@odata.id": uri,
+                          "DetectorState": item["DetectorState"]})
+    if members is not None and not {_last(m) for m in members} <= {d["Id"] for d in found}:
+        return []
+    return found
+
+
+def expanded_detectors(collection: Mapping[str, Any], members: list[str] | None = None
+                       ) -> list[Mapping[str, Any]]:
+    """The members an expanded collection carries inline (each with ``DetectorState`` or
+    ``Status``); [] when they came back as links only, or other than ``members``."""
+    items = collection.get("Members")
+    found = [m for m in items if isinstance(m, Mapping) and ("DetectorState" in m
+             or "Status" in m)] if isinstance(items, list) else []
+    if members is not None and [m.get("@odata.id") for m in found] != members:
+        return []
+    return found
 
 
 async def _entries(client: RedfishClient, uri: str) -> list[Mapping[str, Any]]:
@@ -136,3 +210,7 @@ def _load(cursor: str | None) -> dict[str, Any]:
         return {}
     logs = value.get("logs") if isinstance(value, dict) else None
     return logs if isinstance(logs, dict) else {}
+
+
+def _last(uri: str) -> str:
+    return uri.rstrip("/").rsplit("/", 1)[-1]

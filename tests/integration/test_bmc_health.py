@@ -7,6 +7,7 @@ through the real intake into a SQLite store and on to the repair ladder."""
 from __future__ import annotations
 
 import asyncio
+import json
 import struct
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -212,3 +213,68 @@ async def test_redfish_log_entry_status_and_leak_become_findings_and_clear(
         third = await poll.sweep()
         assert third.cleared == 1 and third.reported == 0
         assert {f.cls for f in await open_findings(store, server.id)} == {HealthClass.POWER}
+
+
+def gets(server_log: Path) -> int:
+    return server_log.read_text().count('"GET ')
+
+
+async def test_redfish_leak_detectors_read_in_fewest_gets_that_still_see_every_one(
+        store: Store, health: HealthFindings, bmcs: BmcManager, make_node: Any,
+        tmp_path: Path, sushy_static_ok: None) -> None:
+    """The GB200 tray twice: its root offering ``$expand`` as catfish's does (sushy-static
+    answers the query with 404: the poll falls back to one GET per detector and still sees
+    the leak), and its ``LeakDetection`` listing the detectors' states in
+    ``LeakDetectorGroups`` as DMTF's cooling unit does (one GET for all four)."""
+    leak_detection = "Chassis/Chassis_0/ThermalSubsystem/LeakDetection"
+    with running_sushy_static(tmp_path / "expand", TREES / "gb200-leak") as expand, \
+            running_sushy_static(tmp_path / "groups", TREES / "gb200-leak") as groups:
+        expand.edit("", ProtocolFeaturesSupported=expand_read(TREES / "dmtf-catfish"))
+        states = {m["@odata.id"]: groups.read(m["@odata.id"].removeprefix("/redfish/v1/"))
+                  for m in groups.read(f"{leak_detection}/LeakDetectors")["Members"]}  # type: ignore[union-attr]
+        cdu = read_json(TREES / "dmtf-cooling-unit" / "ThermalEquipment/CDUs/1/LeakDetection")
+        group = {**cdu["LeakDetectorGroups"][0], "Detectors": [
+            {"DataSourceUri": uri, "DeviceName": str(state["Name"]),
+             "DetectorState": state["DetectorState"]} for uri, state in states.items()]}
+        groups.edit(leak_detection, LeakDetectorGroups=[group])
+        nodes = [await make_node(S.ACTIVE, bmc=BmcEndpoint("redfish", s.url, username="admin"),
+                                 bmc_password="pw") for s in (expand, groups)]
+        poll = BmcHealthPoll(store.nodes, health, bmcs, HEALTH)
+        assert (await poll.sweep()).read == 2
+        for node in nodes:  # both see the leaking manifold
+            assert [f.subject for f in await open_findings(store, node.id)] == [
+                "Chassis_0_LeakDetector_1_Manifold"]
+        logs = [tmp_path / "expand" / "sushy-static.log", tmp_path / "groups" / "sushy-static.log"]
+        assert "$expand" in logs[0].read_text()  # tried, answered 404
+        before = [gets(log) for log in logs]
+        await poll.sweep()
+        assert [gets(log) - b for log, b in zip(logs, before, strict=True)] == [5, 2]
+        # the tray's firmware stops listing the groups: that poll reads nothing (the leak
+        # stays open), the next discovers the detectors again and reads them one by one
+        groups.edit(leak_detection, LeakDetectorGroups=[])
+        lost = await poll.sweep()
+        assert (lost.read, lost.skipped, lost.cleared) == (1, 1, 0)
+        assert len(await open_findings(store, nodes[1].id)) == 1
+        before = gets(logs[1])
+        assert (await poll.sweep()).cleared == 0
+        assert [f.subject for f in await open_findings(store, nodes[1].id)] == [
+            "Chassis_0_LeakDetector_1_Manifold"]
+        groups.edit(leak_detection, LeakDetectorGroups=[group])
+        # the manifold dries: both clear it
+        for server in (expand, groups):
+            server.write(f"{leak_detection}/LeakDetectors/Chassis_0_LeakDetector_1_Manifold",
+                         {**states[f"/redfish/v1/{leak_detection}/LeakDetectors/"
+                                   "Chassis_0_LeakDetector_0_ColdPlate"],
+                          "Id": "Chassis_0_LeakDetector_1_Manifold"})
+        group["Detectors"][3]["DetectorState"] = "OK"
+        groups.edit(leak_detection, LeakDetectorGroups=[group])
+        assert (await poll.sweep()).cleared == 2
+
+
+def read_json(folder: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((folder / "index.json").read_text())
+    return data
+
+
+def expand_read(tree: Path) -> object:
+    return read_json(tree)["ProtocolFeaturesSupported"]
