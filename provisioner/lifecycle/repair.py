@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from provisioner.config.health import HealthSettings
 from provisioner.domain import Node
@@ -152,7 +152,7 @@ class RepairService:
                            + (", ".join(record.plan) or "no rungs"))
         if record.result_of(rung) is not None:
             raise Conflict(f"rung {rung} of node {node.id} was already tried")
-        await self._repo.merge_facts(node.id, {KEY: record.with_skip(rung).to_facts()})
+        await self._repo.update_fact(node.id, _on_record(lambda now: now.with_skip(rung)))
         return await self._conductor.record(node.id, SKIP_EVENT, actor=actor,
                                             reason=f"{rung}: {reason or 'skip'}")
 
@@ -206,8 +206,8 @@ class RepairService:
                                         f"{finding.cls}/{finding.action})", actor)
             current = RepairRecord.from_facts(node.facts)
             if node.state in UNDER_REPAIR and current is not None and current.open_now:
-                await self._repo.merge_facts(node.id, {
-                    KEY: current.with_evidence(finding.evidence).to_facts()})
+                await self._repo.update_fact(node.id, _on_record(
+                    lambda record: record.with_evidence(finding.evidence)))
                 return await self._note(node, "joined", EVIDENCE_EVENT, line, actor)
             allowed = {NodeState.ACTIVE, NodeState.SERVICE_REQUIRED} if operator \
                 else {NodeState.ACTIVE}
@@ -277,6 +277,17 @@ class RepairService:
         node = await self._conductor.record(node.id, event, actor=actor, reason=reason,
                                             level=level)
         return RepairDecision(outcome, reason, node)
+
+
+def _on_record(change: Callable[[RepairRecord], RepairRecord]) -> Callable[
+        [dict[str, Any]], dict[str, Any]]:
+    """``change`` applied to the repair record as stored now, not to a copy read earlier:
+    the ladder (another daemon's, or this one's) may have written a rung's result since."""
+    def apply(facts: dict[str, Any]) -> dict[str, Any]:
+        record = RepairRecord.from_facts(facts)
+        return facts if record is None else facts | {KEY: change(record).to_facts()}
+
+    return apply
 
 
 def _clique(node: Node) -> str | None:

@@ -29,8 +29,8 @@ def operator_token(config: Path) -> str:
 
 
 def post_finding(port: int, token: str, node: str, cls: str, action: str,
-                 evidence: str, subject: str = "") -> dict[str, Any]:
-    body = json.dumps({"node": node, "findings": [
+                 evidence: str, subject: str = "", origin: str = "external") -> dict[str, Any]:
+    body = json.dumps({"node": node, "origin": origin, "findings": [
         {"class": cls, "action": action, "evidence": evidence, "subject": subject}]})
     request = urllib.request.Request(
         f"http://127.0.0.1:{port}/api/v1/health/findings", data=body.encode(), method="POST",
