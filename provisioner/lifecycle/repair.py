@@ -37,6 +37,7 @@ from provisioner.health.records import Change, FindingRecord
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.repair_step import drain_reason
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.retry import RACE, raced, retry_async
 from provisioner.store.repo import NodeRepo
 from provisioner.validation.record import ValidationRecord
 
@@ -196,6 +197,17 @@ class RepairService:
 
     async def _open(self, node_id: str, finding: Finding, *, actor: str,
                     finding_id: str | None, operator: bool) -> RepairDecision:
+        async def decide() -> RepairDecision:
+            return await self._decide(node_id, finding, actor=actor, finding_id=finding_id,
+                                      operator=operator)
+
+        # another daemon wrote the node (its note of the same finding from another origin)
+        # between our read and our transition: decide again on the node as it is now (a
+        # Conflict here would drop the finding's ladder: the listener logs it, nothing more)
+        return await retry_async(decide, backoff=RACE, tries=5, retryable=raced)
+
+    async def _decide(self, node_id: str, finding: Finding, *, actor: str,
+                      finding_id: str | None, operator: bool) -> RepairDecision:
         async with self._lock:
             await self._load_breaker()
             node = await self._repo.find(node_id)

@@ -62,7 +62,8 @@ def ladder_rows(conn: _Conn, node_id: str, mark: str = "?") -> list[tuple[str, s
     rows = conn.execute(
         f"SELECT event, from_state, to_state, reason, instance, fence FROM transition "
         f"WHERE node_id = {mark} ORDER BY seq", (node_id,)).fetchall()
-    start = next(i for i, row in enumerate(rows) if row[2] == "repairing")
+    start = next((i for i, row in enumerate(rows) if row[2] == "repairing"), None)
+    assert start is not None, f"node {node_id}: its ladder never started: {rows}"
     return [tuple(row) for row in rows[start:]]  # type: ignore[misc]
 
 
