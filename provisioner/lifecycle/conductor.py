@@ -47,6 +47,7 @@ from provisioner.lifecycle.states import (
 from provisioner.lifecycle.step_runner import SYSTEM_ACTOR, StepRunner
 from provisioner.lifecycle.steps import STEPS, Step
 from provisioner.log import node_fields, node_name
+from provisioner.retry import RACE, raced, retry_async
 from provisioner.store.ownership import OwnershipRepo
 from provisioner.store.repo import NodeRepo
 from provisioner.tasks import TaskSet
@@ -238,11 +239,19 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
         may quote what a machine sent: a lone surrogate (a JSON ``\\ud800``), which no
         database encodes, is written escaped."""
         reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
-        async with self._locks[node_id]:
-            node = await self._repo.get(node_id)
-            node = await self._repo.transition(node, to_state=node.state, event=event,
-                                               actor=actor, reason=reason,
-                                               reset_checkpoint=False)
+
+        async def write() -> Node:
+            async with self._locks[node_id]:
+                node = await self._repo.get(node_id)
+                return await self._repo.transition(node, to_state=node.state, event=event,
+                                                   actor=actor, reason=reason,
+                                                   reset_checkpoint=False)
+
+        # the row has no precondition: another daemon's write between our read and ours
+        # (our lock is this process's only) is read again, not a failure of the caller (a
+        # step would fail: a ladder stopped in repair_failed by a finding's note)
+        node = await retry_async(write, backoff=RACE, tries=5,
+                                 retryable=raced)
         log.log(level, "node %s: %s by %s: %s", _named(node), event, actor, reason,
                 extra=_fields(node, event))
         self._notify(node, event, node.state)

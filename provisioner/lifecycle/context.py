@@ -86,6 +86,9 @@ class RunContext:
     async def merge_facts(self, facts: dict[str, Any]) -> None:
         self._node = await self._repo.merge_facts(self._node.id, facts)
 
+    async def update_facts(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        self._node = await self._repo.update_fact(self._node.id, change)
+
     async def record(self, event: str, reason: str) -> None:
         await self._recorder(self._node.id, event, reason)
 

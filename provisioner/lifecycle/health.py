@@ -17,11 +17,10 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
-from provisioner.errors import NodeBusy, ProvisionerError
+from provisioner.errors import ProvisionerError
 from provisioner.health.model import HealthClass
 from provisioner.health.records import Change, FindingRecord, Origin, Outcome, Report
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.retry import RACE, retry_async
 from provisioner.store.findings import FindingRepo
 
 log = logging.getLogger(__name__)
@@ -167,10 +166,6 @@ class HealthFindings:
                                 record.node_id, record.id, exc)
 
     async def _record(self, node_id: str, event: str, actor: str, reason: str) -> None:
-        async def write() -> object:
-            return await self._conductor.record(node_id, event, actor=actor,
-                                                reason=reason[:4096], level=logging.WARNING)
-
-        # another writer moved the node between read and write: read it again, write again
-        await retry_async(write, backoff=RACE, tries=3,
-                          retryable=lambda exc: isinstance(exc, NodeBusy))
+        # another writer moving the node between read and write: the conductor reads again
+        await self._conductor.record(node_id, event, actor=actor, reason=reason[:4096],
+                                     level=logging.WARNING)

@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 from provisioner.config.health import HealthSettings
 from provisioner.domain import Node
@@ -37,6 +37,7 @@ from provisioner.health.records import Change, FindingRecord
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.repair_step import drain_reason
 from provisioner.lifecycle.states import Event, NodeState
+from provisioner.retry import RACE, raced, retry_async
 from provisioner.store.repo import NodeRepo
 from provisioner.validation.record import ValidationRecord
 
@@ -152,7 +153,7 @@ class RepairService:
                            + (", ".join(record.plan) or "no rungs"))
         if record.result_of(rung) is not None:
             raise Conflict(f"rung {rung} of node {node.id} was already tried")
-        await self._repo.merge_facts(node.id, {KEY: record.with_skip(rung).to_facts()})
+        await self._repo.update_fact(node.id, _on_record(lambda now: now.with_skip(rung)))
         return await self._conductor.record(node.id, SKIP_EVENT, actor=actor,
                                             reason=f"{rung}: {reason or 'skip'}")
 
@@ -196,6 +197,17 @@ class RepairService:
 
     async def _open(self, node_id: str, finding: Finding, *, actor: str,
                     finding_id: str | None, operator: bool) -> RepairDecision:
+        async def decide() -> RepairDecision:
+            return await self._decide(node_id, finding, actor=actor, finding_id=finding_id,
+                                      operator=operator)
+
+        # another daemon wrote the node (its note of the same finding from another origin)
+        # between our read and our transition: decide again on the node as it is now (a
+        # Conflict here would drop the finding's ladder: the listener logs it, nothing more)
+        return await retry_async(decide, backoff=RACE, tries=5, retryable=raced)
+
+    async def _decide(self, node_id: str, finding: Finding, *, actor: str,
+                      finding_id: str | None, operator: bool) -> RepairDecision:
         async with self._lock:
             await self._load_breaker()
             node = await self._repo.find(node_id)
@@ -206,8 +218,8 @@ class RepairService:
                                         f"{finding.cls}/{finding.action})", actor)
             current = RepairRecord.from_facts(node.facts)
             if node.state in UNDER_REPAIR and current is not None and current.open_now:
-                await self._repo.merge_facts(node.id, {
-                    KEY: current.with_evidence(finding.evidence).to_facts()})
+                await self._repo.update_fact(node.id, _on_record(
+                    lambda record: record.with_evidence(finding.evidence)))
                 return await self._note(node, "joined", EVIDENCE_EVENT, line, actor)
             allowed = {NodeState.ACTIVE, NodeState.SERVICE_REQUIRED} if operator \
                 else {NodeState.ACTIVE}
@@ -277,6 +289,17 @@ class RepairService:
         node = await self._conductor.record(node.id, event, actor=actor, reason=reason,
                                             level=level)
         return RepairDecision(outcome, reason, node)
+
+
+def _on_record(change: Callable[[RepairRecord], RepairRecord]) -> Callable[
+        [dict[str, Any]], dict[str, Any]]:
+    """``change`` applied to the repair record as stored now, not to a copy read earlier:
+    the ladder (another daemon's, or this one's) may have written a rung's result since."""
+    def apply(facts: dict[str, Any]) -> dict[str, Any]:
+        record = RepairRecord.from_facts(facts)
+        return facts if record is None else facts | {KEY: change(record).to_facts()}
+
+    return apply
 
 
 def _clique(node: Node) -> str | None:

@@ -15,8 +15,9 @@ the undrain and a lost database stop the step (``repair_failed``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from provisioner.bmc.base import PowerState
 from provisioner.errors import DriverError, FatalError, StoreUnavailable
@@ -62,8 +63,20 @@ def _record(ctx: StepContext) -> RepairRecord:
     return record
 
 
-async def _write(ctx: StepContext, record: RepairRecord) -> None:
-    await ctx.merge_facts({KEY: record.to_facts()})
+async def _write(ctx: StepContext, change: Callable[[RepairRecord], RepairRecord]) -> None:
+    """``change`` applied to the record as stored now: an operator's skip or a finding's
+    evidence written while a rung ran is kept, not overwritten by the step's older copy."""
+    def apply(facts: dict[str, Any]) -> dict[str, Any]:
+        record = RepairRecord.from_facts(facts)
+        if record is None:
+            raise FatalError("the repair record left the node's facts (key 'repair')")
+        return facts | {KEY: change(record).to_facts()}
+
+    await ctx.update_facts(apply)
+
+
+def _result(rung: str, result: str) -> Callable[[RepairRecord], RepairRecord]:
+    return lambda now: now.with_result(rung, result, _now())
 
 
 async def repair(ctx: StepContext) -> None:
@@ -84,22 +97,22 @@ async def repair(ctx: StepContext) -> None:
         if record.result_of(rung) is not None and not ctx.finished(rung_step(rung)):
             continue  # tried in an earlier run of the ladder (a retry)
         if rung in record.skip and record.result_of(rung) is None:
-            await _write(ctx, record.with_result(rung, SKIPPED, _now()))
+            await _write(ctx, _result(rung, SKIPPED))
             await ctx.record(RUNG_EVENT, f"{rung}: skipped by an operator")
             continue
         if rung == Action.REIMAGE:
-            await _write(ctx, record.closed("reimage", _now()))
+            await _write(ctx, lambda now: now.closed("reimage", _now()))
             raise StepOutcome(Event.REIMAGE, f"repair: {record.summary()}; reimaging")
         await _climb(ctx, rung)
         passed = await _gate(ctx, rung)
     record = _record(ctx)
     if not passed:
-        await _write(ctx, record.closed("service_required", _now()))
+        await _write(ctx, lambda now: now.closed("service_required", _now()))
         raise StepOutcome(Event.ESCALATE, f"out of rungs: {record.summary()}")
 
     async def undrain() -> None:
         await ctx.ports.repairs.undrain(ctx.node)
-        await _write(ctx, _record(ctx).closed(PASSED, _now()))
+        await _write(ctx, lambda now: now.closed(PASSED, _now()))
 
     await ctx.substep(UNDRAINED, undrain)
 
@@ -119,7 +132,7 @@ async def _climb(ctx: StepContext, rung: str) -> None:
         except StoreUnavailable:
             raise
         except DriverError as exc:
-            await _write(ctx, _record(ctx).with_result(rung, f"error: {exc}", _now()))
+            await _write(ctx, _result(rung, f"error: {exc}"))
             await ctx.record(RUNG_EVENT, f"{rung}: error: {exc}")
             return
         await ctx.record(RUNG_EVENT, f"{rung}: done; validating again")
@@ -162,7 +175,7 @@ async def _gate(ctx: StepContext, rung: str) -> bool:
             checked = await ctx.ports.validator.check(ctx.node)
             await ctx.merge_facts({VALIDATION_KEY: checked.to_facts()})
             result = PASSED if checked.passed else f"failed: {checked.reason}"
-        await _write(ctx, _record(ctx).with_result(rung, result, _now()))
+        await _write(ctx, _result(rung, result))
         await ctx.record(RUNG_EVENT, f"{rung}: validation {result}")
 
     await ctx.substep(gate_step(rung), check)

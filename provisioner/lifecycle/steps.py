@@ -53,6 +53,10 @@ class StepContext(Protocol):
 
     async def merge_facts(self, facts: dict[str, Any]) -> None: ...
 
+    async def update_facts(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+        """``change`` applied to the facts as stored now, under the node's row lock."""
+        ...
+
     async def record(self, event: str, reason: str) -> None:
         """One history row for this node that changes no state."""
         ...

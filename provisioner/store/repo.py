@@ -12,7 +12,7 @@ import builtins
 import dataclasses
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from provisioner.domain import (
     Node,
     NodeState,
 )
-from provisioner.errors import Fenced, NodeBusy
+from provisioner.errors import Fenced, NodeBusy, NotFound
 from provisioner.ids import NodeId, new_node_id, normalize_mac
 from provisioner.store import notify
 from provisioner.store.models import (
@@ -299,10 +299,19 @@ class NodeRepo(NodeAdmin):
         return await self._run(work)
 
     async def merge_facts(self, node_id: str, facts: dict[str, Any]) -> Node:
+        return await self.update_fact(node_id, lambda found: found | facts)
+
+    async def update_fact(self, node_id: str,
+                          change: Callable[[dict[str, Any]], dict[str, Any]]) -> Node:
+        """Write ``change(facts)`` as the node's facts, read and written under the row's
+        lock (``FOR UPDATE``): another daemon's merge between our read and our write would
+        be lost (a repair record's rung result overwritten by a stale copy)."""
         def work(s: Session) -> Node:
-            row = get_row(s, node_id)
-            merged = json.loads(row.facts) | facts
-            row.facts = json.dumps(merged, sort_keys=True)
+            row = s.exec(select(NodeRow).where(col(NodeRow.id) == node_id)
+                         .with_for_update()).first()
+            if row is None:
+                raise NotFound("node", node_id)
+            row.facts = json.dumps(change(json.loads(row.facts)), sort_keys=True)
             row.updated_at = utcnow()
             s.add(row)
             s.commit()

@@ -195,6 +195,32 @@ async def test_skip_stop_and_retry(store, world, make_node) -> None:  # type: ig
     await cond.stop()
 
 
+async def test_a_skip_written_while_a_rung_runs_is_kept(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    """The operator skips the OS restart while the GPU reset runs: the ladder's writes of
+    the reset's result are applied to the record as stored, the skip with it."""
+    cond = Conductor(store.nodes, fake_ports(world, delay_s=0.3), MANUAL)
+    service = RepairService(cond, store.nodes, HealthSettings(max_repairing_fraction=1.0))
+    node = await active_node(store, world, make_node, "L7")
+    await world.ensure("L7", "inject", FAULT, "power_cycle")
+    finding = Finding(HealthClass.GPU_MEMORY, Action.RESET_GPU, ECC, Source.KERNEL_LOG)
+    assert (await service.open(node.id, finding)).started
+    async with asyncio.timeout(10):  # drained: the reset rung is running
+        while True:
+            if DRAINED in (await store.nodes.get(node.id)).checkpoint:
+                break
+            await asyncio.sleep(0.01)
+    assert rung_step("reset_gpu") not in (await store.nodes.get(node.id)).checkpoint
+    await service.skip(node.id, "restart_os", actor="op", reason="reboots do not help here")
+    done = await wait_for_state(store, node.id, S.ACTIVE)
+    record = RepairRecord.from_facts(done.facts)
+    assert record is not None
+    assert [(r.rung, r.result.split(":")[0]) for r in record.tried] == [
+        ("reset_gpu", "failed"), ("restart_os", "skipped"), ("power_cycle", "passed")]
+    assert "restart_os" not in effects(world, "L7")
+    await cond.stop()
+
+
 async def test_resume_at_the_rung_it_was_on(store, world, make_node) -> None:  # type: ignore[no-untyped-def]
     """A daemon killed after the GPU reset and its failed gate, during the OS restart: the
     next daemon does not drain or reset again; it restarts the OS and goes on."""
