@@ -132,3 +132,4 @@ def test_one_daemon_leads_and_exports_the_fleet(tmp_path: Path) -> None:
         _wait("the lead", lambda: leaders([port]) == [port], 10)
         _wait("the simulated nodes counted",
               lambda: fleet_sum([scrape(port)], "provisioner_nodes") == 4, 10)
+        assert fleet_sum([scrape(port)], "provisioner_fleet_leader") == 1

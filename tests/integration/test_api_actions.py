@@ -116,6 +116,10 @@ async def test_retire_then_history_records_every_step_with_actor(api: Api) -> No
     assert reply.status == 200
     items = reply.body["items"]
     assert [item["seq"] for item in items] == list(range(1, len(items) + 1))
+    erased = [i for i in items if i["event"] == "disk_erased"]  # one per disk, while retiring
+    assert erased and all((i["from_state"], i["to_state"]) == ("retiring", "retiring")
+                          for i in erased)
+    items = [i for i in items if i["event"] != "disk_erased"]
     assert [(i["event"], i["from_state"], i["to_state"]) for i in items] == [
         ("enroll", "", "enrolled"),
         ("maintenance_on", "enrolled", "enrolled"),
