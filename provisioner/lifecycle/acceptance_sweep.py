@@ -19,7 +19,6 @@ The oldest pass goes first (never passed: first of all).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from provisioner.config import ValidationSettings
 from provisioner.domain import Node
 from provisioner.errors import Conflict, NotFound
 from provisioner.lifecycle.acceptance import GRACE_S, DomainAcceptance, Rerun
+from provisioner.lifecycle.periodic import every
 from provisioner.lifecycle.states import NodeState
 from provisioner.lifecycle.validation import DOMAIN_STATES, member_of
 from provisioner.store.acceptance import INTERRUPTED, PASSED, RUNNING, AcceptanceRepo, Standing
@@ -172,12 +172,4 @@ class ReacceptSweep:
 
     async def run(self) -> None:
         """Sweep every ``interval_s`` while this daemon leads (cancelled when it stops)."""
-        while True:
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the loop's task boundary: the database may be away
-                log.warning("reaccept sweep failed: %s: %s", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "")
-            await asyncio.sleep(self.interval_s)
+        await every(self.interval_s, self.sweep, "reaccept sweep")

@@ -11,13 +11,13 @@ the negative discovery cache) are each daemon's own and expire in it."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final
 
+from provisioner.lifecycle.periodic import every
 from provisioner.store.leases import LeaseRepo
 from provisioner.store.node_reads import NodeReads
 from provisioner.store.tokens import TokenRepo
@@ -54,15 +54,7 @@ class ExpirySweeps:
 
     async def run(self) -> None:
         """Sweep every ``interval_s`` while this daemon leads (cancelled when it stops)."""
-        while True:
-            try:
-                await self.sweep()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the loop's task boundary: the database may be away
-                log.warning("expiry sweep failed: %s: %s", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "")
-            await asyncio.sleep(self.interval_s)
+        await every(self.interval_s, self.sweep, "expiry sweep")
 
 
 class HistoryRetention:
@@ -84,12 +76,4 @@ class HistoryRetention:
 
     async def run(self) -> None:
         """Prune every ``interval_s`` while this daemon leads (cancelled when it stops)."""
-        while True:
-            try:
-                await self.prune()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the loop's task boundary: the database may be away
-                log.warning("history pruning failed: %s: %s", type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "")
-            await asyncio.sleep(self.interval_s)
+        await every(self.interval_s, self.prune, "history pruning")
