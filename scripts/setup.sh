@@ -41,6 +41,7 @@ APT_PACKAGES=(
   hdparm           # the ramdisk's ATA secure erase
   sg3-utils        # sg_sanitize: the ramdisk's SCSI/SAS sanitize
   mdadm            # the ramdisk's software RAID (the agent's storage job)
+  man-db           # man -l: the wheel's provisioner(1) renders (tests/e2e/test_wheel_install.py)
   kea-admin        # perfdhcp (DHCP load generator / relay)
   kea-dhcp4-server # bench/dhcp_bench.py peer
   dnsmasq-base     # the site's DHCP server beside our proxy mode; bench peer

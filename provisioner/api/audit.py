@@ -15,17 +15,14 @@ from pydantic import (
     AwareDatetime,
     BaseModel,
     BeforeValidator,
-    ConfigDict,
     Field,
     StringConstraints,
-    ValidationInfo,
-    field_validator,
 )
 
 from provisioner.api import NODES, SETTINGS
 from provisioner.api.nodes import query_params
 from provisioner.api.openapi import Route
-from provisioner.api.schemas import respond
+from provisioner.api.schemas import PagedQuery, respond
 from provisioner.domain import FleetEvent, Role
 from provisioner.store.history import AuditQuery
 
@@ -39,10 +36,8 @@ def _many(value: object) -> object:
     return (value,) if isinstance(value, str) else value
 
 
-class HistoryQuery(BaseModel):
+class HistoryQuery(PagedQuery):
     """Query parameters of ``GET /history``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     since: AwareDatetime | None = Field(None, description="rows at or after (ISO 8601, with "
                                                           "its offset)")
@@ -54,14 +49,6 @@ class HistoryQuery(BaseModel):
     order: Literal["newest", "oldest"] = "newest"
     cursor: int | None = Field(None, ge=0, description="the next_cursor of the page before")
     limit: int = Field(100, ge=1, description="Page size (at most the configured maximum)")
-
-    @field_validator("limit")
-    @classmethod
-    def _limit_max(cls, value: int, info: ValidationInfo) -> int:
-        most = info.context.get("page_size_max") if isinstance(info.context, dict) else None
-        if isinstance(most, int) and value > most:
-            raise ValueError(f"must be at most {most}")
-        return value
 
 
 class AuditOut(BaseModel):

@@ -105,6 +105,19 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class PagedQuery(_Request):
+    """A query with a ``limit``: at most the configured ``page_size_max`` (validation
+    context), for every paged listing."""
+
+    @field_validator("limit", check_fields=False)
+    @classmethod
+    def _limit_max(cls, value: int, info: ValidationInfo) -> int:
+        most = info.context.get("page_size_max") if isinstance(info.context, dict) else None
+        if isinstance(most, int) and value > most:
+            raise ValueError(f"must be at most {most}")
+        return value
+
+
 # -- requests -------------------------------------------------------------------------------
 
 
@@ -144,7 +157,7 @@ def _many(value: object) -> object:
     return (value,) if isinstance(value, str) else value
 
 
-class NodeListQuery(_Request):
+class NodeListQuery(PagedQuery):
     """Query parameters of ``GET /nodes``; ``q`` matches part of a hostname, serial or MAC.
     ``state``, ``rack`` and ``profile`` may repeat: a node matches any of their values."""
 
@@ -161,14 +174,6 @@ class NodeListQuery(_Request):
     include: Literal["facts"] | None = Field(
         None, description="facts: each item carries the node's facts (one request per page "
                           "instead of one per node, e.g. the Ansible inventory)")
-
-    @field_validator("limit")
-    @classmethod
-    def _limit_max(cls, value: int, info: ValidationInfo) -> int:
-        most = info.context.get("page_size_max") if isinstance(info.context, dict) else None
-        if isinstance(most, int) and value > most:
-            raise ValueError(f"must be at most {most}")
-        return value
 
 
 class ImportRow(_Request):

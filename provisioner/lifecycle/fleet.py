@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.periodic import every
 from provisioner.store.ownership import OwnershipRepo
 
 log = logging.getLogger(__name__)
@@ -50,19 +51,8 @@ class FleetMember:
     async def run(self) -> None:
         """Renewal runs in its own loop: a slow take-over round never delays it."""
         async with asyncio.TaskGroup() as group:
-            group.create_task(self._every(self.renew, "lease renewal"))
-            group.create_task(self._every(self.take_over, "take-over"))
-
-    async def _every(self, work: Callable[[], Coroutine[Any, Any, None]], what: str) -> None:
-        while True:
-            try:
-                await work()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # the loop's task boundary: the database may be away
-                log.warning("fleet: %s failed: %s: %s", what, type(exc).__name__,
-                            str(exc).splitlines()[0] if str(exc) else "")
-            await asyncio.sleep(self.interval_s)
+            group.create_task(every(self.interval_s, self.renew, "fleet: lease renewal"))
+            group.create_task(every(self.interval_s, self.take_over, "fleet: take-over"))
 
 
 class Singleton:
