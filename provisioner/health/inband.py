@@ -211,11 +211,17 @@ def read(evidence: Evidence, cursor: Cursor) -> Reading:
                    len(lines), skipped, dropped, errors)
 
 
+# what changes on every run of a tool without its state changing: nvidia-smi -q's first
+# line is "Timestamp : <now>" (seen on a real H200: every post parsed again without this)
+_VOLATILE = re.compile(r"^[ \t]*Timestamp[ \t]*:.*$", re.MULTILINE)
+
+
 def _digest(sections: dict[str, str]) -> str:
     h = hashlib.sha256()
     for name in sorted(sections):
-        h.update(f"{name}\0{len(sections[name])}\0".encode())
-        h.update(sections[name].encode("utf-8", "surrogatepass"))
+        text = _VOLATILE.sub("", sections[name])
+        h.update(f"{name}\0{len(text)}\0".encode())
+        h.update(text.encode("utf-8", "surrogatepass"))
     return h.hexdigest()[:32]
 
 

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,17 @@ def test_the_same_outputs_are_not_read_again() -> None:
     assert not changed.unchanged and changed.states == [] and changed.cursor.states == ()
     rebooted = read(post([], boot=OTHER_BOOT, ibstat=ibstat), first.cursor)
     assert not rebooted.unchanged and rebooted.states
+
+
+def test_the_real_probe_posts_of_a_healthy_h200_raise_nothing_and_are_read_once() -> None:
+    """The bodies the shipped probe posted on a real H200 (its dmesg ring and nvidia-smi's
+    ECC/remapper section), read in order with the cursor the daemon answered."""
+    first_body, second_body = (json.loads((HEALTH / f"h200-580.159.04-probe-post-{n}.json")
+                                          .read_text()) for n in (1, 2))
+    first = read(parse(first_body), Cursor())
+    assert first.events == [] and first.states == []
+    assert first.lines_read == len(first_body["kernel_log"]) == 358
+    assert first.cursor.after == 3.678986  # the ring's last stamp
+    second = read(parse(second_body), first.cursor)
+    assert second.events == [] and second.lines_read == 0
+    assert second.unchanged  # the same nvidia-smi section: not parsed again
