@@ -32,6 +32,7 @@ class FleetMember:
         self._api_listen = api_listen
         self._batch = takeover_batch
         self.interval_s = ownership.lease_s / 3
+        self._confirmed = time.monotonic()  # when the last renewal that the database took began
 
     async def beat(self) -> None:
         """One round of both loops (tests)."""
@@ -39,8 +40,17 @@ class FleetMember:
         await self.take_over()
 
     async def renew(self) -> None:
+        began = time.monotonic()
         await self._own.heartbeat(self._api_listen)
         await self._conductor.renew_leases()
+        self._confirmed = began
+
+    async def guard(self) -> None:
+        """Stand down when no renewal has been confirmed for two thirds of a lease (a
+        database cut away, or a renewal hanging): the last third is the margin for calls
+        already in flight to end before the leases can expire and be taken over."""
+        if (unconfirmed := time.monotonic() - self._confirmed) >= self.interval_s * 2:
+            self._conductor.stand_down(unconfirmed)
 
     async def take_over(self) -> None:
         taken = await self._conductor.take_over(limit=self._batch)
@@ -49,10 +59,13 @@ class FleetMember:
         await self._conductor.apply_stale_policies(self._own.lease_s)
 
     async def run(self) -> None:
-        """Renewal runs in its own loop: a slow take-over round never delays it."""
+        """Renewal runs in its own loop: a slow take-over round never delays it; the guard
+        in a third, so a renewal that hangs still stops our steps in time."""
+        self._confirmed = time.monotonic()
         async with asyncio.TaskGroup() as group:
             group.create_task(every(self.interval_s, self.renew, "fleet: lease renewal"))
             group.create_task(every(self.interval_s, self.take_over, "fleet: take-over"))
+            group.create_task(every(self.interval_s / 4, self.guard, "fleet: lease guard"))
 
 
 class Singleton:

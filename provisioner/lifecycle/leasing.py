@@ -107,6 +107,24 @@ class LeasedSteps:
                 running[1].cancel()
         return lost
 
+    def stand_down(self, unconfirmed_s: float) -> int:
+        """The database has not confirmed our leases for ``unconfirmed_s``: they may expire
+        and another daemon take the nodes over while it cannot tell us. Stop driving them now,
+        before that can happen (a BMC call after it would be a second side effect); their
+        leases expire and are taken over (by us too) once the database answers. Returns the
+        number of steps stopped."""
+        held, self._fences = self._fences, {}
+        stopped = 0
+        for node_id in held:
+            if (running := self._running.get(node_id)) is not None:
+                running[1].cancel()
+                stopped += 1
+        if held:
+            log.warning("leases not confirmed for %.1f s (the database does not answer): "
+                        "stopped driving %d nodes (%d steps) before another daemon may take "
+                        "them over", unconfirmed_s, len(held), stopped)
+        return stopped
+
     async def apply_stale_policies(self, older_than_s: float) -> int:
         """Apply the policy to waiting nodes untouched for ``older_than_s``: a daemon that
         died between a step's end and the next step's start left them waiting."""

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import LifecycleSettings, Settings
 from provisioner.domain import BmcEndpoint, HistoryEntry, NewNode
 from provisioner.errors import Fenced
@@ -24,6 +27,7 @@ from provisioner.store.store import Store, open_store
 from tests.conftest import fake_ports
 from tests.integration.conftest import _databases
 from tests.peers.postgres import PostgresServer
+from tests.peers.tcp_proxy import tcp_proxy
 
 pytestmark = pytest.mark.postgres
 S = NodeState
@@ -370,3 +374,88 @@ async def wait_until_state(store: Store, node_id: str, state: NodeState) -> None
             if (await store.nodes.get(node_id)).state == state:
                 return
             await asyncio.sleep(0.1)
+
+
+async def test_a_daemon_cut_from_the_database_stops_its_bmc_calls_before_its_leases_expire(
+        pg_settings: Settings, postgres: PostgresServer, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A reaches PostgreSQL through a proxy that is cut while it drives 12 nodes: within two
+    thirds of a lease it stops its steps (no BMC call from then on, though the database
+    stays away for two leases and B takes the nodes over meanwhile); restored, it drives
+    nothing it lost, and every node ends active with single-writer histories."""
+    caplog.set_level(logging.WARNING)
+    assert pg_settings.database_url is not None
+    direct = pg_settings.database_url.get_secret_value()
+    with tcp_proxy(postgres.port) as proxy:
+        via_proxy = Settings(state_dir=pg_settings.state_dir, ha={"lease_s": LEASE_S},
+                             database_url=direct.replace(f":{postgres.port}/",
+                                                         f":{proxy.port}/"))
+        a, b = open_store(via_proxy, instance="A"), open_store(pg_settings, instance="B")
+        world = SimWorld(tmp_path / "world.sqlite")
+        a_calls = _BmcCalls(world)  # the BMC calls A makes, and when
+        ports = {"A": replace(fake_ports(world, delay_s=0.1), bmc=fake_bmc_factory(a_calls)),
+                 "B": fake_ports(world, delay_s=0.1)}
+        conductors = {name: Conductor(one.nodes, ports[name], LifecycleSettings(),
+                                      ownership=one.ownership)
+                      for name, one in (("A", a), ("B", b))}
+        members = {name: FleetMember(conductors[name], one.ownership, api_listen=name)
+                   for name, one in (("A", a), ("B", b))}
+        ids = [(await conductors["A"].enroll(_new(n), actor="test")).id for n in range(12)]
+        beats = [asyncio.create_task(members["A"].run())]
+        try:
+            await _until(lambda: _owners(b, at_least=6), 30)  # A drives half of them
+            proxy.cut()
+            await asyncio.sleep(LEASE_S * 2 / 3 + 0.25)  # the guard's period and one call
+            assert "stopped driving" in caplog.text
+            stood_down = time.monotonic()
+            await asyncio.sleep(LEASE_S * 1.5)  # past every lease A held: B may take over
+            beats.append(asyncio.create_task(members["B"].run()))
+            await _until(lambda: _owners(b, only="B"), 30)  # B took A's nodes over
+            proxy.restore()  # A's database answers again while B drives its old nodes
+            await _until_all(b, ids, S.ACTIVE, timeout_s=60)
+        finally:
+            for task in beats:
+                task.cancel()
+            for conductor in conductors.values():
+                await conductor.stop()
+        # A's steps ended at the cut: none woke when the database came back to call the BMC
+        # of a node B drives (a write of theirs still queued in the store is refused)
+        assert [op for op, at in a_calls.calls if at >= stood_down] == []
+        assert a_calls.calls, "A drove nodes before the cut"
+        for node_id in ids:
+            history = await b.nodes.history(node_id)
+            check_single_writer(history)
+            assert history[-1].to_state == "active"
+        for (_key, op), (_calls, effects) in world.ledger_blocking().items():
+            assert effects <= 1 or op in ("power_on", "power_off", "bootdev"), (_key, op)
+        world.close()
+        a.close()
+        b.close()
+
+
+class _BmcCalls:
+    """The simulated machines, recording each BMC side effect asked through them."""
+
+    def __init__(self, world: SimWorld) -> None:
+        self._world = world
+        self.calls: list[tuple[str, float]] = []
+
+    async def get(self, key: str, attr: str) -> str:
+        return await self._world.get(key, attr)
+
+    async def ensure(self, key: str, op: str, attr: str, value: str) -> bool:
+        self.calls.append((op, time.monotonic()))
+        return await self._world.ensure(key, op, attr, value)
+
+
+async def _owners(store: Store, *, at_least: int = 0, only: str | None = None) -> bool:
+    leases = await store.ownership.leases()
+    return len(leases) >= at_least and (only is None or {x.owner for x in leases} == {only})
+
+
+async def _until(ready: Callable[[], Awaitable[bool]], timeout_s: float) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if await ready():
+                return
+            await asyncio.sleep(0.05)
