@@ -160,8 +160,8 @@ def bmc_changes(wanted: Mapping[str, BmcValue], view: BmcView) -> dict[str, BmcV
     return {name: value for name, value in wanted.items() if view.value(name) != value}
 
 
-def differences(wanted: Mapping[str, BmcValue],
-                current: Mapping[str, object]) -> list[tuple[str, object, BmcValue]]:
+def differences(wanted: Mapping[str, object],
+                current: Mapping[str, object]) -> list[tuple[str, object, object]]:
     """(name, have, want) for each setting whose last read value differs (``current``: the
     values as kept in the facts, lists for NTP servers)."""
     out = []
