@@ -9,6 +9,7 @@ refused with a clear message."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -137,6 +138,31 @@ async def test_a_setting_the_bmc_drops_fails_the_step(  # type: ignore[no-untype
                        {"attributes": {"LCD.1.ChassisIdentifyDuration": 30}}, S.SERVICE_FAILED)
     assert "BMC settings not in effect after they were applied: " \
            "LCD.1.ChassisIdentifyDuration=-1 (wanted 30)" in (failed.last_error or "")
+
+
+async def test_stopped_while_the_bmc_restarts_resumes_without_a_second_write(  # type: ignore[no-untyped-def]
+        store, world, make_node, idrac, driver) -> None:
+    """The daemon goes away after the settings were written, while the BMC restarts its
+    network services; the resumed step waits for the BMC and reads back, and writes
+    nothing again."""
+    sim, url = idrac
+    sim.down_after_protocol = 10**6  # down until the test says otherwise
+    node = await new_node(make_node, url)
+    first = conductor(store, world, driver, settings(BASELINE))
+    await first.fire(node.id, Event.DEPLOY, actor="op")
+    async with asyncio.timeout(10):
+        while "service:0:bmc_settings:applied" not in (  # noqa: ASYNC110  (the store's
+                await store.nodes.get(node.id)).checkpoint:   # state, no event to wait on)
+            await asyncio.sleep(0.02)
+    await first.stop()
+    written = list(sim.patches)
+    assert len(written) == 3 and sim.refused > 0
+    sim.down = 0
+    second = conductor(store, world, driver, settings(BASELINE))
+    assert await second.recover() == 1
+    await wait_for_state(store, node.id, S.DEPLOYING)
+    await second.stop()
+    assert sim.patches == written  # Manager, System attributes, NetworkProtocol: once each
 
 
 async def test_ipmi_only_bmc_fails_clearly(  # type: ignore[no-untyped-def]
