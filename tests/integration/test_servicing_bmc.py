@@ -127,6 +127,7 @@ async def test_on_reset_apply_time_resets_the_manager_and_waits(  # type: ignore
     await run(store, world, make_node, driver, url, wanted, S.DEPLOYING)
     assert sim.patches[0][1]["@Redfish.SettingsApplyTime"] == {"ApplyTime": "OnReset"}
     assert sim.resets == ["GracefulRestart"]  # the only ResetType the iDRAC offers
+    assert sim.pending == {}
     assert sim.value("LCD.1.ChassisIdentifyDuration") == 45 and sim.refused == 2
 
 

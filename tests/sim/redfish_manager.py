@@ -175,10 +175,9 @@ async def attribute_settings(request: web.Request) -> web.Response:
     resource = sim.attributes.get(uri)
     if resource is None or not sim.with_attributes:
         return _error("resource not found", 404, "Base.1.8.ResourceMissingAtURI")
-    if request.method == "GET":
-        return web.json_response({"@odata.id": f"{uri}/Settings",
-                                  "AttributeRegistry": "ManagerAttributeRegistry.v1_0_0",
-                                  "Attributes": sim.pending.get(uri, {})})
+    if request.method == "GET":  # the recorded System Settings object, re-pointed
+        shown = {**_load("attributes_system_settings.json"), "@odata.id": f"{uri}/Settings"}
+        return web.json_response({**shown, "Attributes": sim.pending.get(uri, {})})
     body = await request.json()
     sim.patches.append((request.path, body))
     changes = body.get("Attributes") or {}
