@@ -132,9 +132,9 @@ class _HungCollector:
 
 
 class _FirmwareCollector:
-    """``provisioner_firmware_nodes{status,profile}``: nodes per firmware drift status
-    (conforming, drifted, updating, failed, unknown) per profile with a firmware baseline,
-    from the counts of the last ``refresh_firmware``."""
+    """``provisioner_firmware_nodes{status,profile}``: nodes per drift status (conforming,
+    drifted, updating, failed, unknown) against their profile's baseline (firmware, BIOS and
+    BMC settings together), from the counts of the last ``refresh_firmware``."""
 
     _NAME, _HELP = ("provisioner_firmware_nodes",
                     "Nodes per firmware status against their profile's baseline")
@@ -150,6 +150,27 @@ class _FirmwareCollector:
 
     def describe(self) -> Iterator[Any]:
         yield GaugeMetricFamily(self._NAME, self._HELP, labels=["status", "profile"])
+
+
+class _BaselineCollector:
+    """``provisioner_baseline_nodes{part,status,profile}``: the same per part (firmware,
+    bios, bmc), for the profiles with that part's baseline."""
+
+    _NAME, _HELP = ("provisioner_baseline_nodes",
+                    "Nodes per status against each part of their profile's baseline")
+    _LABELS = ["part", "status", "profile"]
+
+    def __init__(self) -> None:
+        self.counts: Mapping[tuple[str, str, str], int] | None = {}
+
+    def collect(self) -> Iterator[Any]:
+        family = GaugeMetricFamily(self._NAME, self._HELP, labels=self._LABELS)
+        for labels, count in sorted((self.counts or {}).items()):
+            family.add_metric(list(labels), float(count))
+        yield family
+
+    def describe(self) -> Iterator[Any]:
+        yield GaugeMetricFamily(self._NAME, self._HELP, labels=self._LABELS)
 
 
 class Metrics:
@@ -190,6 +211,8 @@ class Metrics:
         self._registry.register(self._findings)
         self._firmware = _FirmwareCollector()
         self._registry.register(self._firmware)
+        self._baselines = _BaselineCollector()
+        self._registry.register(self._baselines)
         self._leader = _LeaderCollector()
         self._registry.register(self._leader)
 
@@ -237,10 +260,13 @@ class Metrics:
         """Whether this daemon exports the fleet's gauges (docs/ha.md, "Metrics")."""
         return self._leader.leading()
 
-    def refresh_firmware(self, counts: Mapping[tuple[str, str], int] | None) -> None:
-        """(status, profile) -> nodes, as ``lifecycle.drift.counts`` reads them; None on a
+    def refresh_firmware(self, counts: Mapping[tuple[str, str], int] | None,
+                         parts: Mapping[tuple[str, str, str], int] | None = None) -> None:
+        """(status, profile) -> nodes, as ``lifecycle.drift.counts`` reads them, and
+        (part, status, profile) -> nodes (``lifecycle.drift.part_counts``); None on a
         daemon that does not lead the fleet (no samples)."""
         self._firmware.counts = dict(counts) if counts is not None else None
+        self._baselines.counts = dict(parts) if parts is not None else None
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self._registry)

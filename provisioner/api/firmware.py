@@ -1,7 +1,9 @@
-"""The fleet's firmware drift and firmware waves (issue 25): ``GET /api/v1/firmware/drift``,
+"""The fleet's firmware, BIOS and BMC settings drift and firmware waves (issue 25):
+``GET /api/v1/firmware/drift``,
 ``POST /api/v1/firmware/waves`` (start), ``GET …/waves``, ``GET …/waves/{id}``, ``POST
-…/waves/{id}/stop``. Drift is read from each node's FirmwareInventory as last read
-(``facts["firmware"]``); a wave is driven by the ``fleet`` singleton's leader."""
+…/waves/{id}/stop``. Drift is read from each node's FirmwareInventory, BIOS attributes and
+BMC settings as last read (``lifecycle.drift``); a wave is driven by the ``fleet``
+singleton's leader."""
 
 from __future__ import annotations
 
@@ -35,9 +37,14 @@ class DriftQuery(BaseModel):
 
 class DifferenceOut(BaseModel):
     component: str = Field(description="FirmwareInventory Id (the baseline's pattern where "
-                                       "the BMC reported no such component)")
-    have: str = Field(description="the version the BMC reported; '' when none")
+                                       "the BMC reported no such component); for a BIOS or "
+                                       "BMC setting, its name")
+    have: str = Field(description="the version (or the setting's value) the BMC reported; "
+                                  "'' when none")
     want: str
+    kind: Literal["firmware", "bios", "bmc"] = Field(
+        "firmware", description="firmware: a component's version; bios: a BIOS attribute; "
+        "bmc: a BMC setting")
 
 
 class DriftNodeOut(BaseModel):
@@ -47,9 +54,15 @@ class DriftNodeOut(BaseModel):
     rack: str | None
     domain: str | None
     state: str
-    status: Status
-    read_at: str | None
+    status: Status = Field(description="over the firmware, BIOS and BMC settings baselines "
+                           "the profile has")
+    read_at: str | None = Field(description="when the FirmwareInventory was last read")
     differences: list[DifferenceOut]
+    firmware_status: Status | None = Field(None, description="null: no firmware baseline")
+    bios_status: Status | None = Field(None, description="null: no BIOS baseline")
+    bmc_status: Status | None = Field(None, description="null: no BMC settings baseline")
+    bios_read_at: str | None = None
+    bmc_read_at: str | None = None
 
 
 class DriftOut(BaseModel):
@@ -129,7 +142,12 @@ async def drift(request: web.Request) -> web.Response:
                          status=f.status,
                          read_at=f.read_at,
                          differences=[DifferenceOut(component=d.component, have=d.have,
-                                                    want=d.want) for d in f.differences])
+                                                    want=d.want, kind=d.kind)
+                                      for d in f.differences],
+                         firmware_status=f.firmware_status,
+                         bios_status=f.bios_status,
+                         bmc_status=f.bmc_status,
+                         bios_read_at=f.bios_read_at, bmc_read_at=f.bmc_read_at)
             for f in fleet]
     profiles = {p: dict(by_status([f for f in fleet if f.profile == p]))
                 for p in sorted({f.profile for f in fleet})}

@@ -27,17 +27,20 @@ from typing import Final
 from provisioner.bmc import redfish_storage
 from provisioner.bmc.base import BmcUnsupported
 from provisioner.bmc.redfish import JsonObject, RedfishClient, RedfishDriver, _check, _dig
+from provisioner.bmc.redfish_manager import RedfishManager
 from provisioner.config.servicing import ServicingSettings
 from provisioner.domain import BmcCredentials, Node
 from provisioner.errors import InvalidRequest
 from provisioner.validation.baseline import (
     Baseline,
     BiosValue,
+    BmcSetting,
     Component,
     TaskLimits,
     TaskState,
     Wanted,
 )
+from provisioner.validation.bmc_settings import Applied, BmcView, normalise
 from provisioner.validation.storage import Controller, WantedVolume
 
 NO_UPDATE_SERVICE: Final = "this BMC has no Redfish UpdateService"
@@ -49,6 +52,7 @@ class RedfishService:
 
     def __init__(self, client: RedfishClient) -> None:
         self._client = client
+        self._manager = RedfishManager(client)
 
     async def _get(self, path: str) -> JsonObject:
         return (await self._client.request("GET", path))[0]
@@ -96,6 +100,15 @@ class RedfishService:
         _, etag = await self._client.request("GET", target)
         await self._client.request("PATCH", target, body, etag=etag)
         return when
+
+    async def bmc_view(self, *, registry: bool) -> BmcView:
+        return (await self._manager.view(registry=registry))[0]
+
+    async def apply_bmc(self, changes: Mapping[str, BmcSetting]) -> Applied:
+        return await self._manager.apply(changes)
+
+    async def reset_bmc(self) -> str:
+        return await self._manager.reset()
 
     async def _update_service(self) -> JsonObject:
         root = await self._get("/redfish/v1/")
@@ -232,7 +245,8 @@ class SiteServicing:
                                                   for f in profile.firmware),
                         tuple(WantedVolume(v.name, v.raid, v.count, v.kind,
                                            int(v.min_size_gb * 1e9), v.via)
-                              for v in profile.storage), profile.storage_replace)
+                              for v in profile.storage), profile.storage_replace,
+                        normalise(profile.bmc_settings()))
 
     def wave_runbook(self, profile: str) -> str | None:
         found = self._settings.profiles.get(profile)
@@ -251,7 +265,8 @@ class SiteServicing:
         endpoint = node.bmc
         if endpoint is None or endpoint.driver != "redfish":
             driver = endpoint.driver if endpoint is not None else "no BMC"
-            raise BmcUnsupported(f"node {node.id}: {NO_UPDATE_SERVICE} (driver {driver}): "
-                                 "firmware and BIOS servicing need a Redfish BMC")
+            raise BmcUnsupported(f"node {node.id}: {NO_UPDATE_SERVICE} (driver {driver}), "
+                                 "nor Redfish Bios or Manager settings: firmware, BIOS and "
+                                 "BMC settings servicing need a Redfish BMC")
         bmc = self._driver(node.id, endpoint, await self._credentials(node))
         return RedfishService(bmc.client)

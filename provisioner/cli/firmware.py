@@ -76,15 +76,17 @@ def cmd_drift(args: argparse.Namespace) -> int:
             for p, c in (profiles.items() if isinstance(profiles, dict) else [])
             if isinstance(c, dict)]
     if not rows:
-        print("no node has a profile with a firmware baseline")
+        print("no node has a profile with a firmware, BIOS or BMC settings baseline")
         return 0
     print(formatting.table(["PROFILE", *(s.upper() for s in _STATUSES)], rows))
     drifted = [n for n in reply.get("drifted") or [] if isinstance(n, dict)]
     if drifted:
         print()
-        print(formatting.table(["NODE", "PROFILE", "DOMAIN", "COMPONENT", "HAVE", "WANT"], [
+        print(formatting.table(["NODE", "PROFILE", "DOMAIN", "KIND", "COMPONENT", "HAVE",
+                                "WANT"], [
             [str(n.get("name")), str(n.get("profile")), str(n.get("domain") or "-"),
-             str(d.get("component")), str(d.get("have") or "(none)"), str(d.get("want"))]
+             str(d.get("kind") or "firmware"), str(d.get("component")),
+             str(d.get("have") or "(none)"), str(d.get("want"))]
             for n in drifted for d in n.get("differences") or [] if isinstance(d, dict)]))
     return 0
 

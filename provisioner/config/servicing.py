@@ -9,10 +9,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from provisioner.config.section import Section
 
-ServiceStepName = Literal["firmware_inventory", "bios_settings", "firmware_update",
-                          "storage_layout"]
-SERVICE_STEPS: tuple[str, ...] = ("firmware_inventory", "bios_settings", "firmware_update",
-                                  "storage_layout")
+ServiceStepName = Literal["firmware_inventory", "bios_settings", "bmc_settings",
+                          "firmware_update", "storage_layout"]
+SERVICE_STEPS: tuple[str, ...] = ("firmware_inventory", "bios_settings", "bmc_settings",
+                                  "firmware_update", "storage_layout")
 RaidType = Literal["None", "RAID0", "RAID1", "RAID5", "RAID6", "RAID10"]
 # the fewest drives each level is made of (provisioner.validation.storage keeps the same)
 RAID_MIN_DRIVES: dict[str, int] = {"None": 1, "RAID0": 2, "RAID1": 2, "RAID5": 3,
@@ -26,7 +26,9 @@ class Runbook(Section):
     steps: list[ServiceStepName] = Field(
         min_length=1, description="In order: firmware_inventory (read the BMC's "
         "UpdateService/FirmwareInventory), bios_settings (the profile's BIOS baseline, "
-        "validated against the BMC's attribute registry), firmware_update (each baseline "
+        "validated against the BMC's attribute registry), bmc_settings (the profile's BMC "
+        "settings baseline: manager attributes against the BMC's manager attribute "
+        "registry, NetworkProtocol, time offset), firmware_update (each baseline "
         "component below its version, through UpdateService.SimpleUpdate), storage_layout "
         "(the profile's storage volumes: Redfish Storage/Volumes, or mdadm through the agent)")
 
@@ -40,6 +42,41 @@ class FirmwareComponent(Section):
     image: str = Field(min_length=1, description="Image file, fetched by the BMC as "
                        "<image_base_url>/<image> (our boot HTTP server serves "
                        "boot.artefacts_dir under /artefacts/), or a full http(s) URL")
+
+
+class BmcSettings(Section):
+    """``[servicing.profiles.<p>.bmc]``: the BMC's own settings, each checked against what
+    the BMC offers before anything is applied, then read back."""
+
+    attributes: dict[str, str | int | bool] = Field(
+        default_factory=dict, description="Vendor manager attributes (name = value; Dell "
+        "iDRAC: \"IPMILan.1.Enable\" = \"Disabled\"), checked against the BMC's manager "
+        "attribute registry")
+    ipmi_over_lan: bool | None = Field(
+        None, description="NetworkProtocol IPMI.ProtocolEnabled; unset: left alone")
+    ssh: bool | None = Field(None, description="NetworkProtocol SSH.ProtocolEnabled")
+    ntp: bool | None = Field(None, description="NetworkProtocol NTP.ProtocolEnabled (on "
+                             "when ntp_servers is set and this is not)")
+    ntp_servers: list[str] | None = Field(
+        None, max_length=8, description="NetworkProtocol NTP.NTPServers, in order (no more "
+        "than the BMC has slots for)")
+    time_offset: str | None = Field(
+        None, pattern=r"^[+-](0\d|1[0-4]):[0-5]\d$",
+        description="Manager DateTimeLocalOffset, e.g. +00:00")
+
+    def flat(self) -> dict[str, object]:
+        """The settings as the step names them (``validation.bmc_settings``)."""
+        out: dict[str, object] = dict(self.attributes)
+        for proto, value in (("IPMI", self.ipmi_over_lan), ("SSH", self.ssh),
+                             ("NTP", True if self.ntp is None and self.ntp_servers else
+                              self.ntp)):
+            if value is not None:
+                out[f"NetworkProtocol.{proto}.ProtocolEnabled"] = value
+        if self.ntp_servers is not None:
+            out["NetworkProtocol.NTP.NTPServers"] = list(self.ntp_servers)
+        if self.time_offset is not None:
+            out["Manager.DateTimeLocalOffset"] = self.time_offset
+        return out
 
 
 class StorageVolume(Section):
@@ -104,6 +141,9 @@ class ServicingProfile(Section):
     bios: dict[str, str | int | bool] = Field(
         default_factory=dict, description="BIOS attributes (name = value), checked against "
         "the BMC's attribute registry before anything is applied")
+    bmc: BmcSettings | None = Field(
+        None, description="The BMC settings baseline the bmc_settings step applies: "
+        "attributes, ipmi_over_lan, ssh, ntp, ntp_servers, time_offset")
     firmware: list[FirmwareComponent] = Field(
         default_factory=list, description="The firmware baseline: [[servicing.profiles.<p>."
         "firmware]] id, version, image")
@@ -117,6 +157,9 @@ class ServicingProfile(Section):
     storage_replace: bool = Field(
         False, description="storage_layout deletes the BMC's volumes that are not in the "
         "layout when the layout needs their drives (unset: it fails, naming them)")
+
+    def bmc_settings(self) -> dict[str, object]:
+        return self.bmc.flat() if self.bmc is not None else {}
 
     @field_validator("storage")
     @classmethod

@@ -1,6 +1,7 @@
 """What the ``servicing`` step drives (issue 25): the node's BMC as far as servicing needs it
-(BIOS and its attribute registry, the firmware inventory, UpdateService), and the site's
-runbooks and baselines. The daemon's implementation is ``provisioner.bmc.redfish_service``."""
+(BIOS and its attribute registry, its own settings, the firmware inventory, UpdateService),
+and the site's runbooks and baselines. The daemon's implementation is
+``provisioner.bmc.redfish_service``."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from provisioner.errors import FatalError, InvalidRequest
 from provisioner.validation.baseline import (
     Baseline,
     BiosValue,
+    BmcSetting,
     Component,
     TaskLimits,
     TaskState,
 )
+from provisioner.validation.bmc_settings import Applied, BmcView
 from provisioner.validation.storage import Controller
 
 __all__ = ["Baseline", "NoServicing", "ServiceBmc", "Servicing", "TaskLimits", "TaskState"]
@@ -31,6 +34,19 @@ class ServiceBmc(Protocol):
     async def apply_bios(self, changes: Mapping[str, BiosValue]) -> str:
         """Write ``changes`` to the pending settings; returns the apply time used
         (``OnReset``: the next reset applies them, ``Immediate``)."""
+        ...
+
+    async def bmc_view(self, *, registry: bool) -> BmcView:
+        """The BMC's own settings (manager attributes, NetworkProtocol, Manager); with
+        ``registry``, the manager attribute registry besides."""
+        ...
+
+    async def apply_bmc(self, changes: Mapping[str, BmcSetting]) -> Applied:
+        """Write ``changes`` with the apply time the BMC supports."""
+        ...
+
+    async def reset_bmc(self) -> str:
+        """``Manager.Reset``; returns the reset type used."""
         ...
 
     async def firmware_inventory(self) -> list[Component]: ...

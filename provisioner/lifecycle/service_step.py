@@ -13,7 +13,11 @@ Steps (``SERVICE_STEPS``):
 * ``bios_settings``: the profile's BIOS baseline checked against the BMC's attribute
   registry first (an unknown attribute or a disallowed value fails the step, nothing
   applied), the changed attributes written with the apply time the BMC supports, a power
-  cycle, then read back: a value the BMC did not take fails the step.
+  cycle, then read back (kept in ``facts["bios_settings"]``): a value the BMC did not take
+  fails the step.
+* ``bmc_settings``: the profile's BMC settings baseline, the same way
+  (``service_bmc``): validated first, applied with the apply time the BMC offers, the BMC
+  waited for, read back.
 * ``firmware_update``: each baseline component whose version differs, by ``SimpleUpdate``
   with the image from our HTTP server; the intent is written before the request and the
   task URI after it, both before the checkpoint, so a resumed step polls that task, or finds
@@ -59,6 +63,7 @@ UNDRAINED: Final = "service-undrained"
 CLOSED: Final = "service-closed"
 STEP_EVENT: Final = "service_step"
 FIRMWARE_KEY: Final = "firmware"
+BIOS_KEY: Final = "bios_settings"
 
 
 def step_name(index: int, step: str) -> str:
@@ -158,8 +163,14 @@ Run = Callable[["StepContext", str, BmcGetter], Awaitable[str]]
 
 async def firmware_inventory(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
     components = await (await bmc()).firmware_inventory()
-    view = match_firmware(components, ctx.ports.servicing.baseline(ctx.node).firmware)
+    baseline = ctx.ports.servicing.baseline(ctx.node)
+    view = match_firmware(components, baseline.firmware)
     await _keep_inventory(ctx, components)
+    if baseline.bios:
+        await keep_bios(ctx, await (await bmc()).bios_attributes())
+    if baseline.bmc:
+        from provisioner.lifecycle.service_bmc import keep_bmc
+        await keep_bmc(ctx, baseline.bmc, await (await bmc()).bmc_view(registry=False))
     drifted = ", ".join(f"{m.component.id} {m.component.version} (baseline "
                         f"{m.wanted.version})" for m in view.drifted)
     missing = ", ".join(w.pattern for w in view.unmatched)
@@ -174,6 +185,11 @@ async def _keep_inventory(ctx: StepContext, components: list[Component]) -> None
     await ctx.merge_facts({FIRMWARE_KEY: {
         "at": now(), "components": [{"id": c.id, "name": c.name, "version": c.version,
                                      "updateable": c.updateable} for c in components]}})
+
+
+async def keep_bios(ctx: StepContext, attributes: Mapping[str, object]) -> None:
+    """The BIOS attributes as last read, in ``facts["bios_settings"]``."""
+    await ctx.merge_facts({BIOS_KEY: {"at": now(), "attributes": dict(attributes)}})
 
 
 async def bios_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
@@ -201,9 +217,10 @@ async def bios_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
     pending = any(step == applied for step, _, _ in _record(ctx).results)
     if pending:
         await ctx.substep(f"{name}:reboot", lambda: _reboot(ctx))
-    left = bios_changes(wanted, await (await bmc()).bios_attributes())
+    current = await (await bmc()).bios_attributes()
+    await keep_bios(ctx, current)
+    left = bios_changes(wanted, current)
     if left:
-        current = await (await bmc()).bios_attributes()
         raise FatalError("BIOS settings not in effect after the reboot: " + ", ".join(
             f"{k}={current.get(k)!r} (wanted {v!r})" for k, v in sorted(left.items())))
     return f"{len(wanted)} attributes at the baseline" + (" after a reboot" if pending else "")
@@ -353,9 +370,17 @@ async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
     return await layout(ctx, name, bmc)
 
 
+async def bmc_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    """The profile's BMC settings (``service_bmc``, imported here as it imports this
+    module's helpers)."""
+    from provisioner.lifecycle.service_bmc import bmc_settings as settings
+    return await settings(ctx, name, bmc)
+
+
 _STEPS: Final[Mapping[str, Run]] = {
     "firmware_inventory": firmware_inventory,
     "bios_settings": bios_settings,
+    "bmc_settings": bmc_settings,
     "firmware_update": firmware_update,
     "storage_layout": storage_layout,
 }

@@ -15,7 +15,8 @@ from typing import Final
 
 from provisioner.errors import DriverError
 from provisioner.simulation.world import SimWorld
-from provisioner.validation.baseline import BiosValue, Component, TaskState
+from provisioner.validation.baseline import BiosValue, BmcSetting, Component, TaskState
+from provisioner.validation.bmc_settings import Applied, BmcView
 from provisioner.validation.storage import Controller
 
 SIMULATED_FIRMWARE: Final = {"BMC": "25.04.1", "BIOS": "1.0.0", "HGX_FW_GPU_0": "96.00.5E.00.01",
@@ -47,6 +48,15 @@ class SimServiceBmc:
 
     async def apply_bios(self, changes: Mapping[str, BiosValue]) -> str:
         raise DriverError("the simulated BMC has no BIOS settings")
+
+    async def bmc_view(self, *, registry: bool) -> BmcView:
+        return BmcView()
+
+    async def apply_bmc(self, changes: Mapping[str, BmcSetting]) -> Applied:
+        raise DriverError("the simulated BMC has no BMC settings")
+
+    async def reset_bmc(self) -> str:
+        raise DriverError("the simulated BMC has no Manager.Reset")
 
     async def firmware_inventory(self) -> list[Component]:
         return [Component(id=cid, version=await self._world.get(self._key, f"fw:{cid}")

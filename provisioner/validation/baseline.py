@@ -4,6 +4,7 @@ library only.
 * ``check_bios``: wanted BIOS attributes against the BMC's attribute registry (Redfish
   ``AttributeRegistry``, ``RegistryEntries.Attributes``): every unknown attribute, read-only
   one and disallowed value at once, before anything is applied.
+  Dell spells the flag ``Readonly``; both count.
 * ``match_firmware``: the baseline's components (an Id pattern and a version) against the
   BMC's ``UpdateService/FirmwareInventory`` members.
 """
@@ -17,6 +18,8 @@ from fnmatch import fnmatchcase
 from provisioner.validation.storage import WantedVolume
 
 BiosValue = str | int | bool
+BmcSetting = str | int | bool | tuple[str, ...]
+"""A BMC settings baseline value (``validation.bmc_settings``: NTP servers are a tuple)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,16 +124,17 @@ def check_bios(wanted: Mapping[str, BiosValue], registry: Mapping[str, object]) 
             errors.append(f"{name}: unknown attribute (not in registry "
                           f"{registry.get('Id', '?')})")
             continue
-        if entry.get("ReadOnly") is True or entry.get("Immutable") is True:
+        if any(entry.get(k) is True for k in ("ReadOnly", "Readonly", "Immutable")):
             errors.append(f"{name}: read-only in the registry")
             continue
-        problem = _value_problem(entry, value)
+        problem = value_problem(entry, value)
         if problem:
             errors.append(f"{name}: {problem}")
     return errors
 
 
-def _value_problem(entry: Mapping[str, object], value: BiosValue) -> str:
+def value_problem(entry: Mapping[str, object], value: BiosValue) -> str:
+    """Why ``value`` does not fit a registry entry ('' when it does)."""
     kind = entry.get("Type")
     if kind == "Enumeration":
         allowed = [v.get("ValueName") for v in entry.get("Value") or []  # type: ignore[attr-defined]
@@ -188,6 +192,7 @@ class Baseline:
     firmware: tuple[Wanted, ...] = ()
     storage: tuple[WantedVolume, ...] = ()
     storage_replace: bool = False
+    bmc: Mapping[str, BmcSetting] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,16 @@
-"""Firmware drift and firmware waves (issue 25). Pure: the standard library and the
-baseline matcher only.
+"""Firmware, BIOS and BMC settings drift, and firmware waves (issue 25). Pure: the standard
+library and the baseline matchers only.
 
 * ``firmware_drift``: one node's firmware as last read (``facts["firmware"]``, written by
   the ``firmware_inventory`` and ``firmware_update`` steps) against its profile's baseline:
   ``conforming``, ``drifted`` (with each component's have and want), ``updating`` (a
   runbook runs on it), ``failed`` (its last runbook failed) or ``unknown`` (never read).
+* ``settings_drift``: the same for the BIOS attributes (``facts["bios_settings"]``, kept by
+  ``bios_settings`` and ``firmware_inventory``) or the BMC settings (``facts["bmc_settings"]``)
+  as last read: each setting whose value differs is a difference (name, have, want);
+  pending settings show as ``updating`` while the runbook that wrote them runs.
+* ``combine``: a node's status over its parts: updating or failed as its state says, else
+  drifted when any part drifted, unknown when any part was never read, else conforming.
 * ``plan_wave``: which drifted nodes a wave starts now, so that at most ``max_nodes`` of
   its nodes are being serviced at once and no NVLink domain or rack has more than its
   share being serviced at any moment (nodes serviced for any reason count).
@@ -18,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from provisioner.validation.baseline import Component, Wanted, match_firmware
+from provisioner.validation.bmc_settings import differences as setting_differences
 
 CONFORMING = "conforming"
 DRIFTED = "drifted"
@@ -33,11 +40,14 @@ SERVICE_FAILED_STATE = "service_failed"
 @dataclass(frozen=True, slots=True)
 class Difference:
     """One baseline component the node does not have: ``have`` is what the BMC reported
-    ('' where it reported no component matching ``component``, the baseline's pattern)."""
+    ('' where it reported no component matching ``component``, the baseline's pattern).
+    ``kind``: ``firmware`` (a component and its version), ``bios`` or ``bmc`` (a setting
+    and its value, as text)."""
 
     component: str
     have: str
     want: str
+    kind: str = "firmware"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +71,37 @@ def firmware_drift(state: str, components: Sequence[Component] | None,
          for m in view.drifted]
         + [Difference(w.pattern, "", w.version) for w in view.unmatched])
     return Drift(DRIFTED if differences else CONFORMING, differences)
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple | list):
+        return ", ".join(str(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def settings_drift(state: str, current: Mapping[str, object] | None,
+                   wanted: Mapping[str, object], kind: str) -> Drift:
+    """``current``: the settings as last read, None when never read."""
+    if state == SERVICING_STATE:
+        return Drift(UPDATING)
+    if state == SERVICE_FAILED_STATE:
+        return Drift(FAILED)
+    if current is None:
+        return Drift(UNKNOWN)
+    found = tuple(Difference(name, _text(have), _text(want), kind)
+                  for name, have, want in setting_differences(wanted, current))
+    return Drift(DRIFTED if found else CONFORMING, found)
+
+
+def combine(parts: Sequence[Drift]) -> Drift:
+    """One node's status over its parts (firmware, BIOS, BMC settings)."""
+    statuses = {p.status for p in parts}
+    for status in (UPDATING, FAILED, DRIFTED, UNKNOWN):
+        if status in statuses:
+            return Drift(status, tuple(d for p in parts for d in p.differences))
+    return Drift(CONFORMING)
 
 
 # -- waves ------------------------------------------------------------------------------------

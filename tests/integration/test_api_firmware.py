@@ -60,7 +60,9 @@ async def test_drift_counts_filters_and_the_drifted_components(api: Api) -> None
     first = body["drifted"][0]
     assert first["name"] == "nvl00-t02" and first["domain"] == clique(0)
     assert first["rack"] == "rack-00" and first["state"] == "active"
-    assert first["differences"] == [{"component": "BIOS", "have": "1.0.0", "want": "1.2.0"}]
+    assert first["differences"] == [{"component": "BIOS", "have": "1.0.0", "want": "1.2.0",
+                                     "kind": "firmware"}]
+    assert first["firmware_status"] == "drifted" and first["bios_status"] is None
     unknown = (await api.get(f"{DRIFT}?status=unknown")).body
     assert [n["name"] for n in unknown["nodes"]] == ["nvl00-t17"]
     both = (await api.get(f"{DRIFT}?domain={clique(0)}&status=conforming")).body
@@ -111,7 +113,8 @@ async def test_cli_and_console(api: Api, capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0 and lines[0].split() == ["PROFILE", "CONFORMING", "DRIFTED", "UPDATING",
                                               "FAILED", "UNKNOWN"]
     assert lines[1].split() == [PROFILE, "2", "15", "0", "0", "1"]
-    assert lines[4].split() == ["nvl00-t02", PROFILE, clique(0), "BIOS", "1.0.0", "1.2.0"]
+    assert lines[4].split() == ["nvl00-t02", PROFILE, clique(0), "firmware", "BIOS", "1.0.0",
+                                "1.2.0"]
     code, out = await asyncio.to_thread(cli, "firmware", "drift", "--status", "unknown",
                                         "--json", role=Role.VIEWER)
     assert code == 0 and '"name": "nvl00-t17"' in out

@@ -1,6 +1,6 @@
-"""``/ui/firmware``: the fleet's firmware against the baselines (conforming, drifted,
-updating, failed, unknown per profile), the drifted nodes with each component's have and
-want, and the firmware waves."""
+"""``/ui/firmware``: the fleet's firmware, BIOS and BMC settings against the baselines
+(conforming, drifted, updating, failed, unknown per profile), the drifted nodes with each
+component's or setting's have and want, and the firmware waves."""
 
 from __future__ import annotations
 
