@@ -27,7 +27,8 @@ class Runbook(Section):
         min_length=1, description="In order: firmware_inventory (read the BMC's "
         "UpdateService/FirmwareInventory), bios_settings (the profile's BIOS baseline, "
         "validated against the BMC's attribute registry), firmware_update (each baseline "
-        "component below its version, through UpdateService.SimpleUpdate), storage_layout "
+        "component below its version, through UpdateService.SimpleUpdate or its "
+        "MultipartHttpPushUri, see firmware_transfer), storage_layout "
         "(the profile's storage volumes: Redfish Storage/Volumes, or mdadm through the agent)")
 
 
@@ -117,6 +118,12 @@ class ServicingProfile(Section):
     storage_replace: bool = Field(
         False, description="storage_layout deletes the BMC's volumes that are not in the "
         "layout when the layout needs their drives (unset: it fails, naming them)")
+    firmware_transfer: Literal["auto", "simple", "multipart"] = Field(
+        "auto", description="How firmware_update sends an image: simple (UpdateService."
+        "SimpleUpdate: the BMC fetches <image_base_url>/<image> from our HTTP server), "
+        "multipart (the daemon streams the image file from the artefact directory to the "
+        "UpdateService's MultipartHttpPushUri: BMCs that cannot reach our HTTP server), or "
+        "auto: SimpleUpdate where the BMC offers it for our URL's protocol, else the push")
 
     @field_validator("storage")
     @classmethod

@@ -15,7 +15,14 @@ from typing import Final
 
 from provisioner.errors import DriverError
 from provisioner.simulation.world import SimWorld
-from provisioner.validation.baseline import BiosValue, Component, TaskState
+from provisioner.validation.baseline import (
+    MULTIPART_PUSH,
+    SIMPLE_UPDATE,
+    BiosValue,
+    Component,
+    TaskState,
+    UpdateImage,
+)
 from provisioner.validation.storage import Controller
 
 SIMULATED_FIRMWARE: Final = {"BMC": "25.04.1", "BIOS": "1.0.0", "HGX_FW_GPU_0": "96.00.5E.00.01",
@@ -61,6 +68,15 @@ class SimServiceBmc:
                                  image_version(image_uri))
         return _TASKS + cid
 
+    async def transfer(self, image: UpdateImage) -> str:
+        return MULTIPART_PUSH if image.transfer == "multipart" else SIMPLE_UPDATE
+
+    async def push_update(self, path: str, targets: list[str]) -> str:
+        return await self.simple_update(path, targets)
+
+    async def task_ids(self) -> list[str] | None:
+        return []
+
     async def task(self, uri: str) -> TaskState:
         cid = uri.removeprefix(_TASKS)
         await asyncio.sleep(self._delay_s)
@@ -73,7 +89,8 @@ class SimServiceBmc:
         await self._world.ensure(self._key, f"fw_install:{cid}", f"fw:{cid}", version)
         return TaskState("Completed", 100)
 
-    async def tasks_for(self, image_uri: str) -> list[str] | None:
+    async def tasks_for(self, image_uri: str,
+                        known: Sequence[str] | None = None) -> list[str] | None:
         return [_TASKS + cid for cid in SIMULATED_FIRMWARE
                 if await self._world.get(self._key, f"fw_pending:{cid}")
                 == image_version(image_uri)]
