@@ -204,6 +204,22 @@ class RedfishService:
                 running.append(_local(member))
         return named or running
 
+    async def change_tasks(self, method: str, target: str,
+                           known: Sequence[str]) -> list[str] | None:
+        tasks_uri = await self._tasks_uri()
+        if tasks_uri is None:
+            return None
+        found = []
+        for member in _members(await self._get(tasks_uri))[-_TASKS_READ:]:
+            if _local(member) in known:
+                continue
+            status, data, _ = await self._client.exchange("GET", member)
+            payload = data.get("Payload") if status < 400 else None
+            if isinstance(payload, dict) and payload.get("HttpOperation") == method \
+                    and _local(str(payload.get("TargetUri", ""))) == target:
+                found.append(_local(member))
+        return found
+
     async def storage(self) -> list[Controller]:
         return await redfish_storage.controllers(self._client)
 

@@ -78,6 +78,12 @@ class ServiceBmc(Protocol):
 
     async def delete_volume(self, controller: Controller, uri: str) -> str: ...
 
+    async def change_tasks(self, method: str, target: str,
+                           known: Sequence[str]) -> list[str] | None:
+        """The BMC's tasks not in ``known`` whose payload is ``method`` on ``target`` (a
+        volume change asked for before a restart); None when the BMC has no TaskService."""
+        ...
+
     async def aclose(self) -> None: ...
 
 

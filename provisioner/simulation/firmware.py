@@ -105,5 +105,9 @@ class SimServiceBmc:
     async def delete_volume(self, controller: Controller, uri: str) -> str:
         raise DriverError("the simulated BMC has no Redfish Storage")
 
+    async def change_tasks(self, method: str, target: str,
+                           known: Sequence[str]) -> list[str] | None:
+        raise DriverError("the simulated BMC has no Redfish Storage")
+
     async def aclose(self) -> None:
         return None

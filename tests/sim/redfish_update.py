@@ -99,8 +99,10 @@ async def task_service(_request: web.Request) -> web.Response:
 
 
 async def tasks(request: web.Request) -> web.Response:
-    return _json({"@odata.id": TASKS, "Members": [
-        {"@odata.id": f"{TASKS}/{tid}"} for tid in request.app[SIM].tasks]})
+    ids = [*request.app[SIM].tasks, *(request.app[STORAGE_SIM].tasks
+                                      if STORAGE_SIM in request.app else ())]
+    return _json({"@odata.id": TASKS, "Members": [{"@odata.id": f"{TASKS}/{tid}"}
+                                                  for tid in ids]})
 
 
 async def systems(_request: web.Request) -> web.Response:
