@@ -4,8 +4,9 @@ OpenBMC's bmcweb offers it (SimpleUpdate for HTTPS only, a MultipartHttpPushUri 
 ``Immediate``/``OnReset`` apply times), images from our artefact directory. ``auto`` pushes
 where SimpleUpdate cannot take our HTTP URL; the parts are the ones bmcweb parses, the bytes
 arrive intact, the image is streamed (not read whole into memory), the task is followed, a
-daemon stopped after the BMC took a push follows that push's task instead of pushing again,
-and a BMC offering neither method fails the step saying so."""
+daemon stopped after the BMC took a push follows that push's task instead of pushing again
+(one stopped mid-upload pushes again, once), and a BMC offering neither method fails the
+step saying so."""
 
 from __future__ import annotations
 
@@ -168,3 +169,40 @@ async def test_a_push_streams_the_file(bmc_sim, driver, tmp_path) -> None:  # ty
             digest.update(chunk)
     assert (sim.pushes[0]["size"], sim.pushes[0]["sha256"]) == (48 << 20, digest.hexdigest())
     assert peak < 8 << 20, peak
+
+
+async def test_stopped_mid_upload_pushes_again_once(  # type: ignore[no-untyped-def]
+        store, world, make_node, bmc_sim, driver, tmp_path) -> None:
+    """The daemon stops while the image is on its way: the BMC drops the broken upload and
+    makes no task. The resumed step finds no task newer than its intent; a push task of
+    the BMC's from before (still running) is not taken for it: the BIOS is pushed again,
+    once, and its task followed."""
+    sim, url = bmc_sim
+    bmcweb(sim)
+    images(tmp_path)
+    with (tmp_path / "bios-1.2.0.bin").open("r+b") as big:  # more than the sockets buffer
+        big.truncate(40 << 20)
+    sim.tasks["1"] = {"target": "BMC", "version": "5.10", "polls": -10**6, "transfer": "",
+                      "payload": {"HttpOperation": "POST", "TargetUri": PUSH, "JsonBody": ""}}
+    sim.push_hold = asyncio.Event()
+    node = await new_node(make_node, url)
+    first = conductor(store, world, driver, settings(STEPS_FW), tmp_path)
+    await first.fire(node.id, Event.DEPLOY, actor="op")
+    async with asyncio.timeout(10):
+        while not sim.arrived:  # noqa: ASYNC110  (the BMC's own state)
+            await asyncio.sleep(0.02)
+    await first.stop()  # gone mid-upload
+    sim.push_hold.set()
+    async with asyncio.timeout(10):
+        while not sim.broken:  # noqa: ASYNC110  (the BMC's own state)
+            await asyncio.sleep(0.02)
+    assert sim.pushes == [] and list(sim.tasks) == ["1"]
+    sim.push_hold = None
+    second = conductor(store, world, driver, settings(STEPS_FW), tmp_path)
+    assert await second.recover() == 1
+    done = await wait_for_state(store, node.id, S.DEPLOYING)
+    await second.stop()
+    assert [p["filename"] for p in sim.pushes] == ["bios-1.2.0.bin", "nic-22.41.1.bin"]
+    record = ServiceRecord.from_facts(done.facts)
+    assert record is not None and record.tasks["BIOS"] == f"{TASKS}/2"
+    assert sim.versions["BIOS"] == "1.2.0"

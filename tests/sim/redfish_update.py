@@ -55,6 +55,11 @@ class UpdateSim:
     multipart: bool = False
     max_image_bytes: int = 64 << 20
     pushes: list[dict[str, Any]] = field(default_factory=list)  # each push as it arrived
+    # while set-able and unset, a push waits before reading its body; a client gone by
+    # then leaves a broken upload: no task, counted in ``broken``
+    push_hold: asyncio.Event | None = None
+    arrived: int = 0  # pushes whose request reached the BMC
+    broken: int = 0
     fetched: dict[str, bytes] = field(default_factory=dict)  # ImageURI -> the bytes it got
     updates: list[dict[str, Any]] = field(default_factory=list)
     patches: list[dict[str, Any]] = field(default_factory=list)
@@ -244,6 +249,19 @@ async def push(request: web.Request) -> web.Response:
     sim = request.app[SIM]
     seen: dict[str, Any] = {"parts": [], "size": 0, "chunks": 0}
     digest = hashlib.sha256()
+    sim.arrived += 1
+    if sim.push_hold is not None:
+        await sim.push_hold.wait()
+    try:
+        return await _parse_push(request, sim, seen, digest)
+    except (aiohttp.ClientError, ConnectionError, asyncio.CancelledError):
+        sim.broken += 1  # the upload broke off (the server cancels its handler when the
+        # client goes): a BMC discards it, makes no task
+        raise
+
+
+async def _parse_push(request: web.Request, sim: UpdateSim, seen: dict[str, Any],
+                      digest: Any) -> web.Response:
     async for part in await request.multipart():
         if not isinstance(part, BodyPartReader):
             return _error("nested multipart not supported")
