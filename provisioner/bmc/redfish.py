@@ -21,8 +21,7 @@ import base64
 import contextlib
 import logging
 import ssl
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -32,8 +31,6 @@ import aiohttp
 from provisioner.bmc.base import (
     BmcAuthFailed,
     BmcHealth,
-    BmcTimeout,
-    BmcUnreachable,
     BmcUnsupported,
     BootDevice,
     BootSetting,
@@ -41,6 +38,7 @@ from provisioner.bmc.base import (
     PowerState,
 )
 from provisioner.bmc.redfish_boot import boot_patch, hides_uefi_http, read_boot
+from provisioner.bmc.redfish_errors import _check, map_http_errors
 from provisioner.bmc.redfish_health import read_health
 from provisioner.bmc.redfish_reset import PREFERENCE, Intent, candidates, off_then_on, offered
 from provisioner.domain import BmcCredentials, BmcEndpoint
@@ -100,6 +98,10 @@ class RedfishDriver:
     def timeout_s(self) -> float:
         return self._timeout_s
 
+    @property
+    def client_timeout(self) -> aiohttp.ClientTimeout:
+        return self._timeout
+
     async def aclose(self) -> None:
         """Log every session out (DELETE), then close the connections."""
         clients, self._clients = list(self._clients.values()), {}
@@ -138,18 +140,22 @@ class RedfishClient:
         return data, headers.get("ETag")
 
     async def exchange(self, method: str, path: str, body: JsonObject | None = None, *,
-                       etag: str | None = None) -> tuple[int, JsonObject, Mapping[str, str]]:
+                       etag: str | None = None, form: aiohttp.MultipartWriter | None = None,
+                       ) -> tuple[int, JsonObject, Mapping[str, str]]:
         """(status, body, headers) for a caller that judges the status itself (a task
-        monitor's 202 and 404, an action's Location header); errors above 500 map."""
+        monitor's 202 and 404, an action's Location header); errors above 500 map.
+        ``form``: a multipart body sent instead of ``body`` (a firmware push; streamed,
+        no total time limit, only each read's)."""
         with map_http_errors(self.url, f"{method} {path}", self._driver.timeout_s):
             await self._ensure_login()
             token = self._token
             extra = {"If-Match": etag} if etag else {}
-            status, data, headers = await self._raw(method, path, body, headers=extra)
+            status, data, headers = await self._raw(method, path, body, headers=extra, form=form)
             if status == 401 and not self._basic:
                 log.info("redfish %s: session expired; logging in again", self.url)
                 await self._login(stale=token)
-                status, data, headers = await self._raw(method, path, body, headers=extra)
+                status, data, headers = await self._raw(method, path, body, headers=extra,
+                                                        form=form)
             if status in (401, 403) or status >= 500:
                 _check(status, data, self.url, f"{method} {path}")
             return status, data, headers
@@ -246,6 +252,7 @@ class RedfishClient:
 
     async def _raw(self, method: str, path: str, body: JsonObject | None, *,
                    auth: bool = True, headers: Mapping[str, str] | None = None,
+                   form: aiohttp.MultipartWriter | None = None,
                    ) -> tuple[int, JsonObject, Mapping[str, str]]:
         sent = {"Accept": "application/json", "OData-Version": "4.0", **(headers or {})}
         if auth and self._token:
@@ -253,8 +260,11 @@ class RedfishClient:
         elif auth and self._basic:
             pair = f"{self.credentials.username or ''}:{self.credentials.password or ''}"
             sent["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
-        async with self._driver.http().request(method, self.url + path, json=body,
-                                               headers=sent) as response:
+        each = self._driver.timeout_s
+        async with self._driver.http().request(
+                method, self.url + path, json=None if form else body, data=form, headers=sent,
+                timeout=aiohttp.ClientTimeout(sock_connect=each, sock_read=each) if form
+                else self._driver.client_timeout) as response:
             data: JsonObject = {}
             if response.status != 204 and response.content_type.endswith("json"):
                 try:
@@ -416,35 +426,3 @@ def _first_member(collection: JsonObject, url: str) -> str:
         if isinstance(uri, str):
             return uri
     raise BmcUnsupported(f"BMC {url}: no ComputerSystem in /redfish/v1/Systems")
-
-
-def _check(status: int, data: JsonObject, url: str, what: str) -> None:
-    if status < 400:
-        return
-    message = _dig(data, "error", "message") or _dig(data, "error", "@Message.ExtendedInfo")
-    detail = f"{what}: HTTP {status}" + (f": {message}" if message else "")
-    if status in (401, 403):
-        raise BmcAuthFailed(f"BMC {url}: {detail} (wrong user or password?)")
-    if status in (408, 429) or status >= 500:
-        raise BmcUnreachable(f"BMC {url}: {detail}")
-    raise BmcUnsupported(f"BMC {url}: {detail}")
-
-
-@contextmanager
-def map_http_errors(url: str, what: str, timeout_s: float) -> Iterator[None]:
-    """aiohttp's exceptions to ours, at the module boundary."""
-    try:
-        yield
-    except DriverError:
-        raise
-    except TimeoutError:
-        raise BmcTimeout(f"BMC {url}: no answer to {what} within {timeout_s:g} s") from None
-    except aiohttp.ClientConnectorCertificateError as exc:
-        raise BmcAuthFailed(f"BMC {url}: TLS certificate not trusted ({exc.certificate_error});"
-                            " set bmc.redfish_ca_file, or bmc.redfish_verify_tls = false "
-                            "in a lab") from exc
-    except aiohttp.ContentTypeError as exc:
-        raise BmcUnsupported(f"BMC {url}: {what}: not a Redfish answer ({exc.message})") \
-            from exc
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
-        raise BmcUnreachable(f"BMC {url}: {what}: {type(exc).__name__}: {exc}") from exc

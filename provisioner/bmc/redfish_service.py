@@ -11,8 +11,9 @@ Where each comes from:
 * the attribute registry: ``AttributeRegistry`` (an Id) looked up in ``/redfish/v1/Registries``
   (its ``Location[].Uri``), as sushy-tools and Dell, HPE, Lenovo BMCs publish it;
 * firmware: ``UpdateService`` → ``FirmwareInventory`` members; ``SimpleUpdate`` with
-  ``ImageURI``, ``Targets`` and ``TransferProtocol``; the task from the answer's
-  ``Location`` header or its body (``@odata.id`` / ``TaskMonitor``).
+  ``ImageURI``, ``Targets`` and ``TransferProtocol``, or a push to ``MultipartHttpPushUri``
+  (``redfish_push``; which one: ``validation.baseline.choose_transfer``); the task from the
+  answer's body (``@odata.id``, a Task) or ``Location`` header (``_task_uri``).
 
 A BMC of another driver (IPMI) has none of this: ``bmc()`` fails with "this BMC has no
 Redfish UpdateService", never skips.
@@ -22,11 +23,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Final
 
-from provisioner.bmc import redfish_storage
+from provisioner.bmc import redfish_push, redfish_storage
 from provisioner.bmc.base import BmcUnsupported
-from provisioner.bmc.redfish import JsonObject, RedfishClient, RedfishDriver, _check, _dig
+from provisioner.bmc.redfish import JsonObject, RedfishClient, RedfishDriver, _dig
+from provisioner.bmc.redfish_errors import _check
 from provisioner.bmc.redfish_manager import RedfishManager
 from provisioner.config.servicing import ServicingSettings
 from provisioner.domain import BmcCredentials, Node
@@ -38,7 +41,9 @@ from provisioner.validation.baseline import (
     Component,
     TaskLimits,
     TaskState,
+    UpdateImage,
     Wanted,
+    choose_transfer,
 )
 from provisioner.validation.bmc_settings import Applied, BmcView, normalise
 from provisioner.validation.storage import Controller, WantedVolume
@@ -126,6 +131,25 @@ class RedfishService:
         return [Component.from_redfish(await self._get(member))
                 for member in _members(await self._get(uri))]
 
+    async def transfer(self, image: UpdateImage) -> str:
+        service = await self._update_service()
+        action = _dig(service, "Actions", "#UpdateService.SimpleUpdate")
+        protocols: list[str] | None = None  # no SimpleUpdate
+        if isinstance(action, dict) and isinstance(action.get("target"), str):
+            allowed = action.get("TransferProtocol@Redfish.AllowableValues")
+            protocols = [str(p) for p in allowed] if isinstance(allowed, list) else []
+        push_uri = service.get("MultipartHttpPushUri")
+        try:
+            return choose_transfer(image, protocols,
+                                   push_uri if isinstance(push_uri, str) else None)
+        except ValueError as exc:
+            raise BmcUnsupported(f"BMC {self._client.url}: {exc}") from None
+
+    async def push_update(self, path: str, targets: list[str]) -> str:
+        data, headers = await redfish_push.push(self._client, await self._update_service(),
+                                                Path(path), targets)
+        return _task_uri(data, headers)
+
     async def simple_update(self, image_uri: str, targets: list[str]) -> str:
         service = await self._update_service()
         action = _dig(service, "Actions", "#UpdateService.SimpleUpdate")
@@ -140,9 +164,7 @@ class RedfishService:
         what = f"POST {action['target']}"
         status, data, headers = await self._client.exchange("POST", str(action["target"]), body)
         _check(status, data, self._client.url, what)
-        location = headers.get("Location") or _dig(data, "@odata.id") or _dig(data,
-                                                                             "TaskMonitor")
-        return _local(str(location)) if location else ""
+        return _task_uri(data, headers)
 
     async def task(self, uri: str) -> TaskState:
         status, data, _ = await self._client.exchange("GET", uri)
@@ -158,24 +180,58 @@ class RedfishService:
         return TaskState(str(state or "Completed"),
                          percent if isinstance(percent, int) else None, messages)
 
-    async def tasks_for(self, image_uri: str) -> list[str] | None:
+    async def _tasks_uri(self) -> str | None:
         root = await self._get("/redfish/v1/")
         service_uri = _dig(root, "Tasks", "@odata.id")
         if not isinstance(service_uri, str):
             return None
         tasks_uri = _dig(await self._get(service_uri), "Tasks", "@odata.id")
-        if not isinstance(tasks_uri, str):
+        return tasks_uri if isinstance(tasks_uri, str) else None
+
+    async def task_ids(self) -> list[str] | None:
+        tasks_uri = await self._tasks_uri()
+        if tasks_uri is None:
             return None
+        return [_local(m) for m in _members(await self._get(tasks_uri))][-_KNOWN:]
+
+    async def tasks_for(self, image_uri: str,
+                        known: Sequence[str] | None = None) -> list[str] | None:
+        tasks_uri = await self._tasks_uri()
+        if tasks_uri is None:
+            return None
+        push_uri = (await self._update_service()).get("MultipartHttpPushUri") \
+            if known is not None else None
         named, running = [], []
         for member in _members(await self._get(tasks_uri))[-_TASKS_READ:]:
+            if known is not None and _local(member) in known:
+                continue  # there before the push was asked for: not its task
             status, data, _ = await self._client.exchange("GET", member)
             if status >= 400 or not isinstance(data, dict):
                 continue
-            if image_uri in json.dumps(data.get("Payload") or {}):
+            found = data.get("Payload")
+            payload = found if isinstance(found, dict) else {}
+            if image_uri in json.dumps(payload) or (
+                    push_uri and _local(str(payload.get("TargetUri", ""))) == push_uri):
                 named.append(_local(member))
             elif not TaskState(str(data.get("TaskState") or "Completed")).finished:
                 running.append(_local(member))
         return named or running
+
+    async def change_tasks(self, method: str, target: str,
+                           known: Sequence[str]) -> list[str] | None:
+        tasks_uri = await self._tasks_uri()
+        if tasks_uri is None:
+            return None
+        found = []
+        for member in _members(await self._get(tasks_uri))[-_TASKS_READ:]:
+            if _local(member) in known:
+                continue
+            status, data, _ = await self._client.exchange("GET", member)
+            payload = data.get("Payload") if status < 400 else None
+            if isinstance(payload, dict) and payload.get("HttpOperation") == method \
+                    and _local(str(payload.get("TargetUri", ""))) == target:
+                found.append(_local(member))
+        return found
 
     async def storage(self) -> list[Controller]:
         return await redfish_storage.controllers(self._client)
@@ -194,6 +250,20 @@ class RedfishService:
 
 _TASKS_READ: Final = 32
 """The newest tasks a resumed update reads (a BMC keeps its finished tasks for a while)."""
+_KNOWN: Final = 256
+"""The most tasks a push's intent keeps (the BMC's newest)."""
+
+
+def _task_uri(data: JsonObject, headers: Mapping[str, str]) -> str:
+    """The Task an update's answer names: its body's ``@odata.id`` where that is a Task
+    (bmcweb: the Task in the body, its monitor in ``Location``; the Task reports the state
+    and the BMC's messages, a monitor only 202 then 204), else ``Location``, else the
+    body's ``TaskMonitor``; '' where none (done in the call)."""
+    task = _dig(data, "@odata.id")
+    if isinstance(task, str) and "/TaskService/Tasks/" in task:
+        return _local(task)
+    location = headers.get("Location") or _dig(data, "TaskMonitor")
+    return _local(str(location)) if location else ""
 
 
 def _members(collection: JsonObject) -> list[str]:
@@ -221,10 +291,13 @@ class SiteServicing:
     """The daemon's ``Servicing``: ``[servicing]`` and the ``redfish`` driver."""
 
     def __init__(self, settings: ServicingSettings, driver: RedfishDriver,
-                 credentials: Credentials) -> None:
+                 credentials: Credentials, image_dir: Path | None = None) -> None:
+        """``image_dir``: where the images named relative to ``image_base_url`` are on
+        this host (the artefact directory it serves; a push streams them from there)."""
         self._settings = settings
         self._driver = driver
         self._credentials = credentials
+        self._image_dir = image_dir
 
     def runbook(self, name: str) -> tuple[str, ...]:
         found = self._settings.runbooks.get(name)
@@ -254,6 +327,14 @@ class SiteServicing:
 
     def image_uri(self, image: str) -> str:
         return self._settings.image_uri(image)
+
+    def update_image(self, node: Node, image: str) -> UpdateImage:
+        profile = self._settings.profiles.get(node.profile or "")
+        path = None
+        if self._image_dir is not None and not image.startswith(("http://", "https://")):
+            path = str(self._image_dir / image.lstrip("/"))
+        return UpdateImage(self._settings.image_uri(image), path,
+                           profile.firmware_transfer if profile is not None else "auto")
 
     @property
     def limits(self) -> TaskLimits:

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from provisioner.bmc.base import BmcUnsupported
-from provisioner.bmc.redfish import JsonObject, RedfishClient, _check, _dig
+from provisioner.bmc.redfish import JsonObject, RedfishClient, _dig
+from provisioner.bmc.redfish_errors import _check
 from provisioner.validation.storage import Controller, Drive, Volume
 
 NO_STORAGE = "this BMC offers no Redfish Storage with a Volumes collection"

@@ -29,7 +29,8 @@ class Runbook(Section):
         "validated against the BMC's attribute registry), bmc_settings (the profile's BMC "
         "settings baseline: manager attributes against the BMC's manager attribute "
         "registry, NetworkProtocol, time offset), firmware_update (each baseline "
-        "component below its version, through UpdateService.SimpleUpdate), storage_layout "
+        "component below its version, through UpdateService.SimpleUpdate or its "
+        "MultipartHttpPushUri, see firmware_transfer), storage_layout "
         "(the profile's storage volumes: Redfish Storage/Volumes, or mdadm through the agent)")
 
 
@@ -157,6 +158,12 @@ class ServicingProfile(Section):
     storage_replace: bool = Field(
         False, description="storage_layout deletes the BMC's volumes that are not in the "
         "layout when the layout needs their drives (unset: it fails, naming them)")
+    firmware_transfer: Literal["auto", "simple", "multipart"] = Field(
+        "auto", description="How firmware_update sends an image: simple (UpdateService."
+        "SimpleUpdate: the BMC fetches <image_base_url>/<image> from our HTTP server), "
+        "multipart (the daemon streams the image file from the artefact directory to the "
+        "UpdateService's MultipartHttpPushUri: BMCs that cannot reach our HTTP server), or "
+        "auto: SimpleUpdate where the BMC offers it for our URL's protocol, else the push")
 
     def bmc_settings(self) -> dict[str, object]:
         return self.bmc.flat() if self.bmc is not None else {}

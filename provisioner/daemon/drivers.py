@@ -18,6 +18,7 @@ from provisioner.bmc.redfish_service import SiteServicing
 from provisioner.bmc.registry import BmcRegistry
 from provisioner.boot.stack import http_boot_uris
 from provisioner.config import BmcProfile, BmcSettings, Settings
+from provisioner.daemon.preflight import firmware_dir
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.domain import BmcCredentials, Node
 from provisioner.lifecycle.ports import (
@@ -104,7 +105,7 @@ def build_servicing(settings: Settings, bmc: BmcManager, store: Store) -> Servic
     async def credentials(node: Node) -> BmcCredentials:
         return bmc.credentials_for(await store.nodes.credentials(node.id))
 
-    return SiteServicing(settings.servicing, redfish, credentials)
+    return SiteServicing(settings.servicing, redfish, credentials, firmware_dir(settings))
 
 
 def build_ports(settings: Settings, world: SimWorld, bmc: BmcManager, real: RealDrivers,

@@ -96,17 +96,26 @@ def _acceptance(settings: Settings, result: Preflight) -> None:
         result.checked.append(f"validation profiles: {', '.join(settings.validation.profiles)}")
 
 
+def firmware_dir(settings: Settings) -> Path | None:
+    """Where the firmware images are on this host: the artefact directory that
+    ``image_base_url`` (ending in ``/artefacts/<dir>``) serves; None when it is not ours."""
+    base = (settings.servicing.image_base_url or "").rstrip("/")
+    marker = "/artefacts/"
+    if marker not in base:
+        return None
+    return (settings.boot.artefacts_dir or settings.state_dir / "artefacts") \
+        / base.split(marker, 1)[1]
+
+
 def check_firmware_images(settings: Settings, result: Preflight) -> None:
     """Firmware images served by our boot HTTP server (``image_base_url`` ending in
     ``/artefacts/<dir>``) must be there: a BMC fetching a 404 fails its update task with a
     message of its own, an hour later, on every node of the profile."""
     servicing = settings.servicing
     base = (servicing.image_base_url or "").rstrip("/")
-    marker = "/artefacts/"
-    if marker not in base:
+    served = firmware_dir(settings)
+    if served is None:
         return
-    served = (settings.boot.artefacts_dir or settings.state_dir / "artefacts") \
-        / base.split(marker, 1)[1]
     missing = sorted({f"{name}: {part.image}" for name, profile in servicing.profiles.items()
                       for part in profile.firmware
                       if not part.image.startswith(("http://", "https://"))

@@ -19,7 +19,13 @@ from provisioner.lifecycle.ports import (
     SlurmRegistrar,
     Validator,
 )
-from provisioner.lifecycle.service_ports import Baseline, ServiceBmc, Servicing, TaskLimits
+from provisioner.lifecycle.service_ports import (
+    Baseline,
+    ServiceBmc,
+    Servicing,
+    TaskLimits,
+    UpdateImage,
+)
 from provisioner.validation.record import ValidationRecord
 
 
@@ -198,6 +204,9 @@ class RoutedServicing:
 
     def image_uri(self, image: str) -> str:
         return self._real.image_uri(image)
+
+    def update_image(self, node: Node, image: str) -> UpdateImage:
+        return self._real.update_image(node, image)
 
     @property
     def limits(self) -> TaskLimits:

@@ -17,11 +17,13 @@ from provisioner.validation.baseline import (
     Component,
     TaskLimits,
     TaskState,
+    UpdateImage,
 )
 from provisioner.validation.bmc_settings import Applied, BmcView
 from provisioner.validation.storage import Controller
 
-__all__ = ["Baseline", "NoServicing", "ServiceBmc", "Servicing", "TaskLimits", "TaskState"]
+__all__ = ["Baseline", "NoServicing", "ServiceBmc", "Servicing", "TaskLimits", "TaskState",
+           "UpdateImage"]
 
 
 class ServiceBmc(Protocol):
@@ -56,11 +58,28 @@ class ServiceBmc(Protocol):
         gave none: the update finished in the call)."""
         ...
 
+    async def transfer(self, image: UpdateImage) -> str:
+        """``SimpleUpdate`` or ``MultipartHttpPushUri``: how this BMC takes ``image``
+        (``validation.baseline.choose_transfer``); BmcUnsupported saying why neither."""
+        ...
+
+    async def push_update(self, path: str, targets: list[str]) -> str:
+        """Stream the file to the UpdateService's ``MultipartHttpPushUri``; the task
+        monitor's URI ('' where the BMC gave none)."""
+        ...
+
+    async def task_ids(self) -> list[str] | None:
+        """The TaskService's tasks now (a push's intent keeps them: its task is a new one);
+        None when the BMC has none."""
+        ...
+
     async def task(self, uri: str) -> TaskState: ...
 
-    async def tasks_for(self, image_uri: str) -> list[str] | None:
-        """The BMC's tasks that update from ``image_uri`` (their payload names it), else
-        those still running; None when the BMC has no TaskService to ask."""
+    async def tasks_for(self, image_uri: str,
+                        known: Sequence[str] | None = None) -> list[str] | None:
+        """The BMC's tasks that update from ``image_uri`` (their payload names it; with
+        ``known``, a push: the tasks not in ``known`` whose payload is a POST to the push
+        URI), else those still running; None when the BMC has no TaskService to ask."""
         ...
 
     async def storage(self) -> list[Controller]:
@@ -74,6 +93,12 @@ class ServiceBmc(Protocol):
         ...
 
     async def delete_volume(self, controller: Controller, uri: str) -> str: ...
+
+    async def change_tasks(self, method: str, target: str,
+                           known: Sequence[str]) -> list[str] | None:
+        """The BMC's tasks not in ``known`` whose payload is ``method`` on ``target`` (a
+        volume change asked for before a restart); None when the BMC has no TaskService."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -94,6 +119,11 @@ class Servicing(Protocol):
         ...
 
     def image_uri(self, image: str) -> str: ...
+
+    def update_image(self, node: Node, image: str) -> UpdateImage:
+        """The image as ``firmware_update`` sends it to ``node``'s BMC: its URL, its file
+        here, the profile's ``firmware_transfer``."""
+        ...
 
     @property
     def limits(self) -> TaskLimits: ...
@@ -121,6 +151,9 @@ class NoServicing:
 
     def image_uri(self, image: str) -> str:
         return image
+
+    def update_image(self, node: Node, image: str) -> UpdateImage:
+        return UpdateImage(image)
 
     @property
     def limits(self) -> TaskLimits:

@@ -54,8 +54,17 @@ class ServiceRecord:
     def with_task(self, component: str, uri: str) -> ServiceRecord:
         return replace(self, tasks={**self.tasks, component: uri})
 
-    def with_intent(self, component: str, image_uri: str) -> ServiceRecord:
-        return self.with_task(component, ASKING + image_uri)
+    def with_intent(self, component: str, image_uri: str,
+                    known: list[str] | None = None) -> ServiceRecord:
+        """``known``: a push's intent keeps the BMC's tasks from before it (its task is a
+        new one: a push's task payload does not name the image)."""
+        kept = "" if known is None else "\n" + " ".join(known)
+        return self.with_task(component, ASKING + image_uri + kept)
+
+    def known(self, component: str) -> tuple[str, ...] | None:
+        """The tasks a push's intent kept; None for a SimpleUpdate's."""
+        _, sep, rest = self.tasks.get(component, "").partition("\n")
+        return tuple(rest.split()) if sep else None
 
     def asking(self, component: str) -> bool:
         """Whether the update of ``component`` was being asked for, its task unknown."""

@@ -19,9 +19,12 @@ Steps (``SERVICE_STEPS``):
   (``service_bmc``): validated first, applied with the apply time the BMC offers, the BMC
   waited for, read back.
 * ``firmware_update``: each baseline component whose version differs, by ``SimpleUpdate``
-  with the image from our HTTP server; the intent is written before the request and the
-  task URI after it, both before the checkpoint, so a resumed step polls that task, or finds
-  it among the BMC's tasks (``tasks_for``: its payload names our image, else the one
+  with the image from our HTTP server, or by a push of the image file to the UpdateService's
+  ``MultipartHttpPushUri`` (the profile's ``firmware_transfer``; ``auto``: SimpleUpdate
+  where the BMC takes our URL, else the push); the intent is written before the request and
+  the task URI after it, both before the checkpoint, so a resumed step polls that task, or
+  finds it among the BMC's tasks (``tasks_for``: its payload names our image; for a push, a
+  task the intent did not know whose payload is a POST to the push URI; else the one
   running) when the daemon stopped before the BMC's answer, and never asks twice. Reboot
   handling: a BMC component (Id containing ``BMC``) is waited for until the
   BMC answers ``bmc_good_reads`` reads in a row; any other component (BIOS, NIC, GPU)
@@ -46,6 +49,7 @@ from provisioner.lifecycle.service_ports import ServiceBmc
 from provisioner.lifecycle.service_record import KEY, PASSED, ServiceRecord, now
 from provisioner.lifecycle.states import Event
 from provisioner.validation.baseline import (
+    MULTIPART_PUSH,
     Component,
     FirmwareMatch,
     bios_changes,
@@ -269,12 +273,13 @@ def _starter(ctx: StepContext, service: ServiceBmc,
     cid = part.component.id
 
     async def start() -> None:
-        image = ctx.ports.servicing.image_uri(part.wanted.image)
+        wanted = ctx.ports.servicing.update_image(ctx.node, part.wanted.image)
+        image = wanted.uri
         record = _record(ctx)
         if cid in record.tasks and not record.asking(cid):
             return  # its task was written, the daemon stopped before the checkpoint
         if record.asking(cid):
-            found = await service.tasks_for(image)
+            found = await service.tasks_for(image, record.known(cid))
             if found is None:
                 raise FatalError(
                     f"{cid}: the daemon stopped while asking the BMC for this update, and "
@@ -286,11 +291,17 @@ def _starter(ctx: StepContext, service: ServiceBmc,
                                  f"restart is the BMC's task {found[-1]}: followed, not "
                                  "asked for again")
                 return
-        await _write(ctx, _record(ctx).with_intent(cid, image))
-        uri = await service.simple_update(image, [part.component.uri or cid])
+        how = await service.transfer(wanted)
+        targets = [part.component.uri or cid]
+        if how == MULTIPART_PUSH and wanted.path is not None:
+            await _write(ctx, _record(ctx).with_intent(cid, image, await service.task_ids()))
+            uri = await service.push_update(wanted.path, targets)
+        else:
+            await _write(ctx, _record(ctx).with_intent(cid, image))
+            uri = await service.simple_update(image, targets)
         await _write(ctx, _record(ctx).with_task(part.component.id, uri))
         await ctx.record("firmware_update", f"{part.component.id}: {part.component.version}"
-                         f" → {part.wanted.version} from {part.wanted.image}"
+                         f" → {part.wanted.version} from {part.wanted.image} by {how}"
                          + (f"; task {uri}" if uri else ""))
     return start
 

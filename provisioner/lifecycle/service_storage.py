@@ -6,10 +6,12 @@
 RAID type, over drives the selector accepts, in the wanted number) is left alone and the
 result says so; the others are created by a POST to the controller's ``Volumes``; volumes
 outside the layout are deleted only with ``storage_replace``. Each deletion and creation is
-a checkpointed sub-step, and the plan is read again from the BMC on a resume, so a daemon
-killed mid-layout never asks for a volume twice. A BMC answering with a task is followed as
-a firmware update's task is; an ``OnReset`` apply time is followed by a power cycle; then the
-volumes are read back and a wanted one that is missing fails the step.
+a checkpointed sub-step whose intent is written before the request (``_ask``), and the plan
+is read again from the BMC on a resume, so a daemon killed mid-layout, even between the
+BMC taking a change and its answer, never asks for a volume or a deletion twice. A BMC
+answering with a task is followed as a firmware update's task is; an ``OnReset`` apply time
+is followed by a power cycle; then the volumes are read back and a wanted one that is missing
+fails the step.
 
 ``via = "mdadm"`` volumes: software arrays, built by the node's agent in the ramdisk
 (``provisioner.agent.storage``), each array's result (array, level, members, state) in the
@@ -110,8 +112,10 @@ async def _plan(service: ServiceBmc, wanted: list[WantedVolume], replace: bool, 
 def _deleter(ctx: StepContext, name: str, service: ServiceBmc, controller: Controller, uri: str,
              label: str) -> Callable[[], Awaitable[None]]:
     async def delete() -> None:
-        task = await service.delete_volume(controller, uri)
-        await _follow(ctx, service, controller, f"{TASK_PREFIX}delete:{uri}", task)
+        key = f"{TASK_PREFIX}delete:{uri}"
+        task = await _ask(ctx, service, key, "DELETE", uri, f"deletion of {label or uri}",
+                          lambda: service.delete_volume(controller, uri))
+        await _follow(ctx, service, controller, key, task)
         await _changed(ctx, name, f"deleted volume {label or uri} (not in the layout; "
                        f"storage_replace; apply time {controller.apply_time})")
     return delete
@@ -120,22 +124,51 @@ def _deleter(ctx: StepContext, name: str, service: ServiceBmc, controller: Contr
 def _creator(ctx: StepContext, name: str, service: ServiceBmc, controller: Controller,
              item: WantedVolume, drives: list[str]) -> Callable[[], Awaitable[None]]:
     async def create() -> None:
-        task = await service.create_volume(controller, item.name, item.raid, drives)
-        await _follow(ctx, service, controller, f"{TASK_PREFIX}create:{item.name}", task)
+        key = f"{TASK_PREFIX}create:{item.name}"
+        task = await _ask(ctx, service, key, "POST", controller.volumes_uri,
+                          f"creation of volume {item.name}",
+                          lambda: service.create_volume(controller, item.name, item.raid,
+                                                        drives))
+        await _follow(ctx, service, controller, key, task)
         await _changed(ctx, name, f"created volume {item.name}: {item.raid} over "
                        f"{', '.join(d.rsplit('/', 1)[-1] for d in drives)} (apply time "
                        f"{controller.apply_time})")
     return create
 
 
+async def _ask(ctx: StepContext, service: ServiceBmc, key: str, method: str, target: str,
+               what: str, send: Callable[[], Awaitable[str]]) -> str:
+    """A volume change asked for once: the intent (with the BMC's tasks from before it) is
+    written first, so a daemon killed after the BMC took the request and before its answer
+    was kept finds the change's task on resume (a task it did not know whose payload is
+    ``method`` on ``target``) and follows it instead of asking twice (a second volume over
+    the same drives, a second deletion, as a BMC that stages changes for the next reset
+    would take them). A BMC without a TaskService makes its changes at once (201, 204):
+    the plan read again on resume is then the truth, and a change it still lacks is asked
+    for again."""
+    record = _record(ctx)
+    if key in record.tasks and not record.asking(key):
+        return record.tasks[key]  # its task was written, the daemon stopped before the end
+    if record.asking(key):
+        found = await service.change_tasks(method, target, record.known(key) or ())
+        if found:
+            await ctx.record(STEP_EVENT, f"storage_layout: the {what} asked for before a "
+                             f"restart is the BMC's task {found[-1]}: followed, not asked "
+                             "for again")
+            return found[-1]
+    await _write(ctx, _record(ctx).with_intent(key, f"{method} {target}",
+                                                await service.task_ids()))
+    task = await send()
+    await _write(ctx, _record(ctx).with_task(key, task))
+    return task
+
+
 async def _follow(ctx: StepContext, service: ServiceBmc, controller: Controller, key: str,
                   task: str) -> None:
     """The BMC's task for a change: followed now when it applies at once; with ``OnReset``
     it waits for the reset (a task the BMC keeps pending until then), see ``_settle``."""
-    if task:
-        await _write(ctx, _record(ctx).with_task(key, task))
-        if controller.apply_time != "OnReset":
-            await _wait_task(ctx, service, key)
+    if task and controller.apply_time != "OnReset":  # _ask wrote the task
+        await _wait_task(ctx, service, key)
 
 
 async def _settle(ctx: StepContext, name: str, phase: str, steps: list[str],
@@ -147,7 +180,9 @@ async def _settle(ctx: StepContext, name: str, phase: str, steps: list[str],
         return
     await ctx.substep(f"{name}:{phase}:reboot", lambda: _reboot(ctx))
     prefix = f"{TASK_PREFIX}{phase}:"
-    for key in [k for k in _record(ctx).tasks if k.startswith(prefix)]:
+    record = _record(ctx)
+    for key in [k for k, uri in record.tasks.items() if k.startswith(prefix) and uri
+                and not record.asking(k)]:
         await ctx.substep(f"{name}:{phase}:task:{key}", _task_waiter(ctx, service, key))
 
 

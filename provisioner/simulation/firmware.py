@@ -15,7 +15,15 @@ from typing import Final
 
 from provisioner.errors import DriverError
 from provisioner.simulation.world import SimWorld
-from provisioner.validation.baseline import BiosValue, BmcSetting, Component, TaskState
+from provisioner.validation.baseline import (
+    MULTIPART_PUSH,
+    SIMPLE_UPDATE,
+    BiosValue,
+    BmcSetting,
+    Component,
+    TaskState,
+    UpdateImage,
+)
 from provisioner.validation.bmc_settings import Applied, BmcView
 from provisioner.validation.storage import Controller
 
@@ -71,6 +79,15 @@ class SimServiceBmc:
                                  image_version(image_uri))
         return _TASKS + cid
 
+    async def transfer(self, image: UpdateImage) -> str:
+        return MULTIPART_PUSH if image.transfer == "multipart" else SIMPLE_UPDATE
+
+    async def push_update(self, path: str, targets: list[str]) -> str:
+        return await self.simple_update(path, targets)
+
+    async def task_ids(self) -> list[str] | None:
+        return []
+
     async def task(self, uri: str) -> TaskState:
         cid = uri.removeprefix(_TASKS)
         await asyncio.sleep(self._delay_s)
@@ -83,7 +100,8 @@ class SimServiceBmc:
         await self._world.ensure(self._key, f"fw_install:{cid}", f"fw:{cid}", version)
         return TaskState("Completed", 100)
 
-    async def tasks_for(self, image_uri: str) -> list[str] | None:
+    async def tasks_for(self, image_uri: str,
+                        known: Sequence[str] | None = None) -> list[str] | None:
         return [_TASKS + cid for cid in SIMULATED_FIRMWARE
                 if await self._world.get(self._key, f"fw_pending:{cid}")
                 == image_version(image_uri)]
@@ -96,6 +114,10 @@ class SimServiceBmc:
         raise DriverError("the simulated BMC has no Redfish Storage")
 
     async def delete_volume(self, controller: Controller, uri: str) -> str:
+        raise DriverError("the simulated BMC has no Redfish Storage")
+
+    async def change_tasks(self, method: str, target: str,
+                           known: Sequence[str]) -> list[str] | None:
         raise DriverError("the simulated BMC has no Redfish Storage")
 
     async def aclose(self) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from typing import Final
 
 from provisioner.validation.storage import WantedVolume
 
@@ -202,3 +203,49 @@ class TaskLimits:
     stall_s: float = 900.0
     good_reads: int = 3
     drain_deadline_s: float = 3600.0
+
+
+SIMPLE_UPDATE: Final = "SimpleUpdate"
+MULTIPART_PUSH: Final = "MultipartHttpPushUri"
+TRANSFERS: Final = ("auto", "simple", "multipart")
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateImage:
+    """A firmware image as an update sends it: ``uri`` where a BMC fetches it
+    (``SimpleUpdate``'s ``ImageURI``; also its name in the servicing record), ``path`` the
+    file in our artefact directory (``MultipartHttpPushUri`` streams it; None when the image
+    is a URL elsewhere), ``transfer`` the profile's ``firmware_transfer``."""
+
+    uri: str
+    path: str | None = None
+    transfer: str = "auto"
+
+
+def choose_transfer(image: UpdateImage, simple_protocols: Sequence[str] | None,
+                    push_uri: str | None) -> str:
+    """The transfer an update uses, or ValueError saying why none fits.
+
+    ``simple_protocols``: the ``TransferProtocol`` values ``SimpleUpdate`` allows (``()``:
+    any; None: no SimpleUpdate). ``auto`` prefers ``SimpleUpdate`` when it takes our image
+    URL's protocol (the BMC pulls from our HTTP server: nothing streams through the daemon,
+    and the BMC retries its own transfer), else ``MultipartHttpPushUri`` (OpenBMC's bmcweb,
+    which compiles SimpleUpdate out or allows HTTPS only, iLO 6, newer iDRAC and Supermicro
+    X13/H13); ``simple`` and ``multipart`` force one (``multipart``: BMCs that cannot reach
+    our HTTP server)."""
+    scheme = "HTTPS" if image.uri.startswith("https:") else "HTTP"
+    simple_why = ("the UpdateService has no SimpleUpdate" if simple_protocols is None else
+                  f"its SimpleUpdate does not take {scheme} (allowed: "
+                  f"{', '.join(simple_protocols)})"
+                  if simple_protocols and scheme not in simple_protocols else "")
+    push_why = ("the UpdateService has no MultipartHttpPushUri" if not push_uri else
+                f"a push needs the image in our artefact directory ({image.uri} is not)"
+                if image.path is None else "")
+    if image.transfer != "multipart" and not simple_why:
+        return SIMPLE_UPDATE
+    if image.transfer != "simple" and not push_why:
+        return MULTIPART_PUSH
+    reasons = [why for kind, why in (("simple", simple_why), ("multipart", push_why))
+               if image.transfer in ("auto", kind)]
+    raise ValueError(f"firmware_transfer {image.transfer}: no way to send {image.uri}: "
+                     + "; ".join(reasons))

@@ -5,8 +5,10 @@ FirmwareInventory read in each node's facts, its domain in its validation record
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections import defaultdict
+import time
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,10 +20,13 @@ from provisioner.domain import BmcCredentials, BmcEndpoint, NewNode, Node, NodeS
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.routing import RoutedServicing
 from provisioner.lifecycle.service_step import FIRMWARE_KEY
+from provisioner.lifecycle.waves import WaveDriver
 from provisioner.simulation.drivers import CLIQUE, machine_key
 from provisioner.simulation.firmware import FAULT, SIMULATED_FIRMWARE, SimServiceBmc
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
+from provisioner.store.waves import Wave
+from provisioner.validation.drift import Limits
 from provisioner.validation.record import KEY as VALIDATION_KEY
 from tests.conftest import fake_ports
 
@@ -119,3 +124,79 @@ def most_at_once(intervals: Sequence[tuple[int, str, str]],
 
 def as_dict(obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
+
+
+async def until(store: Store, wave_id: str, done: str, timeout_s: float) -> Wave:
+    """The wave once ``done`` holds: ``ended`` (not running, no node in servicing) or
+    ``passed:N`` (at least N of its nodes passed)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            wave = await store.waves.get(wave_id)
+            if done == "ended":
+                busy = await store.nodes.in_states([NodeState.SERVICING])
+                if wave.finished_at is not None and not busy:
+                    return wave
+            elif wave.count("passed") >= int(done.split(":")[1]):
+                return wave
+            await asyncio.sleep(0.1)
+
+
+@dataclasses.dataclass
+class WaveRun:
+    fleet: list[Node]
+    conductor: Conductor
+    wave: Wave
+    seconds: float  # from the wave's start to its end (no node left in servicing)
+    idle_starts: int  # nodes that entered servicing in the half second after it ended
+
+
+async def drive_wave(store: Store, world: SimWorld, driver: RedfishDriver, *, domains: int,
+                     faulty: Sequence[str], max_nodes: int, share: float = 0.25,
+                     failures: int = 3, timeout_s: float = 600) -> WaveRun:
+    """``domains`` × 18 active trays, a wave over all of them (at most ``max_nodes`` at
+    once, ``share`` of a domain, racks unlimited), driven until it ends. The caller stops
+    the returned conductor."""
+    fleet = await make_fleet(store, world, domains, faulty=faulty)
+    cond = conductor(store, world, driver)
+    waves = WaveDriver(store.waves, store.nodes, cond, interval_s=0.05)
+    wave = await waves.start(PROFILE, actor="op", max_nodes=max_nodes, max_domain_share=share,
+                             max_rack_share=1.0, stop_after_failures=failures)
+    assert wave.status == "running" and len(wave.nodes) == TRAYS * domains
+    assert set(wave.domain_sizes.values()) == {TRAYS}
+    began = time.monotonic()
+    task = asyncio.create_task(waves.run())
+    try:
+        ended = await until(store, wave.id, "ended", timeout_s)
+        seconds = time.monotonic() - began
+        entries = sum(1 for i in await servicing_intervals(store) if i[2] == "in")
+        await asyncio.sleep(0.5)  # ten more rounds: a stopped wave starts nothing
+        after = sum(1 for i in await servicing_intervals(store) if i[2] == "in")
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    return WaveRun(fleet, cond, ended, seconds, after - entries)
+
+
+async def check_history(store: Store, run: WaveRun, *, max_nodes: int,
+                        share: float = 0.25) -> dict[str, int]:
+    """From the nodes' history in commit order, at every moment: no domain had more than
+    its share in servicing, the fleet no more than ``max_nodes``; each node entered
+    servicing at most once, and those that did are the wave's passed and failed ones.
+    Returns the peaks (the busiest domain's, the fleet's) and the counts."""
+    intervals = await servicing_intervals(store)
+    names = {n.id: n.hostname or "" for n in run.fleet}
+    domain_of = {n.id: names[n.id][:5] for n in run.fleet}
+    per_domain = Limits(max_nodes, share, 1.0).per_group(TRAYS, share)
+    peaks = most_at_once(intervals, domain_of)
+    assert max(peaks.values()) <= per_domain, peaks
+    fleet_peak = most_at_once(intervals, dict.fromkeys(names, "all"))["all"]
+    assert fleet_peak <= max_nodes
+    entered = Counter(node_id for _, node_id, kind in intervals if kind == "in")
+    assert set(entered.values()) == {1}  # no node twice
+    settled = {i for i, w in run.wave.nodes.items() if w.status in ("passed", "failed")}
+    assert set(entered) == settled
+    assert run.idle_starts == 0
+    return {"domain_peak": max(peaks.values()), "domain_limit": per_domain,
+            "fleet_peak": fleet_peak, "domains_touched": len(peaks),
+            "serviced": len(entered), "passed": run.wave.count("passed"),
+            "failed": run.wave.count("failed"), "pending": run.wave.count("pending")}

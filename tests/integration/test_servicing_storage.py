@@ -9,6 +9,7 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -184,3 +185,48 @@ async def test_a_servicing_node_boots_the_ramdisk_only_while_the_record_asks(  #
     await boot.store.nodes.merge_facts(node.id, {"servicing": record.to_facts()})
     local = await get_script(boot, MAC)
     assert "sanboot" in local and "token" not in local
+
+
+async def test_killed_between_the_bmc_taking_a_change_and_its_answer_asks_once(  # type: ignore[no-untyped-def]
+        store, world, make_node, storage_bmc, driver) -> None:
+    """The kill window twice, on a BMC that stages changes for the next reset: the daemon
+    stops after the BMC took the deletion of Virtual Disk 2 (its task made, the answer not
+    yet back), then, resumed, after it took the creation of ``scratch``. Each time the
+    resumed step finds the change's task (one it did not know, whose payload is that DELETE
+    or POST) and follows it: each volume deleted once, ``scratch`` asked for once, one
+    ``scratch`` after the resets. Without the intent written first, the resumed step asked
+    again (the volumes still show until the reset)."""
+    sim, url = storage_bmc
+    sim.apply_times = ["OnReset"]
+    layout = settings([BOOT, SCRATCH], replace=True)
+    node = await new_node(make_node, url)
+    for method, key in (("DELETE", f"volume:delete:{VOLUMES}/2"),
+                        ("POST", "volume:create:scratch"), ("", "")):
+        held = asyncio.Event()
+        sim.hold = (method, held) if method else None
+        cond = conductor(store, world, driver, layout)
+        if method == "DELETE":
+            await cond.fire(node.id, Event.DEPLOY, actor="op")
+        else:
+            assert await cond.recover() == 1
+        if not method:
+            done = await wait_for_state(store, node.id, S.DEPLOYING)
+            await cond.stop()
+            break
+        async with asyncio.timeout(10):
+            while not any(p["HttpOperation"] == method  # noqa: ASYNC110  (the BMC's state)
+                          for p in sim.payloads.values()):
+                await asyncio.sleep(0.02)
+        await cond.stop()  # gone before the BMC's answer
+        held.set()
+        record = ServiceRecord.from_facts((await store.nodes.get(node.id)).facts)
+        assert record is not None and record.asking(key), record
+    assert sim.deletes == [f"{VOLUMES}/2", f"{VOLUMES}/3"] and len(sim.posts) == 1
+    assert sorted(v["Name"] for v in sim.volumes()) == ["Virtual Disk 1", "scratch"]
+    assert sim.resets == 2
+    history = [h.reason for h in await store.nodes.history(node.id)]
+    followed = [r for r in history if "followed, not asked for again" in r]
+    assert [r.split(" asked for")[0] for r in followed] == [
+        "storage_layout: the deletion of Virtual Disk 2",
+        "storage_layout: the creation of volume scratch"], followed
+    assert ServiceRecord.from_facts(done.facts).outcome == "passed"  # type: ignore[union-attr]

@@ -15,6 +15,7 @@ until the host's next reset applies it, as BMCs that stage RAID changes for the 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +47,11 @@ class StorageSim:
     apply_times: list[str] = field(default_factory=list)
     pending: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)
     tasks: dict[str, str] = field(default_factory=dict)  # task id -> TaskState
+    payloads: dict[str, dict[str, Any]] = field(default_factory=dict)  # task id -> Payload
     resets: int = 0
+    # (method, event): a change by that method makes its task, then keeps its answer back
+    # until the event is set (a daemon that dies in that window never hears the task)
+    hold: tuple[str, asyncio.Event] | None = None
 
     def reset(self) -> None:
         """The host's reset: the pending changes take effect, their tasks complete."""
@@ -64,13 +69,20 @@ class StorageSim:
         if state is None:
             return None
         return {"@odata.id": f"{TASKS}/{tid}", "Id": tid, "TaskState": state,
-                "TaskStatus": "OK", **({"PercentComplete": 100} if state == "Completed"
-                                       else {})}
+                "TaskStatus": "OK", "Payload": self.payloads[tid],
+                **({"PercentComplete": 100} if state == "Completed" else {})}
 
-    def later(self, uri: str, body: dict[str, Any]) -> web.Response:
+    async def later(self, request: web.Request, uri: str,
+                    body: dict[str, Any]) -> web.Response:
+        """A change staged for the next reset: its task (the DMTF Task's ``Payload``: the
+        request that made it, as bmcweb and other BMCs keep it)."""
         tid = f"vol{len(self.tasks) + 1}"
         self.tasks[tid] = "Pending"
+        self.payloads[tid] = {"HttpOperation": request.method, "TargetUri": request.path,
+                              "JsonBody": json.dumps(self.posts[-1]) if body else ""}
         self.pending.append((tid, uri, body))
+        if self.hold is not None and self.hold[0] == request.method:
+            await self.hold[1].wait()
         return web.Response(status=202, headers={"Location": f"{TASKS}/{tid}"})
 
     def volumes(self) -> list[dict[str, Any]]:
@@ -104,7 +116,7 @@ async def resource(request: web.Request) -> web.Response:
     if request.method == "DELETE" and path.startswith(VOLUMES + "/"):
         sim.deletes.append(path)
         if sim.apply_times == ["OnReset"]:
-            return sim.later(path, {})
+            return await sim.later(request, path, {})
         del sim.resources[path]
         return web.Response(status=204)
     return web.json_response(body)
@@ -138,7 +150,7 @@ async def _collection(request: web.Request, sim: StorageSim) -> web.Response:
         "RAIDType": body.get("RAIDType"),
         "Links": {"Drives": [{"@odata.id": ref} for ref in drives]}}
     if sim.apply_times == ["OnReset"]:
-        return sim.later(uri, volume)
+        return await sim.later(request, uri, volume)
     sim.resources[uri] = volume
     return web.Response(status=201, headers={"Location": uri})
 

@@ -1,23 +1,26 @@
 """A small Redfish BMC for servicing (aiohttp, in-process, basic auth), for what sushy-tools'
 fake driver cannot do: a ``Bios`` resource with pending ``Settings`` applied at the next
 reset, its attribute registry under ``/redfish/v1/Registries`` (sushy-tools' own registry,
-tests/fixtures/redfish-servicing), ``UpdateService/FirmwareInventory`` and ``SimpleUpdate``
-whose task runs over a few polls, and the faults real BMCs show: a task that disappears
-(404), one that never progresses, one that ends in ``Exception`` with the BMC's message;
-with ``redfish_storage.attach_storage``, DMTF's ``Storage``/``Volumes`` mockup besides.
+tests/fixtures/redfish-servicing), ``UpdateService/FirmwareInventory``, ``SimpleUpdate`` and
+(``multipart = True``) a ``MultipartHttpPushUri`` shaped as OpenBMC's bmcweb offers and
+parses it, each update's task running over a few polls, and the faults real BMCs show: a
+task that disappears (404), one that never progresses, one that ends in ``Exception`` with
+the BMC's message; with ``redfish_storage.attach_storage``, DMTF's ``Storage``/``Volumes``
+mockup besides.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import BodyPartReader, web
 
 from tests.sim.redfish_storage import STORAGE, STORAGE_SIM
 
@@ -26,6 +29,7 @@ BIOS = f"{SYSTEM}/Bios"
 REGISTRY = (Path(__file__).resolve().parents[1] / "fixtures" / "redfish-servicing"
             / "bios_registry.json")
 TASKS = "/redfish/v1/TaskService/Tasks"
+PUSH = "/redfish/v1/UpdateService/update-multipart"  # bmcweb's MultipartHttpPushUri
 
 
 @dataclass
@@ -45,6 +49,17 @@ class UpdateSim:
     # daemon that dies in that window never hears the task's URI)
     answer_hold: asyncio.Event | None = None
     fetch_images: bool = False  # fetch ImageURI as a BMC does; a failed transfer fails the task
+    # what the UpdateService offers: SimpleUpdate (with these TransferProtocol values), a
+    # MultipartHttpPushUri (bmcweb's shape: tests/fixtures/redfish-servicing/README.md)
+    simple_protocols: list[str] | None = field(default_factory=lambda: ["HTTP", "HTTPS"])
+    multipart: bool = False
+    max_image_bytes: int = 64 << 20
+    pushes: list[dict[str, Any]] = field(default_factory=list)  # each push as it arrived
+    # while set-able and unset, a push waits before reading its body; a client gone by
+    # then leaves a broken upload: no task, counted in ``broken``
+    push_hold: asyncio.Event | None = None
+    arrived: int = 0  # pushes whose request reached the BMC
+    broken: int = 0
     fetched: dict[str, bytes] = field(default_factory=dict)  # ImageURI -> the bytes it got
     updates: list[dict[str, Any]] = field(default_factory=list)
     patches: list[dict[str, Any]] = field(default_factory=list)
@@ -89,8 +104,10 @@ async def task_service(_request: web.Request) -> web.Response:
 
 
 async def tasks(request: web.Request) -> web.Response:
-    return _json({"@odata.id": TASKS, "Members": [
-        {"@odata.id": f"{TASKS}/{tid}"} for tid in request.app[SIM].tasks]})
+    ids = [*request.app[SIM].tasks, *(request.app[STORAGE_SIM].tasks
+                                      if STORAGE_SIM in request.app else ())]
+    return _json({"@odata.id": TASKS, "Members": [{"@odata.id": f"{TASKS}/{tid}"}
+                                                  for tid in ids]})
 
 
 async def systems(_request: web.Request) -> web.Response:
@@ -157,13 +174,23 @@ async def registry(_request: web.Request) -> web.Response:
     return _json(json.loads(REGISTRY.read_text()))
 
 
-async def update_service(_request: web.Request) -> web.Response:
-    return _json({"@odata.id": "/redfish/v1/UpdateService",
-                  "FirmwareInventory": {"@odata.id": "/redfish/v1/UpdateService/"
-                                                     "FirmwareInventory"},
-                  "Actions": {"#UpdateService.SimpleUpdate": {
-                      "target": "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
-                      "TransferProtocol@Redfish.AllowableValues": ["HTTP", "HTTPS"]}}})
+async def update_service(request: web.Request) -> web.Response:
+    sim = request.app[SIM]
+    body: dict[str, Any] = {
+        "@odata.id": "/redfish/v1/UpdateService", "@odata.type":
+        "#UpdateService.v1_11_1.UpdateService", "Id": "UpdateService", "ServiceEnabled": True,
+        "FirmwareInventory": {"@odata.id": "/redfish/v1/UpdateService/FirmwareInventory"}}
+    if sim.simple_protocols is not None:
+        body["Actions"] = {"#UpdateService.SimpleUpdate": {
+            "target": "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
+            "TransferProtocol@Redfish.AllowableValues": sim.simple_protocols}}
+    if sim.multipart:  # as bmcweb's handleUpdateServiceGet answers
+        body |= {"HttpPushUri": "/redfish/v1/UpdateService/update",
+                 "MultipartHttpPushUri": PUSH, "MaxImageSizeBytes": sim.max_image_bytes,
+                 "MultipartHttpPushUri@Redfish.OperationApplyTimeSupport": {
+                     "@odata.type": "#Settings.v1_3_3.OperationApplyTimeSupport",
+                     "SupportedValues": ["OnReset", "Immediate"]}}
+    return _json(body)
 
 
 async def inventory(request: web.Request) -> web.Response:
@@ -189,10 +216,9 @@ async def simple_update(request: web.Request) -> web.Response:
     target = str(body["Targets"][0]).rsplit("/", 1)[-1]
     if target not in sim.versions:
         return _error(f"unknown target {target}")
-    version = str(body["ImageURI"]).rsplit("/", 1)[-1].removesuffix(".bin").split("-")[-1]
-    tid = str(len(sim.tasks) + 1)
-    sim.tasks[tid] = {"target": target, "version": version, "polls": 0,
-                      "body": json.dumps(body), "transfer": ""}
+    tid = _new_task(sim, target, str(body["ImageURI"]), {
+        "HttpOperation": "POST", "JsonBody": json.dumps(body),
+        "TargetUri": "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate"})
     if sim.fetch_images:
         uri = str(body["ImageURI"])
         async with aiohttp.ClientSession() as session, session.get(uri) as got:
@@ -207,6 +233,68 @@ async def simple_update(request: web.Request) -> web.Response:
     return web.Response(status=202, headers={"Location": f"{TASKS}/{tid}"})
 
 
+def _new_task(sim: UpdateSim, target: str, image: str, payload: dict[str, Any]) -> str:
+    version = image.rsplit("/", 1)[-1].removesuffix(".bin").split("-")[-1]
+    tid = str(len(sim.tasks) + 1)
+    sim.tasks[tid] = {"target": target, "version": version, "polls": 0,
+                      "payload": payload, "transfer": ""}
+    return tid
+
+
+async def push(request: web.Request) -> web.Response:
+    """A multipart push as bmcweb takes it (``updateMultipartContext``): the parts found by
+    their Content-Disposition name, ``UpdateParameters`` JSON with at most one target (a
+    FirmwareInventory member), ``UpdateFile`` required; the image streamed, its size and
+    sha256 kept; answered 202 with the Task in the body, its monitor in ``Location``."""
+    sim = request.app[SIM]
+    seen: dict[str, Any] = {"parts": [], "size": 0, "chunks": 0}
+    digest = hashlib.sha256()
+    sim.arrived += 1
+    if sim.push_hold is not None:
+        await sim.push_hold.wait()
+    try:
+        return await _parse_push(request, sim, seen, digest)
+    except (aiohttp.ClientError, ConnectionError, asyncio.CancelledError):
+        sim.broken += 1  # the upload broke off (the server cancels its handler when the
+        # client goes): a BMC discards it, makes no task
+        raise
+
+
+async def _parse_push(request: web.Request, sim: UpdateSim, seen: dict[str, Any],
+                      digest: Any) -> web.Response:
+    async for part in await request.multipart():
+        if not isinstance(part, BodyPartReader):
+            return _error("nested multipart not supported")
+        seen["parts"].append((part.name, part.headers.get("Content-Type")))
+        if part.name == "UpdateParameters":
+            seen["parameters"] = json.loads(await part.text())
+        elif part.name == "UpdateFile":
+            seen["filename"] = part.filename
+            while chunk := await part.read_chunk(1 << 16):
+                digest.update(chunk)
+                seen["size"] += len(chunk)
+                seen["chunks"] += 1
+    seen["sha256"] = digest.hexdigest()
+    sim.pushes.append(seen)
+    if "filename" not in seen:  # bmcweb: messages::propertyMissing(res, "UpdateFile")
+        return _error("The property UpdateFile is a required property and must be included "
+                      "in the request.")
+    targets = seen.get("parameters", {}).get("Targets") or []
+    cid = str(targets[0]).rsplit("/", 1)[-1] if len(targets) == 1 else ""
+    if cid not in sim.versions:  # bmcweb: messages::propertyValueFormatError(.., "Targets")
+        return _error(f"The value '{targets}' for the property Targets is not a format that "
+                      "the property can accept.")
+    tid = _new_task(sim, cid, str(seen["filename"]), {
+        "HttpOperation": "POST", "TargetUri": PUSH, "JsonBody": "",
+        "HttpHeaders": [f"Content-Length: {request.content_length}"]})
+    if sim.answer_hold is not None:
+        await sim.answer_hold.wait()
+    return web.json_response({"@odata.id": f"{TASKS}/{tid}", "@odata.type": "#Task.v1_4_3.Task",
+                              "Id": tid, "TaskState": "Running", "TaskStatus": "OK",
+                              "Name": f"Task {tid}", "Messages": []}, status=202, headers={
+        "Location": f"/redfish/v1/TaskService/TaskMonitors/{tid}", "Retry-After": "30"})
+
+
 async def task(request: web.Request) -> web.Response:
     sim = request.app[SIM]
     tid = request.match_info["tid"]
@@ -218,9 +306,7 @@ async def task(request: web.Request) -> web.Response:
             sim.versions[state["target"]] = state["version"]  # it did finish, then forgot
         return _error("task not found", 404)
     # as the DMTF Task schema and real BMCs give it: the request that made the task
-    body = {"@odata.id": f"{TASKS}/{tid}", "Id": tid, "Payload": {
-        "HttpOperation": "POST", "JsonBody": state["body"],
-        "TargetUri": "/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate"}}
+    body = {"@odata.id": f"{TASKS}/{tid}", "Id": tid, "Payload": state["payload"]}
     if sim.task_fault == "stall" or (sim.hold is not None and not sim.hold.is_set()):
         return _json({**body, "TaskState": "Running", "PercentComplete": 10})
     state["polls"] += 1
@@ -259,6 +345,7 @@ def make_app(sim: UpdateSim) -> web.Application:
     app.router.add_get("/redfish/v1/UpdateService/FirmwareInventory/{cid}", component)
     app.router.add_post("/redfish/v1/UpdateService/Actions/UpdateService.SimpleUpdate",
                         simple_update)
+    app.router.add_post(PUSH, push)
     app.router.add_get("/redfish/v1/TaskService", task_service)
     app.router.add_get(TASKS, tasks)
     app.router.add_get(TASKS + "/{tid}", task)

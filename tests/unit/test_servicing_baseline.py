@@ -14,10 +14,14 @@ from pydantic import ValidationError
 from provisioner.config.servicing import ServicingSettings
 from provisioner.lifecycle.service_record import ONBOARDING, ServiceRecord
 from provisioner.validation.baseline import (
+    MULTIPART_PUSH,
+    SIMPLE_UPDATE,
     Component,
+    UpdateImage,
     Wanted,
     bios_changes,
     check_bios,
+    choose_transfer,
     match_firmware,
     registry_attributes,
 )
@@ -102,3 +106,31 @@ def test_config_checks_runbook_names_and_image_urls() -> None:
     ok = ServicingSettings.model_validate({"image_base_url": "http://10.0.0.1/firmware/"})
     assert ok.image_uri("bios.bin") == "http://10.0.0.1/firmware/bios.bin"
     assert ok.image_uri("https://vendor/x.bin") == "https://vendor/x.bin"
+
+
+def test_transfer_auto_prefers_simple_update_then_the_push() -> None:
+    local = UpdateImage("http://10.0.0.1/artefacts/fw/bios.bin", "/srv/fw/bios.bin")
+    assert choose_transfer(local, ["HTTP", "HTTPS"], "/push") == SIMPLE_UPDATE
+    assert choose_transfer(local, [], None) == SIMPLE_UPDATE  # no AllowableValues: any
+    # bmcweb: SimpleUpdate takes HTTPS only (often compiled out), a push URI
+    assert choose_transfer(local, ["HTTPS"], "/push") == MULTIPART_PUSH
+    assert choose_transfer(local, None, "/push") == MULTIPART_PUSH
+    forced = UpdateImage(local.uri, local.path, "multipart")
+    assert choose_transfer(forced, ["HTTP"], "/push") == MULTIPART_PUSH
+    with pytest.raises(ValueError, match=r"firmware_transfer simple: .*: its SimpleUpdate "
+                       r"does not take HTTP \(allowed: HTTPS\)$"):
+        choose_transfer(UpdateImage(local.uri, local.path, "simple"), ["HTTPS"], "/push")
+    with pytest.raises(ValueError, match=r"the UpdateService has no SimpleUpdate; a push "
+                       r"needs the image in our artefact directory \(https://vendor"):
+        choose_transfer(UpdateImage("https://vendor.example/bios.bin"), None, "/push")
+
+
+def test_a_push_intent_keeps_the_tasks_from_before_it() -> None:
+    record = ServiceRecord.open("fw", ("firmware_update",), "active", "op")
+    simple = record.with_intent("BIOS", "http://x/bios.bin")
+    assert simple.asking("BIOS") and simple.known("BIOS") is None
+    pushed = record.with_intent("BIOS", "http://x/bios.bin", ["/T/1", "/T/2"])
+    assert pushed.asking("BIOS") and pushed.known("BIOS") == ("/T/1", "/T/2")
+    assert record.with_intent("BIOS", "u", []).known("BIOS") == ()
+    again = ServiceRecord.from_facts({"servicing": pushed.to_facts()})
+    assert again is not None and again.known("BIOS") == ("/T/1", "/T/2")
