@@ -4,7 +4,9 @@
 decides, and only the conductor changes the node's state (``Event.REPAIR``):
 
 * nothing to do for the class or action (``none``, ``application``): a history row only;
-* the node already under repair: its evidence joins the open record (no second ladder);
+* the node already under repair, or waiting for a person (``service_required``): its
+  evidence joins the record (no second ladder; the record the vendor gets has it all, also
+  when the finding came a moment after the ladder that it raced ended);
 * not in service (not ``active``), or in maintenance: a history row only;
 * ``[health] auto_repair`` off, a ladder of the same class that ended on the node less than
   ``cooldown_s`` ago (a flapping sensor), or the circuit breaker: held, with a history row;
@@ -29,7 +31,7 @@ from typing import Any, Final, Protocol
 
 from provisioner.config.health import HealthSettings
 from provisioner.domain import Node
-from provisioner.errors import Conflict, InvalidRequest
+from provisioner.errors import Conflict, InvalidRequest, NodeBusy
 from provisioner.health.ladder import RUNGS, BreakerLimits, Peer, breaker, cooling_down, plan
 from provisioner.health.model import Action, Finding, HealthClass, Source
 from provisioner.health.record import KEY, RepairRecord
@@ -51,6 +53,11 @@ NOTED_EVENT: Final = "health_finding"
 EVIDENCE_EVENT: Final = "repair_evidence"
 SKIP_EVENT: Final = "repair_skip"
 BREAKER_EVENT: Final = "repair_breaker_reset"
+
+
+class LostStart(NodeBusy):
+    """Our ``repair`` transition found the node's lease held: another daemon is moving the
+    node (into its own ladder, most likely). Decided again, like any raced write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,9 +208,12 @@ class RepairService:
             return await self._decide(node_id, finding, actor=actor, finding_id=finding_id,
                                       operator=operator)
 
-        # another daemon wrote the node (its note of the same finding from another origin)
-        # between our read and our transition: decide again on the node as it is now (a
-        # Conflict here would drop the finding's ladder: the listener logs it, nothing more)
+        # another daemon wrote the node (its note of the same finding from another origin,
+        # or its ladder for it) between our read and our transition: decide again on the
+        # node as it is now, which joins our evidence to that ladder's record (a Conflict
+        # here would drop the evidence: the listener logs it, nothing more). Only the
+        # transition into ``repairing`` writes a new record (same transaction): two
+        # daemons deciding at once never overwrite each other's record.
         return await retry_async(decide, backoff=RACE, tries=5, retryable=raced)
 
     async def _decide(self, node_id: str, finding: Finding, *, actor: str,
@@ -217,7 +227,7 @@ class RepairService:
                 return await self._note(node, "noted", NOTED_EVENT, f"{line} (no repair for "
                                         f"{finding.cls}/{finding.action})", actor)
             current = RepairRecord.from_facts(node.facts)
-            if node.state in UNDER_REPAIR and current is not None and current.open_now:
+            if _joins(node, current, operator):
                 await self._repo.update_fact(node.id, _on_record(
                     lambda record: record.with_evidence(finding.evidence)))
                 return await self._note(node, "joined", EVIDENCE_EVENT, line, actor)
@@ -243,11 +253,16 @@ class RepairService:
             record = RepairRecord.open(finding, ladder, node.facts, serial=node.serial,
                                        actor=actor, at=datetime.now(UTC),
                                        finding_id=finding_id)
-            await self._repo.merge_facts(node.id, {KEY: record.to_facts()})
+            try:  # the record is written with the transition, or not at all
+                node = await self._conductor.fire(
+                    node.id, Event.REPAIR, actor=actor, reason=drain_reason(record),
+                    expect=node.state, facts=lambda facts: facts | {KEY: record.to_facts()})
+            except NodeBusy:
+                raise  # moved since we read it (another daemon's ladder): decide again
+            except Conflict as exc:  # its lease is held: another daemon is starting one
+                raise LostStart(str(exc)) from exc
             if self._held.pop(node.id, None) is not None:
                 await self._save_breaker()
-            node = await self._conductor.fire(node.id, Event.REPAIR, actor=actor,
-                                              reason=drain_reason(record), expect=node.state)
             return RepairDecision("started", drain_reason(record), node)
 
     def _holds(self, node: Node, finding: Finding,
@@ -300,6 +315,23 @@ def _on_record(change: Callable[[RepairRecord], RepairRecord]) -> Callable[
         return facts if record is None else facts | {KEY: change(record).to_facts()}
 
     return apply
+
+
+def _joins(node: Node, current: RepairRecord | None, operator: bool) -> bool:
+    """Whether a finding's evidence joins the node's repair record (no ladder of its own):
+    the ladder is open, or it ended in ``service_required`` (the record a person hands to
+    the vendor; the node may not have left ``repairing`` yet). A ladder that has just
+    passed, its node not yet ``active``: NodeBusy, decided again once it is."""
+    if current is None or node.state not in UNDER_REPAIR | {NodeState.SERVICE_REQUIRED}:
+        return False
+    if current.open_now:
+        return node.state in UNDER_REPAIR
+    if current.outcome == NodeState.SERVICE_REQUIRED:
+        return not operator
+    if node.state is NodeState.REPAIRING:
+        raise NodeBusy(f"node {node.id}: its ladder ended ({current.outcome}); the node "
+                       "has not left repairing yet")
+    return False
 
 
 def _clique(node: Node) -> str | None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Final
 
@@ -45,6 +45,7 @@ class StepRunner(LeasedSteps):
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
         expect: NodeState | None = None, step: bool = False,
+        facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Node | None:
         raise NotImplementedError
 

@@ -189,14 +189,22 @@ class NodeRepo(NodeAdmin):
         maintenance: tuple[bool, str] | None = None,
         fence: int | None = None,
         release: bool = False,
+        facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Node:
         """CAS the node from ``node.version`` to ``to_state`` and append one history row.
         ``fence``: only while we hold the node's lease with it (else Fenced); ``release``:
-        free that lease in the same transaction (the step ended)."""
+        free that lease in the same transaction (the step ended); ``facts``: also write
+        ``facts(stored facts)``, read under the row's lock (the record a transition opens,
+        such as a repair ladder's: written only if the transition is)."""
 
         def work(s: Session) -> Node:
             self._check_fence(s, node.id, fence)
             now = utcnow()
+            merged: dict[str, Any] | None = None
+            if facts is not None:
+                stored = s.exec(select(NodeRow.facts).where(col(NodeRow.id) == node.id)
+                                .with_for_update()).first()
+                merged = facts(json.loads(stored) if stored is not None else {})
             values: dict[str, Any] = {
                 "state": str(to_state),
                 "version": node.version + 1,
@@ -209,6 +217,8 @@ class NodeRepo(NodeAdmin):
                 values["checkpoint"] = "[]"
             if maintenance is not None:
                 values["maintenance"], values["maintenance_reason"] = maintenance
+            if merged is not None:
+                values["facts"] = json.dumps(merged, sort_keys=True)
             result = s.execute(
                 update(NodeRow)
                 .where(col(NodeRow.id) == node.id, col(NodeRow.version) == node.version)
@@ -234,6 +244,8 @@ class NodeRepo(NodeAdmin):
                 changed["checkpoint"] = ()
             if maintenance is not None:
                 changed["maintenance"], changed["maintenance_reason"] = maintenance
+            if merged is not None:
+                changed["facts"] = merged
             return dataclasses.replace(node, **changed)
 
         return await self._run(work)
