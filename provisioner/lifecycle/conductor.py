@@ -238,10 +238,12 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                                                 self._settings.allow_overwrite)
 
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
-                     level: int = logging.INFO) -> Node:
+                     level: int = logging.INFO, fence: int | None = None) -> Node:
         """A history row that changes no state: a refused agent report, say. The reason
         may quote what a machine sent: a lone surrogate (a JSON ``\\ud800``), which no
-        database encodes, is written escaped."""
+        database encodes, is written escaped. ``fence``: a step's row, written only while
+        the step's lease is still ours (checked in the row's transaction; else Fenced, as
+        the step's state writes are)."""
         reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
 
         async def write() -> Node:
@@ -249,7 +251,7 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                 node = await self._repo.get(node_id)
                 return await self._repo.transition(node, to_state=node.state, event=event,
                                                    actor=actor, reason=reason,
-                                                   reset_checkpoint=False)
+                                                   reset_checkpoint=False, fence=fence)
 
         # the row has no precondition: another daemon's write between our read and ours
         # (our lock is this process's only) is read again, not a failure of the caller (a

@@ -53,7 +53,7 @@ class StepRunner(LeasedSteps):
         raise NotImplementedError
 
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
-                     level: int = logging.INFO) -> Node:
+                     level: int = logging.INFO, fence: int | None = None) -> Node:
         raise NotImplementedError
 
     async def stop(self, grace_s: float = 0.0) -> None:
@@ -148,8 +148,11 @@ class StepRunner(LeasedSteps):
                 await ctx.aclose()
         return Event.DONE, ""
 
-    async def _step_record(self, node_id: str, event: str, reason: str) -> None:
-        await self.record(node_id, event, actor=SYSTEM_ACTOR, reason=reason)
+    async def _step_record(self, node_id: str, event: str, reason: str,
+                           fence: int | None) -> None:
+        """A step's history row, fenced by the lease the step runs under (not the one this
+        daemon holds now: a lost lease is refused, never written unfenced)."""
+        await self.record(node_id, event, actor=SYSTEM_ACTOR, reason=reason, fence=fence)
 
     @asynccontextmanager
     async def _gate(self, node_id: str) -> AsyncIterator[None]:

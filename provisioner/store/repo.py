@@ -310,15 +310,19 @@ class NodeRepo(NodeAdmin):
 
         return await self._run(work)
 
-    async def merge_facts(self, node_id: str, facts: dict[str, Any]) -> Node:
-        return await self.update_fact(node_id, lambda found: found | facts)
+    async def merge_facts(self, node_id: str, facts: dict[str, Any], *,
+                          fence: int | None = None) -> Node:
+        return await self.update_fact(node_id, lambda found: found | facts, fence=fence)
 
     async def update_fact(self, node_id: str,
-                          change: Callable[[dict[str, Any]], dict[str, Any]]) -> Node:
+                          change: Callable[[dict[str, Any]], dict[str, Any]], *,
+                          fence: int | None = None) -> Node:
         """Write ``change(facts)`` as the node's facts, read and written under the row's
         lock (``FOR UPDATE``): another daemon's merge between our read and our write would
-        be lost (a repair record's rung result overwritten by a stale copy)."""
+        be lost (a repair record's rung result overwritten by a stale copy). ``fence``:
+        only while we hold the node's lease with it (a step's write; else Fenced)."""
         def work(s: Session) -> Node:
+            self._check_fence(s, node_id, fence)
             row = s.exec(select(NodeRow).where(col(NodeRow.id) == node_id)
                          .with_for_update()).first()
             if row is None:
