@@ -92,7 +92,15 @@ class BreakerStore(Protocol):
 
     async def load_breaker(self) -> Saved | None: ...
 
-    async def save_breaker(self, state: Saved | None) -> None: ...
+    async def change_breaker(self, change: Callable[[Saved | None], Saved | None]
+                             ) -> Saved | None:
+        """``change`` applied to the breaker as stored now, under its lock; the result."""
+        ...
+
+
+class BreakerClosed(NodeBusy):
+    """The breaker that held a finding was reset by an operator (on any daemon) while the
+    finding was decided: decided again, with the breaker closed."""
 
 
 class RepairService:
@@ -177,11 +185,16 @@ class RepairService:
     async def reset_breaker(self, *, actor: str, reason: str) -> BreakerState:
         """Close the breaker: automatic ladders may start again (the held findings are
         not replayed: their sources report them again, or an operator starts them)."""
+        before: list[Saved | None] = []
+
+        def reset(stored: Saved | None) -> None:
+            before[:] = [stored]
+            return None
+
         async with self._lock:
-            await self._load_breaker()
-            was, held = self._tripped, dict(self._held)
-            self._tripped, self._held = None, {}
-            await self._save_breaker()
+            await self._change_breaker(reset)
+        was = before[0] if before else None
+        held = dict(was[2]) if was is not None else {}
         if was is not None:
             log.warning("repair breaker reset by %s: %s (was: %s)", actor, reason, was[0])
         for node_id in held:
@@ -197,10 +210,38 @@ class RepairService:
             self._tripped = (saved[0], saved[1]) if saved is not None else None
             self._held = dict(saved[2]) if saved is not None else {}
 
-    async def _save_breaker(self) -> None:
+    async def _change_breaker(self, change: Callable[[Saved | None], Saved | None]) -> None:
+        """``change`` applied to the breaker as stored now (another daemon's holds, an
+        operator's reset kept: never a copy read earlier written back); ours set from it."""
         if self._breakers is not None:
-            await self._breakers.save_breaker(
-                None if self._tripped is None else (*self._tripped, dict(self._held)))
+            saved = await self._breakers.change_breaker(change)
+        else:
+            saved = change(None if self._tripped is None else (*self._tripped,
+                                                               dict(self._held)))
+        self._tripped = (saved[0], saved[1]) if saved is not None else None
+        self._held = dict(saved[2]) if saved is not None else {}
+
+    async def _hold(self, node_id: str, line: str, trip: str | None = None) -> None:
+        """The breaker holds ``node_id``'s finding: already open (``trip`` None), or
+        tripped by it now."""
+        tripped: list[str] = []
+
+        def hold(stored: Saved | None) -> Saved:
+            if stored is not None:
+                return stored[0], stored[1], stored[2] | {node_id: line}
+            if trip is None:
+                raise BreakerClosed("the repair breaker was reset meanwhile")
+            tripped[:] = [trip]
+            return trip, datetime.now(UTC).isoformat(timespec="seconds"), {node_id: line}
+
+        await self._change_breaker(hold)
+        if tripped:
+            log.error("repair circuit breaker tripped: %s; automatic repairs stop until an "
+                      "operator resets it (`provisioner health breaker reset`)", tripped[0])
+
+    async def _unhold(self, node_id: str) -> None:
+        await self._change_breaker(lambda stored: None if stored is None else (
+            stored[0], stored[1], {k: v for k, v in stored[2].items() if k != node_id}))
 
     async def _open(self, node_id: str, finding: Finding, *, actor: str,
                     finding_id: str | None, operator: bool) -> RepairDecision:
@@ -239,14 +280,11 @@ class RepairService:
             if not operator and (held := self._holds(node, finding, current)) is not None:
                 outcome, why = held
                 if outcome == "breaker":
-                    self._held[node.id] = line
-                    await self._save_breaker()
+                    await self._hold(node.id, line)
                 return await self._note(node, outcome, HELD_EVENT, f"{line}: {why}", actor,
                                         level=logging.WARNING)
             if not operator and (trip := await self._breaker(node)) is not None:
-                self._trip(trip)
-                self._held[node.id] = line
-                await self._save_breaker()
+                await self._hold(node.id, line, trip)
                 return await self._note(node, "breaker", HELD_EVENT,
                                         f"{line}: circuit breaker: {trip}", actor,
                                         level=logging.ERROR)
@@ -261,8 +299,8 @@ class RepairService:
                 raise  # moved since we read it (another daemon's ladder): decide again
             except Conflict as exc:  # its lease is held: another daemon is starting one
                 raise LostStart(str(exc)) from exc
-            if self._held.pop(node.id, None) is not None:
-                await self._save_breaker()
+            if node.id in self._held:
+                await self._unhold(node.id)
             return RepairDecision("started", drain_reason(record), node)
 
     def _holds(self, node: Node, finding: Finding,
@@ -292,12 +330,6 @@ class RepairService:
             peers = [Peer(p.node_id, p.rack, clique if p.node_id in members else None,
                           p.repairing) for p in peers]
         return breaker(Peer(node.id, node.rack, clique, False), peers, self._limits)
-
-    def _trip(self, reason: str) -> None:
-        if self._tripped is None:
-            self._tripped = (reason, datetime.now(UTC).isoformat(timespec="seconds"))
-            log.error("repair circuit breaker tripped: %s; automatic repairs stop until an "
-                      "operator resets it (`provisioner health breaker reset`)", reason)
 
     async def _note(self, node: Node, outcome: str, event: str, reason: str, actor: str,
                     level: int = logging.INFO) -> RepairDecision:

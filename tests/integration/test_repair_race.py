@@ -15,7 +15,7 @@ import pytest
 from provisioner.config import LifecycleSettings, Settings
 from provisioner.config.health import HealthSettings
 from provisioner.domain import BmcEndpoint, NewNode, Node
-from provisioner.health.model import Action, HealthClass
+from provisioner.health.model import Action, Finding, HealthClass
 from provisioner.health.record import RepairRecord
 from provisioner.health.records import Origin, Report
 from provisioner.lifecycle.conductor import Conductor
@@ -39,6 +39,7 @@ XID79 = Report(HealthClass.GPU_LOST, Action.RESET_GPU,
 LEAK = Report(HealthClass.LEAK, Action.DRAIN,
               "LeakDetection: Chassis/1/ThermalSubsystem/LeakDetection/LeakDetectors/0 "
               "DetectorState Critical", "tray 1")
+FINDING = Finding(XID79.cls, XID79.action, XID79.evidence, str(Origin.IN_BAND), XID79.subject)
 ALERT = Report(HealthClass.GPU_LOST, Action.RESET_GPU,
                "alertname=GPUFellOffTheBus gpu=0 DCGM_FI_DEV_XID_ERRORS=79", "0000:18:00")
 
@@ -47,6 +48,7 @@ ALERT = Report(HealthClass.GPU_LOST, Action.RESET_GPU,
 class Daemon:
     repo: NodeRepo
     conductor: Conductor
+    repairs: RepairService
     health: HealthFindings
 
 
@@ -71,7 +73,7 @@ async def daemons(backend_settings: Settings,
                                 breakers=store.findings)
         health = HealthFindings(store.findings, conductor)
         health.add_listener(ladder_listener(repairs))
-        made.append(Daemon(store.nodes, conductor, health))
+        made.append(Daemon(store.nodes, conductor, repairs, health))
     yield made[0], made[1]
     for daemon in made:
         await daemon.conductor.stop()
@@ -127,3 +129,28 @@ async def test_two_origins_at_once_one_ladder_and_all_evidence(
         history = await a.repo.history(node.id)
         assert [h.event for h in history].count(str(Event.REPAIR)) == 1, history
         assert effects(world, node.serial or "")["slurm_drain"] == 1
+
+
+async def test_two_daemons_holding_findings_at_once_keep_every_hold(
+        daemons: tuple[Daemon, Daemon], world: SimWorld) -> None:
+    """The breaker is open; both daemons hold findings at once: the breaker keeps every
+    node it held (each daemon's change applied to the breaker as stored, under its lock),
+    and the operator's reset names them all."""
+    a, b = daemons
+    store = a.health.repo
+    await store.change_breaker(lambda _stored: ("a bad driver rollout", "2026-11-27", {}))
+    nodes = [await _active(a, world, n) for n in range(NODES)]
+    decisions = await asyncio.gather(*(
+        (a if n % 2 else b).repairs.open(node.id, FINDING)
+        for n, node in enumerate(nodes)))
+    assert {d.outcome for d in decisions} == {"breaker"}
+    stored = await store.load_breaker()
+    assert stored is not None and set(stored[2]) == {node.id for node in nodes}
+    state = await b.repairs.reset_breaker(actor="op", reason="rollback done")
+    assert not state.tripped and await store.load_breaker() is None
+    for node in nodes:
+        history = await a.repo.history(node.id)
+        assert [h.event for h in history].count("repair_breaker_reset") == 1
+    # a finding after the reset starts its ladder: the breaker stays closed
+    again = await a.repairs.open(nodes[0].id, FINDING)
+    assert again.started and await store.load_breaker() is None
