@@ -15,7 +15,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final
 
 from provisioner.config import LifecycleSettings
 from provisioner.domain import NewNode, Node
@@ -56,6 +56,8 @@ from provisioner.validation.sku import OVERRIDE_EVENT, OVERRIDE_KEY, held_reason
 
 log = logging.getLogger(__name__)
 
+FactChange = Callable[[dict[str, Any]], dict[str, Any]]
+"""The node's facts as stored -> as they are to be (read and written under the row's lock)."""
 Observer = Callable[[Node, str, NodeState], None]
 """Called after every committed transition with (node after, event, state before)."""
 
@@ -107,14 +109,16 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
         return await self._repo.get(node.id)  # as the policy left it
 
     async def fire(self, node_id: str, event: Event, *, actor: str, reason: str = "",
-                   expect: NodeState | None = None) -> Node:
-        """``expect``: only from that state (else Conflict): a policy decided on it."""
+                   expect: NodeState | None = None, facts: FactChange | None = None) -> Node:
+        """``expect``: only from that state (else NodeBusy, a Conflict: another writer moved
+        it after the caller decided on it). ``facts``: a change of the node's facts written
+        in the transition's transaction (a record the transition opens), or not at all."""
         if event is Event.DEPLOY:
             event = await self._onboarding(node_id, event, actor)
         node = await self._transition(node_id, event, actor=actor, reason=reason,
-                                      expect=expect)
+                                      expect=expect, facts=facts)
         if node is None:
-            raise Conflict(f"node {node_id} left {expect} before {event} applied")
+            raise NodeBusy(f"node {node_id} left {expect} before {event} applied")
         if event is Event.ABORT and (running := self._running.get(node_id)) is not None:
             running[1].cancel()
         await self._follow_up(node)
@@ -234,10 +238,12 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                                                 self._settings.allow_overwrite)
 
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
-                     level: int = logging.INFO) -> Node:
+                     level: int = logging.INFO, fence: int | None = None) -> Node:
         """A history row that changes no state: a refused agent report, say. The reason
         may quote what a machine sent: a lone surrogate (a JSON ``\\ud800``), which no
-        database encodes, is written escaped."""
+        database encodes, is written escaped. ``fence``: a step's row, written only while
+        the step's lease is still ours (checked in the row's transaction; else Fenced, as
+        the step's state writes are)."""
         reason = reason.encode("utf-8", "backslashreplace").decode("utf-8")
 
         async def write() -> Node:
@@ -245,7 +251,7 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                 node = await self._repo.get(node_id)
                 return await self._repo.transition(node, to_state=node.state, event=event,
                                                    actor=actor, reason=reason,
-                                                   reset_checkpoint=False)
+                                                   reset_checkpoint=False, fence=fence)
 
         # the row has no precondition: another daemon's write between our read and ours
         # (our lock is this process's only) is read again, not a failure of the caller (a
@@ -318,11 +324,11 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
 
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
-        expect: NodeState | None = None, step: bool = False,
+        expect: NodeState | None = None, step: bool = False, facts: FactChange | None = None,
     ) -> Node | None:
         """``expect``: apply only if the node is still in that state (a step's outcome, a
         policy decision taken on that state); ``step``: a step's outcome (fenced by the
-        lease the step ran under, never a new claim)."""
+        lease the step ran under, never a new claim); ``facts``: see ``fire``."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             if expect is not None and node.state != expect:
@@ -359,7 +365,7 @@ class Conductor(BmcRequests, NodeEdits, StepRunner):
                 node = await self._repo.transition(node, to_state=target, event=str(event),
                                                    actor=actor, reason=reason,
                                                    last_error=last_error, fence=fence,
-                                                   release=release)
+                                                   release=release, facts=facts)
             except NodeBusy as exc:
                 if fence is not None and (claimed or isinstance(exc, Fenced)):
                     self._fences.pop(node_id, None)

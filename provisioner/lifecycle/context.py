@@ -17,8 +17,10 @@ log = logging.getLogger(__name__)
 
 _RUN_PREFIX = "run:"
 
-Recorder = Callable[[str, str, str], Awaitable[object]]
-"""(node id, event, reason) -> one history row that changes no state (``Conductor.record``)."""
+Recorder = Callable[[str, str, str, int | None], Awaitable[object]]
+"""(node id, event, reason, fence) -> one history row that changes no state
+(``Conductor.record``), refused (Fenced) unless the lease with that fencing number is still
+ours (None: no leases, one daemon)."""
 
 
 class RunContext:
@@ -83,14 +85,17 @@ class RunContext:
     def finished(self, name: str) -> bool:
         return name in self._done
 
+    # the step's writes besides its checkpoints, fenced like them: a daemon whose lease was
+    # taken over (paused past it, cut off) writes neither facts nor history for the node
+
     async def merge_facts(self, facts: dict[str, Any]) -> None:
-        self._node = await self._repo.merge_facts(self._node.id, facts)
+        self._node = await self._repo.merge_facts(self._node.id, facts, fence=self._fence)
 
     async def update_facts(self, change: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
-        self._node = await self._repo.update_fact(self._node.id, change)
+        self._node = await self._repo.update_fact(self._node.id, change, fence=self._fence)
 
     async def record(self, event: str, reason: str) -> None:
-        await self._recorder(self._node.id, event, reason)
+        await self._recorder(self._node.id, event, reason, self._fence)
 
     async def note_power(self, state: str) -> None:
         """Kept until the sub-step's checkpoint, which stores it in the same write."""

@@ -4,7 +4,9 @@
 decides, and only the conductor changes the node's state (``Event.REPAIR``):
 
 * nothing to do for the class or action (``none``, ``application``): a history row only;
-* the node already under repair: its evidence joins the open record (no second ladder);
+* the node already under repair, or waiting for a person (``service_required``): its
+  evidence joins the record (no second ladder; the record the vendor gets has it all, also
+  when the finding came a moment after the ladder that it raced ended);
 * not in service (not ``active``), or in maintenance: a history row only;
 * ``[health] auto_repair`` off, a ladder of the same class that ended on the node less than
   ``cooldown_s`` ago (a flapping sensor), or the circuit breaker: held, with a history row;
@@ -29,7 +31,7 @@ from typing import Any, Final, Protocol
 
 from provisioner.config.health import HealthSettings
 from provisioner.domain import Node
-from provisioner.errors import Conflict, InvalidRequest
+from provisioner.errors import Conflict, InvalidRequest, NodeBusy
 from provisioner.health.ladder import RUNGS, BreakerLimits, Peer, breaker, cooling_down, plan
 from provisioner.health.model import Action, Finding, HealthClass, Source
 from provisioner.health.record import KEY, RepairRecord
@@ -51,6 +53,11 @@ NOTED_EVENT: Final = "health_finding"
 EVIDENCE_EVENT: Final = "repair_evidence"
 SKIP_EVENT: Final = "repair_skip"
 BREAKER_EVENT: Final = "repair_breaker_reset"
+
+
+class LostStart(NodeBusy):
+    """Our ``repair`` transition found the node's lease held: another daemon is moving the
+    node (into its own ladder, most likely). Decided again, like any raced write."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +92,15 @@ class BreakerStore(Protocol):
 
     async def load_breaker(self) -> Saved | None: ...
 
-    async def save_breaker(self, state: Saved | None) -> None: ...
+    async def change_breaker(self, change: Callable[[Saved | None], Saved | None]
+                             ) -> Saved | None:
+        """``change`` applied to the breaker as stored now, under its lock; the result."""
+        ...
+
+
+class BreakerClosed(NodeBusy):
+    """The breaker that held a finding was reset by an operator (on any daemon) while the
+    finding was decided: decided again, with the breaker closed."""
 
 
 class RepairService:
@@ -170,11 +185,16 @@ class RepairService:
     async def reset_breaker(self, *, actor: str, reason: str) -> BreakerState:
         """Close the breaker: automatic ladders may start again (the held findings are
         not replayed: their sources report them again, or an operator starts them)."""
+        before: list[Saved | None] = []
+
+        def reset(stored: Saved | None) -> None:
+            before[:] = [stored]
+            return None
+
         async with self._lock:
-            await self._load_breaker()
-            was, held = self._tripped, dict(self._held)
-            self._tripped, self._held = None, {}
-            await self._save_breaker()
+            await self._change_breaker(reset)
+        was = before[0] if before else None
+        held = dict(was[2]) if was is not None else {}
         if was is not None:
             log.warning("repair breaker reset by %s: %s (was: %s)", actor, reason, was[0])
         for node_id in held:
@@ -190,10 +210,38 @@ class RepairService:
             self._tripped = (saved[0], saved[1]) if saved is not None else None
             self._held = dict(saved[2]) if saved is not None else {}
 
-    async def _save_breaker(self) -> None:
+    async def _change_breaker(self, change: Callable[[Saved | None], Saved | None]) -> None:
+        """``change`` applied to the breaker as stored now (another daemon's holds, an
+        operator's reset kept: never a copy read earlier written back); ours set from it."""
         if self._breakers is not None:
-            await self._breakers.save_breaker(
-                None if self._tripped is None else (*self._tripped, dict(self._held)))
+            saved = await self._breakers.change_breaker(change)
+        else:
+            saved = change(None if self._tripped is None else (*self._tripped,
+                                                               dict(self._held)))
+        self._tripped = (saved[0], saved[1]) if saved is not None else None
+        self._held = dict(saved[2]) if saved is not None else {}
+
+    async def _hold(self, node_id: str, line: str, trip: str | None = None) -> None:
+        """The breaker holds ``node_id``'s finding: already open (``trip`` None), or
+        tripped by it now."""
+        tripped: list[str] = []
+
+        def hold(stored: Saved | None) -> Saved:
+            if stored is not None:
+                return stored[0], stored[1], stored[2] | {node_id: line}
+            if trip is None:
+                raise BreakerClosed("the repair breaker was reset meanwhile")
+            tripped[:] = [trip]
+            return trip, datetime.now(UTC).isoformat(timespec="seconds"), {node_id: line}
+
+        await self._change_breaker(hold)
+        if tripped:
+            log.error("repair circuit breaker tripped: %s; automatic repairs stop until an "
+                      "operator resets it (`provisioner health breaker reset`)", tripped[0])
+
+    async def _unhold(self, node_id: str) -> None:
+        await self._change_breaker(lambda stored: None if stored is None else (
+            stored[0], stored[1], {k: v for k, v in stored[2].items() if k != node_id}))
 
     async def _open(self, node_id: str, finding: Finding, *, actor: str,
                     finding_id: str | None, operator: bool) -> RepairDecision:
@@ -201,9 +249,12 @@ class RepairService:
             return await self._decide(node_id, finding, actor=actor, finding_id=finding_id,
                                       operator=operator)
 
-        # another daemon wrote the node (its note of the same finding from another origin)
-        # between our read and our transition: decide again on the node as it is now (a
-        # Conflict here would drop the finding's ladder: the listener logs it, nothing more)
+        # another daemon wrote the node (its note of the same finding from another origin,
+        # or its ladder for it) between our read and our transition: decide again on the
+        # node as it is now, which joins our evidence to that ladder's record (a Conflict
+        # here would drop the evidence: the listener logs it, nothing more). Only the
+        # transition into ``repairing`` writes a new record (same transaction): two
+        # daemons deciding at once never overwrite each other's record.
         return await retry_async(decide, backoff=RACE, tries=5, retryable=raced)
 
     async def _decide(self, node_id: str, finding: Finding, *, actor: str,
@@ -217,7 +268,7 @@ class RepairService:
                 return await self._note(node, "noted", NOTED_EVENT, f"{line} (no repair for "
                                         f"{finding.cls}/{finding.action})", actor)
             current = RepairRecord.from_facts(node.facts)
-            if node.state in UNDER_REPAIR and current is not None and current.open_now:
+            if _joins(node, current, operator):
                 await self._repo.update_fact(node.id, _on_record(
                     lambda record: record.with_evidence(finding.evidence)))
                 return await self._note(node, "joined", EVIDENCE_EVENT, line, actor)
@@ -229,25 +280,27 @@ class RepairService:
             if not operator and (held := self._holds(node, finding, current)) is not None:
                 outcome, why = held
                 if outcome == "breaker":
-                    self._held[node.id] = line
-                    await self._save_breaker()
+                    await self._hold(node.id, line)
                 return await self._note(node, outcome, HELD_EVENT, f"{line}: {why}", actor,
                                         level=logging.WARNING)
             if not operator and (trip := await self._breaker(node)) is not None:
-                self._trip(trip)
-                self._held[node.id] = line
-                await self._save_breaker()
+                await self._hold(node.id, line, trip)
                 return await self._note(node, "breaker", HELD_EVENT,
                                         f"{line}: circuit breaker: {trip}", actor,
                                         level=logging.ERROR)
             record = RepairRecord.open(finding, ladder, node.facts, serial=node.serial,
                                        actor=actor, at=datetime.now(UTC),
                                        finding_id=finding_id)
-            await self._repo.merge_facts(node.id, {KEY: record.to_facts()})
-            if self._held.pop(node.id, None) is not None:
-                await self._save_breaker()
-            node = await self._conductor.fire(node.id, Event.REPAIR, actor=actor,
-                                              reason=drain_reason(record), expect=node.state)
+            try:  # the record is written with the transition, or not at all
+                node = await self._conductor.fire(
+                    node.id, Event.REPAIR, actor=actor, reason=drain_reason(record),
+                    expect=node.state, facts=lambda facts: facts | {KEY: record.to_facts()})
+            except NodeBusy:
+                raise  # moved since we read it (another daemon's ladder): decide again
+            except Conflict as exc:  # its lease is held: another daemon is starting one
+                raise LostStart(str(exc)) from exc
+            if node.id in self._held:
+                await self._unhold(node.id)
             return RepairDecision("started", drain_reason(record), node)
 
     def _holds(self, node: Node, finding: Finding,
@@ -278,12 +331,6 @@ class RepairService:
                           p.repairing) for p in peers]
         return breaker(Peer(node.id, node.rack, clique, False), peers, self._limits)
 
-    def _trip(self, reason: str) -> None:
-        if self._tripped is None:
-            self._tripped = (reason, datetime.now(UTC).isoformat(timespec="seconds"))
-            log.error("repair circuit breaker tripped: %s; automatic repairs stop until an "
-                      "operator resets it (`provisioner health breaker reset`)", reason)
-
     async def _note(self, node: Node, outcome: str, event: str, reason: str, actor: str,
                     level: int = logging.INFO) -> RepairDecision:
         node = await self._conductor.record(node.id, event, actor=actor, reason=reason,
@@ -300,6 +347,23 @@ def _on_record(change: Callable[[RepairRecord], RepairRecord]) -> Callable[
         return facts if record is None else facts | {KEY: change(record).to_facts()}
 
     return apply
+
+
+def _joins(node: Node, current: RepairRecord | None, operator: bool) -> bool:
+    """Whether a finding's evidence joins the node's repair record (no ladder of its own):
+    the ladder is open, or it ended in ``service_required`` (the record a person hands to
+    the vendor; the node may not have left ``repairing`` yet). A ladder that has just
+    passed, its node not yet ``active``: NodeBusy, decided again once it is."""
+    if current is None or node.state not in UNDER_REPAIR | {NodeState.SERVICE_REQUIRED}:
+        return False
+    if current.open_now:
+        return node.state in UNDER_REPAIR
+    if current.outcome == NodeState.SERVICE_REQUIRED:
+        return not operator
+    if node.state is NodeState.REPAIRING:
+        raise NodeBusy(f"node {node.id}: its ladder ended ({current.outcome}); the node "
+                       "has not left repairing yet")
+    return False
 
 
 def _clique(node: Node) -> str | None:

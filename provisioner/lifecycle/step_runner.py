@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager, nullcontext
 from typing import Any, Final
 
@@ -45,6 +45,7 @@ class StepRunner(LeasedSteps):
     async def _transition(
         self, node_id: str, event: Event, *, actor: str, reason: str,
         expect: NodeState | None = None, step: bool = False,
+        facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Node | None:
         raise NotImplementedError
 
@@ -52,7 +53,7 @@ class StepRunner(LeasedSteps):
         raise NotImplementedError
 
     async def record(self, node_id: str, event: str, *, actor: str, reason: str,
-                     level: int = logging.INFO) -> Node:
+                     level: int = logging.INFO, fence: int | None = None) -> Node:
         raise NotImplementedError
 
     async def stop(self, grace_s: float = 0.0) -> None:
@@ -147,8 +148,11 @@ class StepRunner(LeasedSteps):
                 await ctx.aclose()
         return Event.DONE, ""
 
-    async def _step_record(self, node_id: str, event: str, reason: str) -> None:
-        await self.record(node_id, event, actor=SYSTEM_ACTOR, reason=reason)
+    async def _step_record(self, node_id: str, event: str, reason: str,
+                           fence: int | None) -> None:
+        """A step's history row, fenced by the lease the step runs under (not the one this
+        daemon holds now: a lost lease is refused, never written unfenced)."""
+        await self.record(node_id, event, actor=SYSTEM_ACTOR, reason=reason, fence=fence)
 
     @asynccontextmanager
     async def _gate(self, node_id: str) -> AsyncIterator[None]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import builtins
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -39,6 +39,8 @@ TOUCH_AFTER = timedelta(minutes=5)
 """How stale a sync's open finding's ``last_seen`` may grow before a pass bumps it."""
 _KEY = ["node_id", "origin", "health_class", "subject"]
 BREAKER = "fleet"
+Saved = tuple[str, str, dict[str, str]]
+"""The repair breaker as stored: (reason, since, held node id -> finding line)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,27 +230,35 @@ class FindingRepo(SessionRepo):
 
         await self._run(work)
 
-    async def load_breaker(self) -> tuple[str, str, dict[str, str]] | None:
+    async def load_breaker(self) -> Saved | None:
         """The repair breaker as last saved: (reason, since, held) when open, else None."""
-        def work(s: Session) -> tuple[str, str, dict[str, str]] | None:
+        def work(s: Session) -> Saved | None:
             row = s.get(HealthBreakerRow, BREAKER)
-            if row is None or not row.tripped:
-                return None
-            held = json.loads(row.held or "{}")
-            return row.reason, row.since, {str(k): str(v) for k, v in held.items()}
+            return None if row is None else _breaker(row)
 
         return await self._run(work)
 
-    async def save_breaker(self, state: tuple[str, str, dict[str, str]] | None) -> None:
-        def work(s: Session) -> None:
-            row = s.get(HealthBreakerRow, BREAKER) or HealthBreakerRow(name=BREAKER)
+    async def change_breaker(self, change: Callable[[Saved | None], Saved | None]
+                             ) -> Saved | None:
+        """``change`` applied to the breaker as stored now, read and written under its
+        row's lock; the breaker after. Two daemons holding findings at once, or an
+        operator's reset meanwhile, are never overwritten by a copy read earlier."""
+        def work(s: Session) -> Saved | None:
+            insert = pg_insert if s.get_bind().dialect.name == "postgresql" else sqlite_insert
+            s.execute(insert(HealthBreakerRow).values(
+                name=BREAKER, tripped=False, reason="", since="", held="{}",
+                updated_at=utcnow()).on_conflict_do_nothing(index_elements=["name"]))
+            row = s.exec(select(HealthBreakerRow).where(col(HealthBreakerRow.name) == BREAKER)
+                         .with_for_update()).one()
+            state = change(_breaker(row))
             reason, since, held = state or ("", "", {})
             row.tripped, row.reason, row.since = state is not None, reason, since
             row.held, row.updated_at = json.dumps(held, sort_keys=True), utcnow()
             s.add(row)
             s.commit()
+            return state
 
-        await self._run(work)
+        return await self._run(work)
 
     async def open_counts(self) -> dict[str, int]:
         """Open, unsilenced findings per class (the ``provisioner_health_findings`` gauge)."""
@@ -319,6 +329,13 @@ class FindingRepo(SessionRepo):
             col(HealthFindingRow.node_id) == node_id,
             col(HealthFindingRow.origin) == str(origin),
             col(HealthFindingRow.cleared_at).is_(None))).all()
+
+
+def _breaker(row: HealthBreakerRow) -> Saved | None:
+    if not row.tripped:
+        return None
+    held = json.loads(row.held or "{}")
+    return row.reason, row.since, {str(k): str(v) for k, v in held.items()}
 
 
 def _conditions(where: FindingFilter) -> builtins.list[Any]:

@@ -189,14 +189,22 @@ class NodeRepo(NodeAdmin):
         maintenance: tuple[bool, str] | None = None,
         fence: int | None = None,
         release: bool = False,
+        facts: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ) -> Node:
         """CAS the node from ``node.version`` to ``to_state`` and append one history row.
         ``fence``: only while we hold the node's lease with it (else Fenced); ``release``:
-        free that lease in the same transaction (the step ended)."""
+        free that lease in the same transaction (the step ended); ``facts``: also write
+        ``facts(stored facts)``, read under the row's lock (the record a transition opens,
+        such as a repair ladder's: written only if the transition is)."""
 
         def work(s: Session) -> Node:
             self._check_fence(s, node.id, fence)
             now = utcnow()
+            merged: dict[str, Any] | None = None
+            if facts is not None:
+                stored = s.exec(select(NodeRow.facts).where(col(NodeRow.id) == node.id)
+                                .with_for_update()).first()
+                merged = facts(json.loads(stored) if stored is not None else {})
             values: dict[str, Any] = {
                 "state": str(to_state),
                 "version": node.version + 1,
@@ -209,6 +217,8 @@ class NodeRepo(NodeAdmin):
                 values["checkpoint"] = "[]"
             if maintenance is not None:
                 values["maintenance"], values["maintenance_reason"] = maintenance
+            if merged is not None:
+                values["facts"] = json.dumps(merged, sort_keys=True)
             result = s.execute(
                 update(NodeRow)
                 .where(col(NodeRow.id) == node.id, col(NodeRow.version) == node.version)
@@ -234,6 +244,8 @@ class NodeRepo(NodeAdmin):
                 changed["checkpoint"] = ()
             if maintenance is not None:
                 changed["maintenance"], changed["maintenance_reason"] = maintenance
+            if merged is not None:
+                changed["facts"] = merged
             return dataclasses.replace(node, **changed)
 
         return await self._run(work)
@@ -298,15 +310,19 @@ class NodeRepo(NodeAdmin):
 
         return await self._run(work)
 
-    async def merge_facts(self, node_id: str, facts: dict[str, Any]) -> Node:
-        return await self.update_fact(node_id, lambda found: found | facts)
+    async def merge_facts(self, node_id: str, facts: dict[str, Any], *,
+                          fence: int | None = None) -> Node:
+        return await self.update_fact(node_id, lambda found: found | facts, fence=fence)
 
     async def update_fact(self, node_id: str,
-                          change: Callable[[dict[str, Any]], dict[str, Any]]) -> Node:
+                          change: Callable[[dict[str, Any]], dict[str, Any]], *,
+                          fence: int | None = None) -> Node:
         """Write ``change(facts)`` as the node's facts, read and written under the row's
         lock (``FOR UPDATE``): another daemon's merge between our read and our write would
-        be lost (a repair record's rung result overwritten by a stale copy)."""
+        be lost (a repair record's rung result overwritten by a stale copy). ``fence``:
+        only while we hold the node's lease with it (a step's write; else Fenced)."""
         def work(s: Session) -> Node:
+            self._check_fence(s, node_id, fence)
             row = s.exec(select(NodeRow).where(col(NodeRow.id) == node_id)
                          .with_for_update()).first()
             if row is None:

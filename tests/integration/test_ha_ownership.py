@@ -459,3 +459,64 @@ async def _until(ready: Callable[[], Awaitable[bool]], timeout_s: float) -> None
             if await ready():
                 return
             await asyncio.sleep(0.05)
+
+
+async def test_a_cut_off_step_records_no_history_and_writes_no_facts(
+        stores: dict[str, Store], tmp_path: Path) -> None:
+    """A's step outlives its lease (paused past it; nothing renews it) and B takes the node
+    over: the step's ``ctx.record``, ``ctx.update_facts`` and ``ctx.merge_facts`` are
+    refused with Fenced, as its state writes are, and write nothing; the step stops. B,
+    the owner now, records fine."""
+    world = SimWorld(tmp_path / "world.sqlite")
+    reached, go, tried = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    refused: list[str] = []
+
+    async def step(ctx) -> None:  # type: ignore[no-untyped-def]
+        async def first() -> None:
+            await ctx.record("probe_note", "while the lease is ours")
+
+        await ctx.substep("first", first)
+        reached.set()
+        await go.wait()
+        writes = {"record": lambda: ctx.record("probe_note", "after the lease moved"),
+                  "update_facts": lambda: ctx.update_facts(lambda f: f | {"stale": 1}),
+                  "merge_facts": lambda: ctx.merge_facts({"stale": 2})}
+        for name, write in writes.items():
+            try:
+                await write()
+            except Fenced:
+                refused.append(name)
+        tried.set()
+        raise Fenced("stop here")
+
+    lifecycle = LifecycleSettings(auto_inspect=False, auto_deploy=False)
+    cond_a = Conductor(stores["A"].nodes, fake_ports(world), lifecycle,
+                       steps={S.INSPECTING: step}, ownership=stores["A"].ownership)
+    cond_b = Conductor(stores["B"].nodes, fake_ports(world), lifecycle,
+                       ownership=stores["B"].ownership)
+    node = await cond_a.enroll(_new(8), actor="test")
+    await cond_a.fire(node.id, Event.INSPECT, actor="op")
+    async with asyncio.timeout(5):
+        await reached.wait()
+    await asyncio.sleep(LEASE_S + 0.2)  # A's lease runs out
+    fence_b = await stores["B"].ownership.claim(node.id)
+    assert fence_b == 2
+    go.set()
+    async with asyncio.timeout(5):
+        await tried.wait()
+    assert refused == ["record", "update_facts", "merge_facts"]
+    after = await stores["B"].nodes.get(node.id)
+    assert "stale" not in after.facts and after.state is S.INSPECTING
+    history = await stores["B"].nodes.history(node.id)
+    notes = [h for h in history if h.event == "probe_note"]
+    assert [(h.reason, h.instance, h.fence) for h in notes] == [
+        ("while the lease is ours", "A", 1)]  # the step's row carries its fencing number
+    recorded = await cond_b.record(node.id, "probe_note", actor="conductor",
+                                   reason="by the owner", fence=fence_b)
+    history = await stores["B"].nodes.history(node.id)
+    assert (history[-1].seq, history[-1].instance, history[-1].fence) == (
+        recorded.history_seq, "B", 2)
+    check_single_writer(history)
+    await cond_a.stop()
+    await cond_b.stop()
+    world.close()
