@@ -75,8 +75,7 @@ from provisioner.errors import (
 from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
-from provisioner.lifecycle.drift import counts as firmware_counts
-from provisioner.lifecycle.drift import read_fleet
+from provisioner.lifecycle.drift import fleet_counts
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
@@ -185,9 +184,8 @@ async def metrics_text(request: web.Request) -> web.Response:
     await metrics.refresh(request.app[NODES])
     if (health := request.app.get(HEALTH)) is not None:
         await metrics.refresh_health(health.repo)
-    metrics.refresh_firmware(firmware_counts(  # a fleet gauge: the leader reads the fleet
-        await read_fleet(request.app[NODES], request.app[CONDUCTOR].servicing))
-        if metrics.leading else None)
+    metrics.refresh_firmware(await fleet_counts(  # a fleet gauge: the leader reads it
+        request.app[NODES], request.app[CONDUCTOR].servicing) if metrics.leading else None)
     return web.Response(body=metrics.render(), headers={hdrs.CONTENT_TYPE: CONTENT_TYPE})
 
 
