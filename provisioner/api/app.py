@@ -76,7 +76,7 @@ from provisioner.kube.joiner import KubeNodeJoiner
 from provisioner.lifecycle.acceptance import DomainAcceptance
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.drift import counts as firmware_counts
-from provisioner.lifecycle.drift import part_counts, read_fleet
+from provisioner.lifecycle.drift import gauge_fleet, part_counts
 from provisioner.lifecycle.health import HealthFindings
 from provisioner.lifecycle.repair import RepairService
 from provisioner.lifecycle.rotation import BmcRotation
@@ -185,7 +185,7 @@ async def metrics_text(request: web.Request) -> web.Response:
     await metrics.refresh(request.app[NODES])
     if (health := request.app.get(HEALTH)) is not None:
         await metrics.refresh_health(health.repo)
-    fleet = await read_fleet(request.app[NODES], request.app[CONDUCTOR].servicing) \
+    fleet = await gauge_fleet(request.app[NODES], request.app[CONDUCTOR].servicing) \
         if metrics.leading else None  # a fleet gauge: the leader reads the fleet
     metrics.refresh_firmware(firmware_counts(fleet) if fleet is not None else None,
                              part_counts(fleet) if fleet is not None else None)

@@ -24,7 +24,6 @@ from provisioner.bmc.base import (
     BootDevice,
     BootSetting,
     Clock,
-    HealthReader,
     PasswordSetter,
     PowerState,
     RetryPolicy,
@@ -32,6 +31,7 @@ from provisioner.bmc.base import (
     ensure_boot_device,
     ensure_power,
     ensure_power_cycle,
+    health_reader,
 )
 from provisioner.bmc.breaker import CircuitBreaker
 from provisioner.bmc.guard import BmcLimiter
@@ -184,8 +184,8 @@ class ManagedBmc:
     async def read_health(self, cursor: str | None) -> BmcHealth:
         """The BMC's new log records and health (``HealthReader``), through the breaker
         and the deadline; not retried (the next poll is)."""
-        driver = self._driver
-        if not isinstance(driver, HealthReader):
+        driver = health_reader(self._driver)
+        if driver is None:
             raise BmcUnsupported(f"BMC {self._key}: this driver reads no health")
         return await self.call("read health", lambda: driver.read_health(cursor))
 

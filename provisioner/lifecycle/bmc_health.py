@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from provisioner.bmc.base import BmcFactory, BmcHealth, BmcUnsupported, HealthReader
+from provisioner.bmc.base import BmcFactory, BmcHealth, BmcUnsupported, health_reader
 from provisioner.config.health import HealthSettings
 from provisioner.domain import BmcTarget
 from provisioner.errors import DriverError
@@ -93,8 +93,9 @@ class BmcHealthPoll:
         return report
 
     async def _poll(self, node: BmcTarget, stored: str | None, report: HealthSweep) -> None:
-        bmc = self._bmc(node.id, node.bmc, node.credentials)
-        if not isinstance(bmc, HealthReader):
+        handle = self._bmc(node.id, node.bmc, node.credentials)
+        bmc = health_reader(handle)
+        if bmc is None:
             report.skipped += 1
             return
         before = _load(stored)
@@ -110,7 +111,7 @@ class BmcHealthPoll:
             log.warning("bmc health: node %s: %s", node.id, exc)
             return
         finally:
-            await bmc.aclose()
+            await handle.aclose()
         report.read += 1
         report.baseline += reading.baseline
         states = await self._apply(node, reading, before, report)

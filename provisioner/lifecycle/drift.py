@@ -98,10 +98,23 @@ async def read_fleet(nodes: FleetReader, servicing: Servicing) -> list[NodeFirmw
     return sorted((f for f in found if f is not None), key=lambda f: (f.name, f.node_id))
 
 
+async def gauge_fleet(nodes: FleetReader, servicing: Servicing) -> list[NodeFirmware]:
+    """``read_fleet`` for the /metrics gauges (``counts``, ``part_counts``): each node with
+    only the facts the drift reads, taken out by the database; no node's other facts are
+    read or parsed, and no NVLink domain (the gauges do not name it)."""
+    found = [node_firmware(n, servicing) for n in await nodes.with_facts_keys(
+        NodeState, (FIRMWARE_KEY, BIOS_KEY, BMC_KEY))]
+    return [f for f in found if f is not None]
+
+
 class FleetReader(Protocol):
-    """What ``read_fleet`` needs from the store (``NodeRepo`` has it)."""
+    """What ``read_fleet`` and ``gauge_fleet`` need from the store (``NodeRepo`` has
+    it)."""
 
     async def in_states(self, states: Iterable[NodeState]) -> list[Node]: ...
+
+    async def with_facts_keys(self, states: Iterable[NodeState], keys: Sequence[str]
+                              ) -> list[Node]: ...
 
 
 def keep(fleet: Iterable[NodeFirmware], *, profile: str | None = None,

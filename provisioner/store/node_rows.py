@@ -18,7 +18,9 @@ from provisioner.store.models import NodeMacRow, NodeRow, TransitionRow
 from provisioner.store.secretbox import SecretBox
 
 
-def to_node(s: Session, row: NodeRow, macs: Sequence[str] | None = None) -> Node:
+def to_node(s: Session, row: NodeRow, macs: Sequence[str] | None = None, *,
+            facts: dict[str, Any] | None = None) -> Node:
+    """``facts``: what to use instead of the row's (left unread where it is deferred)."""
     if macs is None:
         macs = macs_for(s, [row.id]).get(row.id, ())
     bmc = None
@@ -30,7 +32,8 @@ def to_node(s: Session, row: NodeRow, macs: Sequence[str] | None = None) -> Node
         id=NodeId(row.id), state=NodeState(row.state), hostname=row.hostname,
         serial=row.serial, macs=tuple(macs), maintenance=row.maintenance,
         maintenance_reason=row.maintenance_reason, profile=row.profile, rack=row.rack,
-        position=row.position, facts=json.loads(row.facts), last_error=row.last_error,
+        position=row.position, facts=json.loads(row.facts) if facts is None else facts,
+        last_error=row.last_error,
         checkpoint=tuple(json.loads(row.checkpoint)), version=row.version,
         history_seq=row.history_seq, bmc=bmc, created_at=row.created_at,
         updated_at=row.updated_at, power_state=row.power_state, bmc_mac=row.bmc_mac,

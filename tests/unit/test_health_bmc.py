@@ -10,6 +10,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from provisioner.bmc.base import HealthReader, health_reader
+from provisioner.bmc.fake import FakeBmc
+from provisioner.bmc.redfish import RedfishDriver
+from provisioner.domain import BmcCredentials, BmcEndpoint
 from provisioner.health.bmc import (
     leak_finding,
     log_cursor,
@@ -116,3 +120,24 @@ def test_gb200_leak_detectors_and_system_status() -> None:
                                                              "HealthRollup": "Warning"}})
     assert critical is not None and critical.action is Action.DRAIN
     assert warning is not None and warning.action is Action.NONE  # recorded, no ladder
+
+
+async def test_health_reader_agrees_with_the_protocol_check() -> None:
+    """``health_reader`` (the poll's cheap check) says what ``isinstance(.., HealthReader)``
+    says: the simulation's BMC reads no health, Redfish's does."""
+    class World:
+        async def get(self, key: str, attr: str) -> str:
+            return "on"
+
+        async def ensure(self, key: str, op: str, attr: str, value: str) -> bool:
+            return False
+
+    fake = FakeBmc(World(), BmcEndpoint("fake", "SN1"))
+    driver = RedfishDriver(timeout_s=1)
+    redfish = driver("n1", BmcEndpoint("redfish", "http://127.0.0.1:1"),
+                     BmcCredentials("admin", "pw"))
+    try:
+        assert health_reader(fake) is None and not isinstance(fake, HealthReader)
+        assert health_reader(redfish) is redfish and isinstance(redfish, HealthReader)
+    finally:
+        await driver.aclose()
