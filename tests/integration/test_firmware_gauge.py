@@ -1,6 +1,7 @@
 """The fleet's baseline gauges of /metrics (``drift.gauge_fleet``) read each node's firmware,
 BIOS and BMC settings facts alone, out of the database's JSON (SQLite ``json_extract``,
-PostgreSQL ``->>``), and count exactly what the drift view (``read_fleet``, every node's whole facts) counts."""
+PostgreSQL ``->>``), and count exactly what the drift view (``read_fleet``, every node's
+whole facts) counts."""
 
 from __future__ import annotations
 
