@@ -1,0 +1,157 @@
+"""The ``reboot`` and ``sanitise`` runbook steps through the conductor (issue 25).
+
+``reboot`` on an active node: the ``redfish`` driver against the servicing BMC
+(tests/sim/redfish_update.py): drained, one ForceRestart, the OS waited for with the repair
+ladder's wait, the validation gate, back ``active``; a daemon stopped after the BMC took the
+reset (its answer kept back) resumes without a second one. ``sanitise``: the simulated agent
+erases every disk (one ``disk_erased`` row each), the node is re-deployed (``reimage``) and
+comes back ``active`` through the deploy path; a runbook with ``sanitise`` before another
+step is refused by the configuration."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from provisioner.bmc.redfish import RedfishDriver
+from provisioner.bmc.redfish_service import SiteServicing
+from provisioner.config.servicing import ServicingSettings
+from provisioner.domain import BmcCredentials, BmcEndpoint, Node
+from provisioner.lifecycle.conductor import Conductor
+from provisioner.lifecycle.service_record import ServiceRecord
+from provisioner.lifecycle.states import NodeState
+from provisioner.lifecycle.steps import STEPS
+from provisioner.simulation.drivers import simulated_facts
+from provisioner.simulation.world import SimWorld
+from provisioner.store.store import Store
+from tests.conftest import fake_ports, wait_for_state
+from tests.integration.test_servicing import MANUAL, conductor
+from tests.integration.test_servicing import bmc_sim as bmc_sim  # noqa: F401  (fixture)
+from tests.integration.test_servicing import driver as driver  # noqa: F401  (fixture)
+
+S = NodeState
+
+
+def runbooks(**books: list[str]) -> ServicingSettings:
+    return ServicingSettings.model_validate({
+        "runbooks": {name: {"steps": steps} for name, steps in books.items()},
+        "profiles": {"gpu": {"firmware": []}}, "task_poll_s": 0.01})
+
+
+async def _active(store: Store, world: SimWorld, make_node: Any, serial: str,
+                  bmc: BmcEndpoint) -> Node:
+    node: Node = await make_node(S.ACTIVE, serial=serial, profile="gpu",
+                                 bmc_password="password", bmc=bmc)
+    await store.nodes.merge_facts(node.id, simulated_facts(serial, serial))
+    await world.ensure(serial, "boot", "power", "on")
+    return node
+
+
+async def _steps(store: Store, node_id: str) -> list[str]:
+    return [h.reason for h in await store.nodes.history(node_id) if h.event == "service_step"]
+
+
+async def test_reboot_power_cycles_once_and_waits_for_the_os(  # type: ignore[no-untyped-def]
+        store, world, make_node, bmc_sim, driver) -> None:
+    sim, url = bmc_sim
+    sim.power = "On"
+    node = await _active(store, world, make_node, "RB1",
+                         BmcEndpoint(driver="redfish", address=url, username="admin"))
+    cond = conductor(store, world, driver, runbooks(rb=["firmware_inventory", "reboot"]))
+    await cond.service(node.id, "rb", actor="op", reason="reboot")
+    done = await wait_for_state(store, node.id, S.ACTIVE)
+    await cond.stop()
+    assert sim.resets == ["ForceRestart"]
+    ledger = {op: calls for (k, op), (calls, _) in world.ledger_blocking().items() if k == "RB1"}
+    # drained, the OS waited for once (FakeRepairs.wait_os), undrained
+    assert (ledger["slurm_drain"], ledger["power_cycle"], ledger["slurm_resume"]) == (1, 1, 1)
+    steps = await _steps(store, node.id)
+    assert "reboot: power cycled through the BMC; the OS answers again" in steps
+    assert steps[-1] == "validation passed"
+    record = ServiceRecord.from_facts(done.facts)
+    assert record is not None and record.outcome == "passed"
+    assert [s for s, _, _ in record.results if ":" not in s] == ["firmware_inventory",
+                                                                 "reboot"]
+
+
+async def test_stopped_after_asking_for_the_reset_does_not_cycle_again(  # type: ignore[no-untyped-def]
+        store, world, make_node, bmc_sim, driver) -> None:
+    """The BMC resets the machine and keeps its answer back; the daemon stops. The intent
+    was written before the request: the resumed step reads the node on and does not ask the
+    BMC again (without the intent it would reset the node a second time)."""
+    sim, url = bmc_sim
+    sim.power, sim.reset_hold = "On", asyncio.Event()
+    node = await _active(store, world, make_node, "RB2",
+                         BmcEndpoint(driver="redfish", address=url, username="admin"))
+    books = runbooks(rb=["reboot"])
+    first = conductor(store, world, driver, books)
+    await first.service(node.id, "rb", actor="op", reason="reboot")
+    async with asyncio.timeout(10):
+        while not sim.resets:  # noqa: ASYNC110  (the BMC's own state, no event to wait on)
+            await asyncio.sleep(0.02)
+    await first.stop()  # gone before the BMC's answer
+    stopped = await store.nodes.get(node.id)
+    assert stopped.state == S.SERVICING and "service:0:reboot:cycled" not in stopped.checkpoint
+    sim.reset_hold = None
+    second = conductor(store, world, driver, books)
+    assert await second.recover() == 1
+    await wait_for_state(store, node.id, S.ACTIVE)
+    await second.stop()
+    assert sim.resets == ["ForceRestart"]  # once
+    steps = await _steps(store, node.id)
+    assert "reboot: the power cycle asked for before a restart is not asked for again" in steps
+
+
+async def test_sanitise_erases_every_disk_then_the_node_is_redeployed(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    async def credentials(node: Node) -> BmcCredentials:
+        return await store.nodes.credentials(node.id)
+
+    books = runbooks(handover=["reboot", "sanitise"])
+    ports = dataclasses.replace(fake_ports(world), servicing=SiteServicing(
+        books, RedfishDriver(timeout_s=5), credentials))
+    node = await _active(store, world, make_node, "SN1", BmcEndpoint(driver="fake",
+                                                                     address="SN1"))
+    cond = Conductor(store.nodes, ports, MANUAL, steps=STEPS)
+    started = await cond.service(node.id, "handover", actor="op", reason="new tenant")
+    assert started.state == S.SERVICING
+    await wait_for_state(store, node.id, S.DEPLOYING)
+    done = await wait_for_state(store, node.id, S.ACTIVE)
+    await cond.stop()
+    history = await store.nodes.history(node.id)
+    disks = [str(d["name"]) for d in simulated_facts("SN1", "SN1")["disks"]]
+    erased = [h.reason for h in history if h.event == "disk_erased"]
+    assert len(erased) == len(disks) and len(disks) >= 1
+    assert all(any(d in r and "simulated" in r for r in erased) for d in disks), erased
+    # servicing → deploying (reimage, not through the gate) → … → active
+    moves = [(h.event, h.to_state) for h in history if h.to_state != h.from_state]
+    assert moves[moves.index(("service", S.SERVICING)):] == [
+        ("service", S.SERVICING), ("reimage", S.DEPLOYING), ("done", S.CONFIGURING),
+        ("done", S.JOINING), ("done", S.VALIDATING), ("done", S.REGISTERING),
+        ("done", S.ACTIVE)]
+    steps = [h.reason for h in history if h.event == "service_step"]
+    assert "validation passed" not in steps
+    assert steps[-1].startswith(f"sanitise: {len(disks)} disks erased")
+    ledger = {op: calls for (k, op), (calls, _) in world.ledger_blocking().items() if k == "SN1"}
+    assert (ledger["slurm_drain"], ledger["wipe"], ledger["image_write"]) == (1, 1, 1)
+    assert ledger.get("slurm_resume", 0) == 0  # not undrained: re-deployed, registered anew
+    record = ServiceRecord.from_facts(done.facts)
+    assert record is not None and record.outcome == "passed" and not record.netboot
+
+
+@pytest.mark.parametrize("steps", [["sanitise", "reboot"], ["sanitise", "sanitise"]])
+def test_sanitise_must_be_the_last_step(steps: list[str]) -> None:
+    with pytest.raises(ValidationError, match="sanitise erases the node's disks, OS included: "
+                                              "it must be the runbook's last step"):
+        runbooks(bad=steps)
+
+
+def test_a_wave_runbook_never_sanitises() -> None:
+    with pytest.raises(ValidationError, match="wave_runbook 'handover' has a sanitise step"):
+        ServicingSettings.model_validate({
+            "runbooks": {"handover": {"steps": ["reboot", "sanitise"]}},
+            "profiles": {"gpu": {"wave_runbook": "handover"}}})
