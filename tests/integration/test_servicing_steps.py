@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from provisioner.agent import erase
 from provisioner.bmc.redfish import RedfishDriver
 from provisioner.bmc.redfish_service import SiteServicing
 from provisioner.config.servicing import ServicingSettings
-from provisioner.domain import BmcCredentials, BmcEndpoint, Node
+from provisioner.domain import BmcCredentials, BmcEndpoint, Node, Sanitised
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.service_record import ServiceRecord
-from provisioner.lifecycle.states import NodeState
+from provisioner.lifecycle.states import Event, NodeState
 from provisioner.lifecycle.steps import STEPS
-from provisioner.simulation.drivers import simulated_facts
+from provisioner.simulation.drivers import FakeInstaller, simulated_facts
 from provisioner.simulation.world import SimWorld
 from provisioner.store.store import Store
 from tests.conftest import fake_ports, wait_for_state
@@ -34,12 +36,14 @@ from tests.integration.test_servicing import bmc_sim as bmc_sim  # noqa: F401  (
 from tests.integration.test_servicing import driver as driver  # noqa: F401  (fixture)
 
 S = NodeState
+FROZEN = Path(__file__).resolve().parents[1] / "fixtures" / "sanitise" / \
+    "hdparm-I-security-frozen-tinyapps.txt"
 
 
-def runbooks(**books: list[str]) -> ServicingSettings:
+def runbooks(onboarding: str | None = None, **books: list[str]) -> ServicingSettings:
     return ServicingSettings.model_validate({
         "runbooks": {name: {"steps": steps} for name, steps in books.items()},
-        "profiles": {"gpu": {"firmware": []}}, "task_poll_s": 0.01})
+        "profiles": {"gpu": {"onboarding_runbook": onboarding}}, "task_poll_s": 0.01})
 
 
 async def _active(store: Store, world: SimWorld, make_node: Any, serial: str,
@@ -106,20 +110,22 @@ async def test_stopped_after_asking_for_the_reset_does_not_cycle_again(  # type:
     assert "reboot: the power cycle asked for before a restart is not asked for again" in steps
 
 
-async def test_sanitise_erases_every_disk_then_the_node_is_redeployed(  # type: ignore[no-untyped-def]
-        store, world, make_node) -> None:
+def _ports(store: Store, world: SimWorld, books: ServicingSettings) -> Any:
     async def credentials(node: Node) -> BmcCredentials:
         return await store.nodes.credentials(node.id)
 
-    books = runbooks(handover=["reboot", "sanitise"])
-    ports = dataclasses.replace(fake_ports(world), servicing=SiteServicing(
+    return dataclasses.replace(fake_ports(world), servicing=SiteServicing(
         books, RedfishDriver(timeout_s=5), credentials))
+
+
+async def test_sanitise_erases_every_disk_then_the_node_is_redeployed(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    ports = _ports(store, world, runbooks(handover=["reboot", "sanitise"]))
     node = await _active(store, world, make_node, "SN1", BmcEndpoint(driver="fake",
                                                                      address="SN1"))
     cond = Conductor(store.nodes, ports, MANUAL, steps=STEPS)
     started = await cond.service(node.id, "handover", actor="op", reason="new tenant")
     assert started.state == S.SERVICING
-    await wait_for_state(store, node.id, S.DEPLOYING)
     done = await wait_for_state(store, node.id, S.ACTIVE)
     await cond.stop()
     history = await store.nodes.history(node.id)
@@ -155,3 +161,59 @@ def test_a_wave_runbook_never_sanitises() -> None:
         ServicingSettings.model_validate({
             "runbooks": {"handover": {"steps": ["reboot", "sanitise"]}},
             "profiles": {"gpu": {"wave_runbook": "handover"}}})
+
+
+async def test_an_onboarding_runbook_may_end_in_sanitise(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    """A new node (no OS yet): its disks erased, then on to deploying as every onboarding
+    runbook goes (``onboarded``)."""
+    ports = _ports(store, world, runbooks("wipe", wipe=["reboot", "sanitise"]))
+    node = await make_node(S.INSPECTED, serial="SN3", profile="gpu", bmc_password="pw",
+                           bmc=BmcEndpoint(driver="fake", address="SN3"))
+    await store.nodes.merge_facts(node.id, simulated_facts("SN3", "SN3"))
+    cond = Conductor(store.nodes, ports, MANUAL, steps=STEPS)
+    await cond.fire(node.id, Event.DEPLOY, actor="op")
+    await wait_for_state(store, node.id, S.ACTIVE)
+    await cond.stop()
+    history = await store.nodes.history(node.id)
+    moves = [(h.event, h.to_state) for h in history if h.to_state != h.from_state]
+    assert moves[1:4] == [("service", S.SERVICING), ("onboarded", S.DEPLOYING),
+                         ("done", S.CONFIGURING)]
+    assert any(h.event == "disk_erased" for h in history)
+    steps = [h.reason for h in history if h.event == "service_step"]
+    assert steps[0] == "reboot: power cycled through the BMC (a new node: no OS to wait for)"
+
+
+class _FrozenSata(FakeInstaller):
+    """The simulated agent, its SATA disk frozen (``hdparm -I`` of a frozen drive, the
+    refusal the real agent writes for it; no overwrite allowed): the agent's report."""
+
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        refusal = erase.ata_security(FROZEN.read_text()).refusal()
+        error = ("no erase method worked (overwrite is not allowed for this profile): "
+                 + refusal)
+        return Sanitised.from_report({"ok": False, "error": f"sda: {error}", "disks": [
+            {"device": "nvme0n1", "model": "SAMSUNG MZQL23T8HCLS", "serial": "S1",
+             "method": "nvme-crypto-erase", "verified": True, "seconds": 2.0},
+            {"device": "sda", "model": "INTEL SSDSC2KB480G8", "serial": "S2", "method": "",
+             "verified": False, "seconds": 0.1, "error": error}]})
+
+
+async def test_a_disk_no_allowed_method_erases_fails_the_step(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    ports = dataclasses.replace(_ports(store, world, runbooks(handover=["sanitise"])),
+                                installer=_FrozenSata(world, delay_s=0.0, fail_rate=0.0))
+    node = await _active(store, world, make_node, "SN2", BmcEndpoint(driver="fake",
+                                                                     address="SN2"))
+    cond = Conductor(store.nodes, ports, MANUAL, steps=STEPS)
+    await cond.service(node.id, "handover", actor="op", reason="new tenant")
+    failed = await wait_for_state(store, node.id, S.SERVICE_FAILED)
+    await cond.stop()
+    assert "sanitise failed: sda: no erase method worked" in (failed.last_error or "")
+    assert "frozen" in (failed.last_error or "")
+    history = await store.nodes.history(node.id)
+    assert [h.reason.split(":")[0] for h in history if h.event == "disk_erased"] == [
+        "nvme0n1 (SAMSUNG MZQL23T8HCLS serial S1)"]
+    assert [h.reason.split(":")[0] for h in history if h.event == "disk_erase_failed"] == [
+        "sda (INTEL SSDSC2KB480G8 serial S2)"]
+    assert S.DEPLOYING not in {h.to_state for h in history}
