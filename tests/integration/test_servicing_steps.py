@@ -5,8 +5,10 @@
 ladder's wait, the validation gate, back ``active``; a daemon stopped after the BMC took the
 reset (its answer kept back) resumes without a second one. ``sanitise``: the simulated agent
 erases every disk (one ``disk_erased`` row each), the node is re-deployed (``reimage``) and
-comes back ``active`` through the deploy path; a runbook with ``sanitise`` before another
-step is refused by the configuration."""
+comes back ``active`` through the deploy path (a new node's onboarding runbook likewise); a
+disk no allowed method erases fails the step; a daemon stopped mid-erase asks the agent for
+the same job (the step keyed by its run id); a runbook with ``sanitise`` before another step,
+or a wave runbook with it, is refused by the configuration."""
 
 from __future__ import annotations
 
@@ -217,3 +219,42 @@ async def test_a_disk_no_allowed_method_erases_fails_the_step(  # type: ignore[n
     assert [h.reason.split(":")[0] for h in history if h.event == "disk_erase_failed"] == [
         "sda (INTEL SSDSC2KB480G8 serial S2)"]
     assert S.DEPLOYING not in {h.to_state for h in history}
+
+
+class _SlowAgent(FakeInstaller):
+    """The simulated agent, its erase held until ``release``; every job key it was asked
+    for kept (a real agent answers a key it already ran from its memory)."""
+
+    def __init__(self, world: SimWorld) -> None:
+        super().__init__(world, delay_s=0.0, fail_rate=0.0)
+        self.asked: list[str] = []
+        self.release = asyncio.Event()
+
+    async def sanitise(self, node: Node, generation: str, skip: frozenset[str]) -> Sanitised:
+        self.asked.append(generation)
+        await self.release.wait()
+        return await super().sanitise(node, generation, skip)
+
+
+async def test_stopped_during_the_erase_asks_the_agent_for_the_same_job(  # type: ignore[no-untyped-def]
+        store, world, make_node) -> None:
+    """The servicing step is keyed by its run id: a daemon stopped mid-erase asks the agent
+    for the same job again (answered from its memory), never a second erase."""
+    agent = _SlowAgent(world)
+    ports = dataclasses.replace(_ports(store, world, runbooks(handover=["sanitise"])),
+                                installer=agent)
+    node = await _active(store, world, make_node, "SN4", BmcEndpoint(driver="fake",
+                                                                     address="SN4"))
+    first = Conductor(store.nodes, ports, MANUAL, steps=STEPS)
+    await first.service(node.id, "handover", actor="op", reason="new tenant")
+    async with asyncio.timeout(10):
+        while not agent.asked:  # noqa: ASYNC110  (the agent's own state)
+            await asyncio.sleep(0.02)
+    await first.stop()
+    agent.release.set()
+    second = Conductor(store.nodes, ports, MANUAL, steps=STEPS)
+    assert await second.recover() == 1
+    await wait_for_state(store, node.id, S.ACTIVE)
+    await second.stop()
+    assert len(agent.asked) == 2 and agent.asked[0] == agent.asked[1]
+    assert agent.asked[0].startswith("sanitise:")
