@@ -10,9 +10,10 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from provisioner.config.section import Section
 
 ServiceStepName = Literal["firmware_inventory", "bios_settings", "bmc_settings",
-                          "firmware_update", "storage_layout"]
+                          "firmware_update", "storage_layout", "reboot", "sanitise"]
 SERVICE_STEPS: tuple[str, ...] = ("firmware_inventory", "bios_settings", "bmc_settings",
-                                  "firmware_update", "storage_layout")
+                                  "firmware_update", "storage_layout", "reboot", "sanitise")
+SANITISE = "sanitise"
 RaidType = Literal["None", "RAID0", "RAID1", "RAID5", "RAID6", "RAID10"]
 # the fewest drives each level is made of (provisioner.validation.storage keeps the same)
 RAID_MIN_DRIVES: dict[str, int] = {"None": 1, "RAID0": 2, "RAID1": 2, "RAID5": 3,
@@ -31,7 +32,21 @@ class Runbook(Section):
         "registry, NetworkProtocol, time offset), firmware_update (each baseline "
         "component below its version, through UpdateService.SimpleUpdate or its "
         "MultipartHttpPushUri, see firmware_transfer), storage_layout "
-        "(the profile's storage volumes: Redfish Storage/Volumes, or mdadm through the agent)")
+        "(the profile's storage volumes: Redfish Storage/Volumes, or mdadm through the "
+        "agent), reboot (a power cycle through the BMC; an active node's OS waited for), "
+        "sanitise (every disk erased by the agent in the ramdisk, as on retire: only as the "
+        "last step, and the node then goes to deploying, re-installed)")
+
+    @field_validator("steps")
+    @classmethod
+    def _sanitise_last(cls, value: list[str]) -> list[str]:
+        """After ``sanitise`` the node has no OS: nothing may run after it, and the node is
+        re-deployed rather than handed back through the validation gate."""
+        if SANITISE in value[:-1]:
+            raise ValueError("sanitise erases the node's disks, OS included: it must be the "
+                             "runbook's last step (the node is then re-deployed), got "
+                             f"steps = {value}")
+        return value
 
 
 class FirmwareComponent(Section):
@@ -216,6 +231,11 @@ class ServicingSettings(Section):
                     raise ValueError(f"profile {name}: {key} {wanted!r} is not a "
                                      "[servicing.runbooks] entry "
                                      f"({', '.join(runbooks) or 'none'})")
+            wave = runbooks.get(profile.wave_runbook or "")
+            if wave is not None and SANITISE in wave.steps:
+                raise ValueError(f"profile {name}: wave_runbook {profile.wave_runbook!r} "
+                                 "has a sanitise step: a firmware wave must not erase the "
+                                 "active nodes it brings to the baseline")
         return value
 
     @model_validator(mode="after")

@@ -31,6 +31,11 @@ Steps (``SERVICE_STEPS``):
   activates on the power cycle that follows the updates; then every component is read back.
 * ``storage_layout``: the profile's storage volumes (``service_storage``): Redfish
   ``Storage/Volumes`` where the BMC offers them, left alone when already there.
+* ``reboot``: a power cycle through the BMC, an active node's OS waited for
+  (``service_reboot``).
+* ``sanitise``: every disk erased in the agent's ramdisk as on ``retire``
+  (``service_sanitise``); only a runbook's last step (config), after which the node, its OS
+  gone, is re-deployed (``reimage``, or ``onboarded`` for a new node), not gated.
 
 A step's failure carries the BMC's own message into ``service_failed``.
 """
@@ -66,6 +71,7 @@ GATE: Final = "service-gate"
 UNDRAINED: Final = "service-undrained"
 CLOSED: Final = "service-closed"
 STEP_EVENT: Final = "service_step"
+SANITISE: Final = "sanitise"
 FIRMWARE_KEY: Final = "firmware"
 BIOS_KEY: Final = "bios_settings"
 
@@ -125,6 +131,14 @@ async def service(ctx: StepContext) -> None:
     finally:
         for held in handle:
             await held.aclose()
+
+    async def close() -> None:
+        await _write(ctx, _record(ctx).with_netboot(False).closed(PASSED))
+
+    if record.steps and record.steps[-1] == SANITISE:  # no OS left to gate: re-deployed
+        await ctx.substep(CLOSED, close)
+        raise StepOutcome(Event.REIMAGE if record.drains else Event.ONBOARDED,
+                          f"runbook {record.runbook} ended in sanitise: re-deploying")
     if record.drains:
         await ctx.substep(GATE, lambda: _gate(ctx))
 
@@ -134,10 +148,6 @@ async def service(ctx: StepContext) -> None:
 
         await ctx.substep(UNDRAINED, undrain)
         return
-
-    async def close() -> None:
-        await _write(ctx, _record(ctx).closed(PASSED))
-
     await ctx.substep(CLOSED, close)
     raise StepOutcome(Event.ONBOARDED, f"onboarding runbook {record.runbook} passed")
 
@@ -361,17 +371,23 @@ async def _good_reads(service: ServiceBmc, wanted: int, poll_s: float, deadline:
 
 
 async def _reboot(ctx: StepContext) -> None:
-    """Power cycle through the BMC (confirmed by read-back); a drained active node's OS is
-    waited for (the gate collects its facts next)."""
+    """Power cycle through the BMC; a drained active node's OS is waited for (the gate
+    collects its facts next): the repair ladder's own wait (``Repairer.wait_os``)."""
+    await power_cycle(ctx)
+    if _record(ctx).drains:
+        await ctx.ports.repairs.wait_os(ctx.node)
+
+
+async def power_cycle(ctx: StepContext) -> None:
+    """A reset through the BMC, confirmed by read-back (a node that is off is powered on,
+    after its rack's stagger)."""
     if ctx.node.bmc is None:
-        raise FatalError("no BMC: no reboot to apply firmware or BIOS settings")
+        raise FatalError("no BMC: no power cycle to apply firmware or settings, or reboot")
     handle = await ctx.bmc()
     if await handle.power_state() is PowerState.OFF:
         await ctx.ports.stagger.wait(ctx.node)
     await handle.power_cycle()
     await ctx.note_power(str(PowerState.ON))
-    if _record(ctx).drains:
-        await ctx.ports.repairs.wait_os(ctx.node)
 
 
 async def storage_layout(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
@@ -388,12 +404,24 @@ async def bmc_settings(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
     return await settings(ctx, name, bmc)
 
 
+async def reboot(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    from provisioner.lifecycle.service_reboot import reboot as run
+    return await run(ctx, name, bmc)
+
+
+async def sanitise(ctx: StepContext, name: str, bmc: BmcGetter) -> str:
+    from provisioner.lifecycle.service_sanitise import sanitise as run
+    return await run(ctx, name, bmc)
+
+
 _STEPS: Final[Mapping[str, Run]] = {
     "firmware_inventory": firmware_inventory,
     "bios_settings": bios_settings,
     "bmc_settings": bmc_settings,
     "firmware_update": firmware_update,
     "storage_layout": storage_layout,
+    "reboot": reboot,
+    SANITISE: sanitise,
 }
 SERVICE_STEPS: Final = tuple(_STEPS)
 

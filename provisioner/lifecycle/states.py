@@ -28,7 +28,8 @@ class Event(StrEnum):
     DONE = "done"
     FAIL = "fail"
     ESCALATE = "escalate"  # the repair ladder ran out of rungs: service_required
-    REIMAGE = "reimage"    # the repair ladder's last rung: re-provision (deploying)
+    REIMAGE = "reimage"    # re-provision (deploying): the repair ladder's last rung, or an
+    #                        active node's runbook that ended in ``sanitise`` (its OS is gone)
     SERVICE = "service"    # run a runbook (provisioner.lifecycle.service_step)
     ONBOARDED = "onboarded"  # a new node's onboarding runbook passed: on to deploying
     REGISTER_RUNNING = "register_running"  # brownfield: the machine already runs its OS
@@ -91,6 +92,7 @@ def _build() -> dict[tuple[NodeState, Event], NodeState]:
         (S.INSPECTED, E.SERVICE): S.SERVICING,
         (S.ACTIVE, E.SERVICE): S.SERVICING,
         (S.SERVICING, E.ONBOARDED): S.DEPLOYING,
+        (S.SERVICING, E.REIMAGE): S.DEPLOYING,  # an active node's runbook ended in sanitise
         (S.SERVICE_FAILED, E.DEPLOY): S.DEPLOYING,
         # brownfield adoption (Ironic's ``adopt``, MAAS's ``deployed=True``): a machine that
         # already runs its OS goes to active as it is: no inspection needed, no disk write

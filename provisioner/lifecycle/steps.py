@@ -85,14 +85,16 @@ async def _power(ctx: StepContext, state: PowerState) -> None:
     await ctx.note_power(str(state))
 
 
-async def _netboot(ctx: StepContext) -> None:
+async def _netboot(ctx: StepContext, prefix: str = "") -> None:
     """Boot from the network: next boot PXE, then off and on (each idempotent and
-    checkpointed, unlike a reboot). A node without a BMC is already net-booted."""
+    checkpointed, unlike a reboot). A node without a BMC is already net-booted.
+    ``prefix``: before each sub-step's name, for a step that netboots more than once (a
+    runbook's ``sanitise`` after ``storage_layout``'s mdadm arrays)."""
     if ctx.node.bmc is None:
         return
-    await ctx.substep("bootdev-pxe", lambda: _boot_from(ctx, BootDevice.PXE))
-    await ctx.substep("power-off-for-netboot", lambda: _power(ctx, PowerState.OFF))
-    await ctx.substep("power-on", lambda: _power(ctx, PowerState.ON))
+    await ctx.substep(f"{prefix}bootdev-pxe", lambda: _boot_from(ctx, BootDevice.PXE))
+    await ctx.substep(f"{prefix}power-off-for-netboot", lambda: _power(ctx, PowerState.OFF))
+    await ctx.substep(f"{prefix}power-on", lambda: _power(ctx, PowerState.ON))
 
 
 async def inspect(ctx: StepContext) -> None:
@@ -277,10 +279,12 @@ STEPS: Final[Mapping[NodeState, Step]] = {
 }
 
 #: Steps whose drivers key their work by ``run_id`` (the image written, the Ansible run, the
-#: disks erased): the run id is checkpointed before their first sub-step, so a restart keeps it.
+#: disks erased, a runbook's agent jobs): the run id is checkpointed before their first
+#: sub-step, so a restart keeps it.
 KEYED_STEPS: Final[frozenset[NodeState]] = frozenset({NodeState.DEPLOYING,
                                                       NodeState.CONFIGURING,
-                                                      NodeState.RETIRING})
+                                                      NodeState.RETIRING,
+                                                      NodeState.SERVICING})
 
 #: Steps that wait for other nodes: they bound their own waits (no step timeout) and hold no
 #: in-flight budget slot while they wait (a slot held by a waiting node could starve the very

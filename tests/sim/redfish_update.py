@@ -48,6 +48,8 @@ class UpdateSim:
     # while set-able and unset, SimpleUpdate makes its task, then keeps its answer back (a
     # daemon that dies in that window never hears the task's URI)
     answer_hold: asyncio.Event | None = None
+    # likewise for ComputerSystem.Reset: the machine resets, the answer is kept back
+    reset_hold: asyncio.Event | None = None
     fetch_images: bool = False  # fetch ImageURI as a BMC does; a failed transfer fails the task
     # what the UpdateService offers: SimpleUpdate (with these TransferProtocol values), a
     # MultipartHttpPushUri (bmcweb's shape: tests/fixtures/redfish-servicing/README.md)
@@ -137,6 +139,8 @@ async def reset(request: web.Request) -> web.Response:
     if kind in ("On", "ForceRestart") and sim.pending:  # the BIOS applies pending settings
         sim.bios.update(sim.pending)
         sim.pending.clear()
+    if sim.reset_hold is not None:
+        await sim.reset_hold.wait()
     return web.Response(status=204)
 
 

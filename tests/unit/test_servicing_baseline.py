@@ -102,7 +102,7 @@ def test_config_checks_runbook_names_and_image_urls() -> None:
         ServicingSettings.model_validate({"profiles": {"gpu": {"firmware": [
             {"id": "BIOS", "version": "1", "image": "bios.bin"}]}}})
     with pytest.raises(ValidationError):
-        ServicingSettings.model_validate({"runbooks": {"x": {"steps": ["sanitise"]}}})
+        ServicingSettings.model_validate({"runbooks": {"x": {"steps": ["defrag"]}}})
     ok = ServicingSettings.model_validate({"image_base_url": "http://10.0.0.1/firmware/"})
     assert ok.image_uri("bios.bin") == "http://10.0.0.1/firmware/bios.bin"
     assert ok.image_uri("https://vendor/x.bin") == "https://vendor/x.bin"

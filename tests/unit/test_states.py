@@ -50,6 +50,7 @@ EXPECTED: dict[tuple[NodeState, Event], NodeState] = {
     (S.ACTIVE, E.SERVICE): S.SERVICING,
     (S.SERVICING, E.DONE): S.ACTIVE,
     (S.SERVICING, E.ONBOARDED): S.DEPLOYING,
+    (S.SERVICING, E.REIMAGE): S.DEPLOYING,  # a runbook that ended in sanitise
     (S.SERVICE_FAILED, E.DEPLOY): S.DEPLOYING,
     # brownfield adoption (issue 30): a machine that already runs its OS
     (S.ENROLLED, E.REGISTER_RUNNING): S.ACTIVE,
