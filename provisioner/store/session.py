@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session
 
@@ -43,8 +43,25 @@ class SessionRepo:
             with Session(self._engine, expire_on_commit=False) as session:
                 return fn(session)
 
+        return await self._in_pool(once)
+
+    async def _run_conn(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in the store pool, in one transaction (committed when ``fn``
+        returns, rolled back when it raises), without an ORM session: the per-node hot
+        paths (a checkpoint, a transition, one node read) in SQL expressions, whose ORM
+        overhead was most of a simulated node's CPU (docs/performance.md, "Rack")."""
+
+        def once() -> T:
+            with self._engine.begin() as conn:
+                return fn(conn)
+
+        return await self._in_pool(once)
+
+    async def _in_pool(self, once: Callable[[], T]) -> T:
         def work() -> T:
             try:  # a store thread sleeps between tries, never the event loop
+                if not self._retry_s:  # SQLite: one try (what the retry would do, cheaper)
+                    return once()
                 return retry_sync(once, backoff=BACKOFF, retryable=_lost,
                                   deadline_s=self._retry_s, on_retry=_noted)
             except DBAPIError as exc:
