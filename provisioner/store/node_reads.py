@@ -31,6 +31,7 @@ from provisioner.store.node_rows import (
     find_row,
     get_row,
     macs_for,
+    read_node,
     to_entry,
     to_node,
 )
@@ -50,7 +51,7 @@ class NodeReads(SessionRepo):
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, node_id: str) -> Node:
-        return await self._run(lambda s: to_node(s, get_row(s, node_id)))
+        return await self._run_conn(lambda conn: read_node(conn, node_id))
 
     async def find(self, key: str) -> Node:
         """Look a node up by id, hostname, serial or MAC."""

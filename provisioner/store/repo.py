@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, update
+from sqlalchemy import Connection, Table, delete, insert, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -41,9 +41,18 @@ from provisioner.store.models import (
     utcnow,
 )
 from provisioner.store.node_admin import NodeAdmin
-from provisioner.store.node_rows import apply_bmc, commit_unique, get_row, to_node
+from provisioner.store.node_rows import (
+    NODE,
+    TRANSITION,
+    apply_bmc,
+    commit_unique,
+    get_row,
+    to_node,
+)
 
 log = logging.getLogger(__name__)
+
+LEASE: Table = NodeLeaseRow.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,27 +77,26 @@ class NodeRepo(NodeAdmin):
     """Reads (``NodeReads``), an operator's edits (``NodeAdmin``) and every write of node
     rows."""
 
-    def _check_fence(self, s: Session, node_id: str, fence: int | None) -> None:
+    def _check_fence(self, conn: Connection, node_id: str, fence: int | None) -> None:
         """Refuse the write unless we still hold the node's lease with ``fence``. The row
         stays share-locked to the end of the transaction, so no claim slips in between
-        (PostgreSQL; SQLite has one daemon)."""
+        (PostgreSQL; SQLite has one daemon). Raising rolls the transaction back."""
         if fence is None:
             return
-        held = s.exec(select(NodeLeaseRow.fence).where(
-            col(NodeLeaseRow.node_id) == node_id, col(NodeLeaseRow.owner) == self.instance,
-            col(NodeLeaseRow.fence) == fence).with_for_update(read=True)).first()
+        held = conn.execute(sa_select(LEASE.c.fence).where(
+            LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
+            LEASE.c.fence == fence).with_for_update(read=True)).first()
         if held is None:
-            s.rollback()
             log.warning("node %s: write refused by fencing: instance %s lost its lease "
                         "(fence %d)", node_id, self.instance, fence)
             raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
                          f"holds its lease (fence {fence})")
 
-    def _release(self, s: Session, node_id: str, fence: int | None) -> None:
+    def _release(self, conn: Connection, node_id: str, fence: int | None) -> None:
         if fence is not None:
-            s.execute(update(NodeLeaseRow).where(
-                col(NodeLeaseRow.node_id) == node_id, col(NodeLeaseRow.owner) == self.instance,
-                col(NodeLeaseRow.fence) == fence).values(owner=None, expires_at=None))
+            conn.execute(update(LEASE).where(
+                LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
+                LEASE.c.fence == fence).values(owner=None, expires_at=None))
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -194,8 +202,8 @@ class NodeRepo(NodeAdmin):
         ``fence``: only while we hold the node's lease with it (else Fenced); ``release``:
         free that lease in the same transaction (the step ended)."""
 
-        def work(s: Session) -> Node:
-            self._check_fence(s, node.id, fence)
+        def work(conn: Connection) -> Node:
+            self._check_fence(conn, node.id, fence)
             now = utcnow()
             values: dict[str, Any] = {
                 "state": str(to_state),
@@ -209,22 +217,18 @@ class NodeRepo(NodeAdmin):
                 values["checkpoint"] = "[]"
             if maintenance is not None:
                 values["maintenance"], values["maintenance_reason"] = maintenance
-            result = s.execute(
-                update(NodeRow)
-                .where(col(NodeRow.id) == node.id, col(NodeRow.version) == node.version)
-                .values(**values)
-            )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
+            result = conn.execute(
+                update(NODE).where(NODE.c.id == node.id, NODE.c.version == node.version)
+                .values(**values))
+            if result.rowcount != 1:
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
-            s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
-                                from_state=str(node.state), to_state=str(to_state),
-                                actor=actor, reason=reason, created_at=now,
-                                instance=self.instance, fence=fence))
+            conn.execute(insert(TRANSITION).values(
+                node_id=node.id, seq=node.history_seq + 1, event=event,
+                from_state=str(node.state), to_state=str(to_state), actor=actor,
+                reason=reason, created_at=now, instance=self.instance, fence=fence))
             if release:
-                self._release(s, node.id, fence)
-            notify.send(s, self.instance, node.id, node.macs)
-            s.commit()
+                self._release(conn, node.id, fence)
+            notify.send(conn, self.instance, node.id, node.macs)
             # The CAS proved nobody else wrote: the new node is the old one plus our values.
             changed: dict[str, Any] = {"state": to_state, "version": node.version + 1,
                                        "history_seq": node.history_seq + 1, "updated_at": now}
@@ -236,7 +240,7 @@ class NodeRepo(NodeAdmin):
                 changed["maintenance"], changed["maintenance_reason"] = maintenance
             return dataclasses.replace(node, **changed)
 
-        return await self._run(work)
+        return await self._run_conn(work)
 
     async def adopt(self, discovered: Node, owner: Node, *, actor: str, reason: str) -> Node:
         """Fold a discovered node into the enrolled one with the same serial: its MACs and
@@ -280,23 +284,19 @@ class NodeRepo(NodeAdmin):
         if power_state is not None:
             values |= {"power_state": power_state, "power_checked_at": utcnow()}
 
-        def work(s: Session) -> Node:
-            self._check_fence(s, node.id, fence)
-            result = s.execute(
-                update(NodeRow)
-                .where(col(NodeRow.id) == node.id, col(NodeRow.state) == str(node.state))
-                .values(**values, updated_at=utcnow())
-            )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
+        def work(conn: Connection) -> Node:
+            self._check_fence(conn, node.id, fence)
+            result = conn.execute(
+                update(NODE).where(NODE.c.id == node.id, NODE.c.state == str(node.state))
+                .values(**values, updated_at=utcnow()))
+            if result.rowcount != 1:
                 raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
-            s.commit()
             if power_state is not None:
                 return dataclasses.replace(node, checkpoint=tuple(checkpoint),
                                            power_state=power_state)
             return dataclasses.replace(node, checkpoint=tuple(checkpoint))
 
-        return await self._run(work)
+        return await self._run_conn(work)
 
     async def merge_facts(self, node_id: str, facts: dict[str, Any]) -> Node:
         return await self.update_fact(node_id, lambda found: found | facts)
