@@ -14,11 +14,12 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, insert, update
+from sqlalchemy import ColumnElement, Connection, Table, delete, insert, update
 from sqlalchemy import select as sa_select
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from provisioner.domain import (
     BmcCredentials,
@@ -91,6 +92,15 @@ class NodeRepo(NodeAdmin):
                         "(fence %d)", node_id, self.instance, fence)
             raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
                          f"holds its lease (fence {fence})")
+
+    def _holds(self, node_id: str, fence: int) -> ColumnElement[bool]:
+        """The condition a fenced write puts in its own ``UPDATE`` (a statement less than
+        ``_check_fence`` first): we hold the node's lease with ``fence``, the lease row
+        share-locked to the end of the transaction as ``_check_fence`` locks it. When the
+        write then finds no row, ``_check_fence`` tells a lost lease from a raced write."""
+        return sa_select(LEASE.c.fence).where(
+            LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
+            LEASE.c.fence == fence).with_for_update(read=True).exists()
 
     def _release(self, conn: Connection, node_id: str, fence: int | None) -> None:
         if fence is not None:
@@ -203,7 +213,6 @@ class NodeRepo(NodeAdmin):
         free that lease in the same transaction (the step ended)."""
 
         def work(conn: Connection) -> Node:
-            self._check_fence(conn, node.id, fence)
             now = utcnow()
             values: dict[str, Any] = {
                 "state": str(to_state),
@@ -217,10 +226,12 @@ class NodeRepo(NodeAdmin):
                 values["checkpoint"] = "[]"
             if maintenance is not None:
                 values["maintenance"], values["maintenance_reason"] = maintenance
-            result = conn.execute(
-                update(NODE).where(NODE.c.id == node.id, NODE.c.version == node.version)
-                .values(**values))
+            where = [NODE.c.id == node.id, NODE.c.version == node.version]
+            if fence is not None:
+                where.append(self._holds(node.id, fence))
+            result = conn.execute(update(NODE).where(*where).values(**values))
             if result.rowcount != 1:
+                self._check_fence(conn, node.id, fence)  # a lost lease: Fenced, as before
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
             conn.execute(insert(TRANSITION).values(
                 node_id=node.id, seq=node.history_seq + 1, event=event,
@@ -285,11 +296,13 @@ class NodeRepo(NodeAdmin):
             values |= {"power_state": power_state, "power_checked_at": utcnow()}
 
         def work(conn: Connection) -> Node:
-            self._check_fence(conn, node.id, fence)
-            result = conn.execute(
-                update(NODE).where(NODE.c.id == node.id, NODE.c.state == str(node.state))
-                .values(**values, updated_at=utcnow()))
+            where = [NODE.c.id == node.id, NODE.c.state == str(node.state)]
+            if fence is not None:
+                where.append(self._holds(node.id, fence))
+            result = conn.execute(update(NODE).where(*where).values(**values,
+                                                                    updated_at=utcnow()))
             if result.rowcount != 1:
+                self._check_fence(conn, node.id, fence)  # a lost lease: Fenced, as before
                 raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
             if power_state is not None:
                 return dataclasses.replace(node, checkpoint=tuple(checkpoint),
@@ -306,18 +319,17 @@ class NodeRepo(NodeAdmin):
         """Write ``change(facts)`` as the node's facts, read and written under the row's
         lock (``FOR UPDATE``): another daemon's merge between our read and our write would
         be lost (a repair record's rung result overwritten by a stale copy)."""
-        def work(s: Session) -> Node:
-            row = s.exec(select(NodeRow).where(col(NodeRow.id) == node_id)
-                         .with_for_update()).first()
+        def work(conn: Connection) -> Node:
+            row = conn.execute(sa_select(NODE).where(NODE.c.id == node_id)
+                               .with_for_update()).first()
             if row is None:
                 raise NotFound("node", node_id)
-            row.facts = json.dumps(change(json.loads(row.facts)), sort_keys=True)
-            row.updated_at = utcnow()
-            s.add(row)
-            s.commit()
-            return to_node(s, row)
+            written = {"facts": json.dumps(change(json.loads(row.facts)), sort_keys=True),
+                       "updated_at": utcnow()}
+            conn.execute(update(NODE).where(NODE.c.id == node_id).values(**written))
+            return to_node(conn, SimpleNamespace(**(dict(row._mapping) | written)))
 
-        return await self._run(work)
+        return await self._run_conn(work)
 
     async def bmc_targets(self) -> builtins.list[BmcTarget]:
         """Every node with a BMC endpoint, its credentials and last power state, in one read
