@@ -51,7 +51,7 @@ class NodeReads(SessionRepo):
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, node_id: str) -> Node:
-        return await self._run_conn(lambda conn: read_node(conn, node_id))
+        return await self._run_batched(lambda conn: read_node(conn, node_id))
 
     async def find(self, key: str) -> Node:
         """Look a node up by id, hostname, serial or MAC."""

@@ -79,17 +79,15 @@ class NodeRepo(NodeAdmin):
     rows."""
 
     def _check_fence(self, conn: Connection, node_id: str, fence: int | None) -> None:
-        """Refuse the write unless we still hold the node's lease with ``fence``. The row
-        stays share-locked to the end of the transaction, so no claim slips in between
-        (PostgreSQL; SQLite has one daemon). Raising rolls the transaction back."""
+        """Fenced unless we still hold the node's lease with ``fence`` (a fenced write
+        that matched no row asks: a lost lease, or a raced write?). Raising rolls the
+        transaction back."""
         if fence is None:
             return
         held = conn.execute(sa_select(LEASE.c.fence).where(
             LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
             LEASE.c.fence == fence).with_for_update(read=True)).first()
         if held is None:
-            log.warning("node %s: write refused by fencing: instance %s lost its lease "
-                        "(fence %d)", node_id, self.instance, fence)
             raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
                          f"holds its lease (fence {fence})")
 
@@ -101,6 +99,15 @@ class NodeRepo(NodeAdmin):
         return sa_select(LEASE.c.fence).where(
             LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
             LEASE.c.fence == fence).with_for_update(read=True).exists()
+
+    async def _fenced_write(self, node_id: str, fence: int | None,
+                            work: Callable[[Connection], Node]) -> Node:
+        try:
+            return await self._run_batched(work)
+        except Fenced:  # logged here, once (a group commit that failed runs its calls again)
+            log.warning("node %s: write refused by fencing: instance %s lost its lease "
+                        "(fence %d)", node_id, self.instance, fence)
+            raise
 
     def _release(self, conn: Connection, node_id: str, fence: int | None) -> None:
         if fence is not None:
@@ -251,7 +258,7 @@ class NodeRepo(NodeAdmin):
                 changed["maintenance"], changed["maintenance_reason"] = maintenance
             return dataclasses.replace(node, **changed)
 
-        return await self._run_conn(work)
+        return await self._fenced_write(node.id, fence, work)
 
     async def adopt(self, discovered: Node, owner: Node, *, actor: str, reason: str) -> Node:
         """Fold a discovered node into the enrolled one with the same serial: its MACs and
@@ -309,7 +316,7 @@ class NodeRepo(NodeAdmin):
                                            power_state=power_state)
             return dataclasses.replace(node, checkpoint=tuple(checkpoint))
 
-        return await self._run_conn(work)
+        return await self._fenced_write(node.id, fence, work)
 
     async def merge_facts(self, node_id: str, facts: dict[str, Any]) -> Node:
         return await self.update_fact(node_id, lambda found: found | facts)
@@ -329,7 +336,7 @@ class NodeRepo(NodeAdmin):
             conn.execute(update(NODE).where(NODE.c.id == node_id).values(**written))
             return to_node(conn, SimpleNamespace(**(dict(row._mapping) | written)))
 
-        return await self._run_conn(work)
+        return await self._run_batched(work)
 
     async def bmc_targets(self) -> builtins.list[BmcTarget]:
         """Every node with a BMC endpoint, its credentials and last power state, in one read
