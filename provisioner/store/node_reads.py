@@ -24,6 +24,7 @@ from provisioner.domain import (
 )
 from provisioner.ids import NodeId
 from provisioner.store.history import AuditQuery, audit, prune_batch, with_former_hostnames
+from provisioner.store.hot_sql import read_node
 from provisioner.store.models import NodeRow, TransitionRow
 from provisioner.store.node_rows import (
     escape_like,
@@ -31,7 +32,6 @@ from provisioner.store.node_rows import (
     find_row,
     get_row,
     macs_for,
-    read_node,
     to_entry,
     to_node,
 )

@@ -61,17 +61,6 @@ def apply_bmc(row: NodeRow, bmc: BmcEndpoint | None, password: str | None,
         row.bmc_password_enc = box.encrypt(password)
 
 
-def read_node(conn: Connection, node_id: str) -> Node:
-    """One node, read as plain rows: what ``get`` returns, at a
-    fraction of the ORM's CPU (a node's lifecycle reads it ~15 times). One statement: the
-    row joined to its MACs (a row per MAC; one with none for a node without)."""
-    rows = conn.execute(sa_select(NODE, MAC.c.mac).outerjoin(MAC, MAC.c.node_id == NODE.c.id)
-                        .where(NODE.c.id == node_id).order_by(MAC.c.mac)).all()
-    if not rows:
-        raise NotFound("node", node_id)
-    return to_node(conn, rows[0], tuple(row.mac for row in rows if row.mac is not None))
-
-
 def get_row(s: Session, node_id: str) -> NodeRow:
     row = s.get(NodeRow, node_id)
     if row is None:

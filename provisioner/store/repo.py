@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Table, delete, insert, update
+from sqlalchemy import Connection, delete, update
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col
 
@@ -31,6 +31,7 @@ from provisioner.domain import (
 )
 from provisioner.errors import Fenced, NodeBusy, NotFound
 from provisioner.ids import NodeId, new_node_id, normalize_mac
+from provisioner.store import hot_sql as sql
 from provisioner.store import notify
 from provisioner.store.models import (
     ApiTokenRow,
@@ -43,8 +44,6 @@ from provisioner.store.models import (
 )
 from provisioner.store.node_admin import NodeAdmin
 from provisioner.store.node_rows import (
-    NODE,
-    TRANSITION,
     apply_bmc,
     commit_unique,
     get_row,
@@ -52,8 +51,6 @@ from provisioner.store.node_rows import (
 )
 
 log = logging.getLogger(__name__)
-
-LEASE: Table = NodeLeaseRow.__table__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,21 +81,14 @@ class NodeRepo(NodeAdmin):
         transaction back."""
         if fence is None:
             return
-        held = conn.execute(sa_select(LEASE.c.fence).where(
-            LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
-            LEASE.c.fence == fence).with_for_update(read=True)).first()
+        held = conn.execute(sql.HELD, self._lease_key(node_id, fence)).first()
         if held is None:
             raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
                          f"holds its lease (fence {fence})")
 
-    def _holds(self, node_id: str, fence: int) -> ColumnElement[bool]:
-        """The condition a fenced write puts in its own ``UPDATE`` (a statement less than
-        ``_check_fence`` first): we hold the node's lease with ``fence``, the lease row
-        share-locked to the end of the transaction as ``_check_fence`` locks it. When the
-        write then finds no row, ``_check_fence`` tells a lost lease from a raced write."""
-        return sa_select(LEASE.c.fence).where(
-            LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
-            LEASE.c.fence == fence).with_for_update(read=True).exists()
+    def _lease_key(self, node_id: str, fence: int) -> dict[str, Any]:
+        """The parameters of ``sql.HOLDS``, ``HELD`` and ``RELEASE``: our lease on the node."""
+        return {"b_id": node_id, "b_owner": self.instance, "b_fence": fence}
 
     async def _fenced_write(self, node_id: str, fence: int | None,
                             work: Callable[[Connection], Node]) -> Node:
@@ -111,9 +101,7 @@ class NodeRepo(NodeAdmin):
 
     def _release(self, conn: Connection, node_id: str, fence: int | None) -> None:
         if fence is not None:
-            conn.execute(update(LEASE).where(
-                LEASE.c.node_id == node_id, LEASE.c.owner == self.instance,
-                LEASE.c.fence == fence).values(owner=None, expires_at=None))
+            conn.execute(sql.RELEASE, self._lease_key(node_id, fence))
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -233,17 +221,20 @@ class NodeRepo(NodeAdmin):
                 values["checkpoint"] = "[]"
             if maintenance is not None:
                 values["maintenance"], values["maintenance_reason"] = maintenance
-            where = [NODE.c.id == node.id, NODE.c.version == node.version]
-            if fence is not None:
-                where.append(self._holds(node.id, fence))
-            result = conn.execute(update(NODE).where(*where).values(**values))
+            # a fenced write checks its lease in its own UPDATE (a statement less); when
+            # no row matched, _check_fence tells a lost lease from a raced write
+            key = {"b_id": node.id, "b_version": node.version}
+            result = conn.execute(sql.CAS_VERSION, values | key) if fence is None else \
+                conn.execute(sql.CAS_VERSION_FENCED, values | key | self._lease_key(node.id,
+                                                                                   fence))
             if result.rowcount != 1:
                 self._check_fence(conn, node.id, fence)  # a lost lease: Fenced, as before
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
-            conn.execute(insert(TRANSITION).values(
-                node_id=node.id, seq=node.history_seq + 1, event=event,
-                from_state=str(node.state), to_state=str(to_state), actor=actor,
-                reason=reason, created_at=now, instance=self.instance, fence=fence))
+            conn.execute(sql.HISTORY_ROW, {
+                "node_id": node.id, "seq": node.history_seq + 1, "event": event,
+                "from_state": str(node.state), "to_state": str(to_state), "actor": actor,
+                "reason": reason, "created_at": now, "instance": self.instance,
+                "fence": fence})
             if release:
                 self._release(conn, node.id, fence)
             notify.send(conn, self.instance, node.id, node.macs)
@@ -303,11 +294,10 @@ class NodeRepo(NodeAdmin):
             values |= {"power_state": power_state, "power_checked_at": utcnow()}
 
         def work(conn: Connection) -> Node:
-            where = [NODE.c.id == node.id, NODE.c.state == str(node.state)]
-            if fence is not None:
-                where.append(self._holds(node.id, fence))
-            result = conn.execute(update(NODE).where(*where).values(**values,
-                                                                    updated_at=utcnow()))
+            key = {"b_id": node.id, "b_state": str(node.state), "updated_at": utcnow()}
+            result = conn.execute(sql.IN_STATE, values | key) if fence is None else \
+                conn.execute(sql.IN_STATE_FENCED, values | key | self._lease_key(node.id,
+                                                                                 fence))
             if result.rowcount != 1:
                 self._check_fence(conn, node.id, fence)  # a lost lease: Fenced, as before
                 raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
@@ -327,13 +317,12 @@ class NodeRepo(NodeAdmin):
         lock (``FOR UPDATE``): another daemon's merge between our read and our write would
         be lost (a repair record's rung result overwritten by a stale copy)."""
         def work(conn: Connection) -> Node:
-            row = conn.execute(sa_select(NODE).where(NODE.c.id == node_id)
-                               .with_for_update()).first()
+            row = conn.execute(sql.LOCK_NODE, {"b_id": node_id}).first()
             if row is None:
                 raise NotFound("node", node_id)
             written = {"facts": json.dumps(change(json.loads(row.facts)), sort_keys=True),
                        "updated_at": utcnow()}
-            conn.execute(update(NODE).where(NODE.c.id == node_id).values(**written))
+            conn.execute(sql.BY_ID, written | {"b_id": node_id})
             return to_node(conn, SimpleNamespace(**(dict(row._mapping) | written)))
 
         return await self._run_batched(work)
