@@ -63,6 +63,19 @@ BY_ID: Update = update(NODE).where(NODE.c.id == bindparam("b_id"))
 
 HISTORY_ROW: Insert = insert(TRANSITION)
 
+#: a node's lease row, locked to claim it (a forced claim waits for a write in progress)
+LEASE_ROW: Select[Any] = select(LEASE.c.owner, LEASE.c.fence, LEASE.c.expires_at).where(
+    LEASE.c.node_id == bindparam("b_id"))
+LEASE_TO_CLAIM: Select[Any] = LEASE_ROW.with_for_update(skip_locked=True)
+LEASE_TO_FORCE: Select[Any] = LEASE_ROW.with_for_update()
+
+#: the lease taken: owner, fence and expires_at from the parameters
+TAKE_LEASE: Update = update(LEASE).where(LEASE.c.node_id == bindparam("b_id"))
+
+#: the BMC login of one node
+CREDENTIALS: Select[Any] = select(NODE.c.bmc_username, NODE.c.bmc_password_enc).where(
+    NODE.c.id == bindparam("b_id"))
+
 #: the lease freed when a step ends, if still ours with this fence
 RELEASE: Update = update(LEASE).where(
     LEASE.c.node_id == bindparam("b_id"), LEASE.c.owner == bindparam("b_owner"),

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from sqlalchemy import Engine, func, or_
+from sqlalchemy import Connection, Engine, func, or_
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -22,9 +22,10 @@ from provisioner.domain import (
     NodeState,
     NodeSummary,
 )
+from provisioner.errors import NotFound
 from provisioner.ids import NodeId
 from provisioner.store.history import AuditQuery, audit, prune_batch, with_former_hostnames
-from provisioner.store.hot_sql import read_node
+from provisioner.store.hot_sql import CREDENTIALS, read_node
 from provisioner.store.models import NodeRow, TransitionRow
 from provisioner.store.node_rows import (
     escape_like,
@@ -262,11 +263,13 @@ class NodeReads(SessionRepo):
         return total
 
     async def credentials(self, node_id: str) -> BmcCredentials:
-        def work(s: Session) -> BmcCredentials:
-            row = get_row(s, node_id)
+        def work(conn: Connection) -> BmcCredentials:
+            row = conn.execute(CREDENTIALS, {"b_id": node_id}).first()
+            if row is None:
+                raise NotFound("node", node_id)
             password = None
             if row.bmc_password_enc is not None:
                 password = self._box.decrypt(row.bmc_password_enc)
             return BmcCredentials(username=row.bmc_username, password=password)
 
-        return await self._run(work)
+        return await self._run_batched(work)
