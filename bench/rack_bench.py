@@ -1,8 +1,13 @@
 """A simulated rack through the whole lifecycle: N nodes enrolled -> active on the fake
 drivers, measuring wall time and the daemon's CPU time per node (DESIGN §9: 1,000 nodes,
-<= 10 min wall, <= 100 ms daemon CPU per node, 0 failed).
+<= 10 min wall, 0 failed; <= 50 ms daemon CPU per node since issue 29, was 100).
 
-    python3 bench/rack_bench.py [--nodes 1000] [--step-delay-s 0.2] [--postgres]
+    python3 bench/rack_bench.py [--nodes 1000] [--step-delay-s 0.2] [--profile FILE]
+
+``--profile FILE`` samples the daemon (every thread, on-CPU only) with py-spy, found on PATH
+or named by ``--py-spy``, into FILE as collapsed stacks (one ``frame;frame;... count`` a line,
+the input of flamegraph.pl and speedscope); ``bench/profile_top.py FILE`` prints the top
+entries. The sampler runs in its own process, so the CPU figure is the daemon's alone.
 
 The fake drivers stand in for BMCs, PXE clients and kubelets, so this measures the daemon's
 own cost (conductor, store, checkpoints, policy), not the hardware's.
@@ -59,7 +64,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--step-delay-s", type=float, default=0.2)
+    parser.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks here")
+    parser.add_argument("--py-spy", default="py-spy", help="the py-spy binary (--profile)")
     args = parser.parse_args()
+    spy = shutil.which(args.py_spy) if args.profile else None
+    if args.profile and spy is None:
+        raise SystemExit(f"bench: --profile needs py-spy ({args.py_spy!r} not found)")
     work = Path(tempfile.mkdtemp(prefix="pv-rack-bench-"))
     config = work / "provisioner.toml"
     config.write_text(
@@ -71,6 +81,10 @@ def main() -> None:
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "provisioner", "--config", str(config),
                              "serve"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sampler = None if spy is None else subprocess.Popen(
+        [spy, "record", "--pid", str(proc.pid), "--rate", "200", "--format", "raw",
+         "--output", str(args.profile), "--nonblocking"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = work / "state" / "provisioner.sqlite"
     peak_rss = 0.0
     try:
@@ -86,6 +100,9 @@ def main() -> None:
             time.sleep(0.5)
         wall = time.monotonic() - started
         cpu = cpu_seconds(proc.pid)
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            sampler.wait(60)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

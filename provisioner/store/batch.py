@@ -27,10 +27,18 @@ MAX_BATCH = 256
 
 class TxnBatcher:
     def __init__(self, engine: Engine, pool: ThreadPoolExecutor,
-                 clock: Callable[[], datetime]) -> None:
+                 clock: Callable[[], datetime], *, max_batch: int = MAX_BATCH,
+                 shared: bool = False) -> None:
+        """``shared``: the pool runs other calls too (SQLite's one store thread), so the
+        batcher behaves as their ``run_in_executor`` does: one batch per turn of the pool
+        (what was queued behind it runs before the next batch; by default a drain runs
+        batches for as long as callers keep coming), and a call whose caller was cancelled
+        before its batch started is not run."""
         self._engine = engine
         self._pool = pool
         self._clock = clock
+        self._max_batch = max_batch
+        self._shared = shared
         self._queue: deque[_Item] = deque()
         self._lock = threading.Lock()
         self._draining = False
@@ -49,15 +57,29 @@ class TxnBatcher:
     def _drain_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
         while True:
             with self._lock:
-                batch = [self._queue.popleft() for _ in range(min(MAX_BATCH, len(self._queue)))]
+                batch = [self._queue.popleft()
+                         for _ in range(min(self._max_batch, len(self._queue)))]
                 if not batch:
                     self._draining = False
                     return
-            outcomes = self._batch_blocking(batch)
-            try:
-                loop.call_soon_threadsafe(_settle, outcomes)
-            except RuntimeError:  # the loop closed while we worked: nobody is waiting
-                return
+            if self._shared:  # read across threads: at worst one more runs, as before
+                batch = [item for item in batch if not item[1].cancelled()]
+            if batch:
+                outcomes = self._batch_blocking(batch)
+                try:
+                    loop.call_soon_threadsafe(_settle, outcomes)
+                except RuntimeError:  # the loop closed while we worked: nobody is waiting
+                    return
+            if self._shared:
+                with self._lock:
+                    if not self._queue:
+                        self._draining = False
+                        return
+                try:
+                    self._pool.submit(self._drain_blocking, loop)  # behind what waits
+                    return
+                except RuntimeError:  # the pool shuts down: drain the rest here
+                    continue
 
     def _batch_blocking(self, batch: list[_Item]) -> list[tuple[asyncio.Future[Any], Any,
                                                                 BaseException | None]]:

@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from sqlalchemy import Engine, cast, func, or_
+from sqlalchemy import Connection, Engine, cast, func, or_
 from sqlalchemy import select as sa_select
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Session, col, select
@@ -23,8 +23,10 @@ from provisioner.domain import (
     NodeState,
     NodeSummary,
 )
+from provisioner.errors import NotFound
 from provisioner.ids import NodeId
 from provisioner.store.history import AuditQuery, audit, prune_batch, with_former_hostnames
+from provisioner.store.hot_sql import CREDENTIALS, read_node
 from provisioner.store.models import NodeRow, TransitionRow
 from provisioner.store.node_rows import (
     escape_like,
@@ -51,7 +53,7 @@ class NodeReads(SessionRepo):
     # -- reads ------------------------------------------------------------------------------
 
     async def get(self, node_id: str) -> Node:
-        return await self._run(lambda s: to_node(s, get_row(s, node_id)))
+        return await self._run_batched(lambda conn: read_node(conn, node_id))
 
     async def find(self, key: str) -> Node:
         """Look a node up by id, hostname, serial or MAC."""
@@ -285,14 +287,16 @@ class NodeReads(SessionRepo):
         return total
 
     async def credentials(self, node_id: str) -> BmcCredentials:
-        def work(s: Session) -> BmcCredentials:
-            row = get_row(s, node_id)
+        def work(conn: Connection) -> BmcCredentials:
+            row = conn.execute(CREDENTIALS, {"b_id": node_id}).first()
+            if row is None:
+                raise NotFound("node", node_id)
             password = None
             if row.bmc_password_enc is not None:
                 password = self._box.decrypt(row.bmc_password_enc)
             return BmcCredentials(username=row.bmc_username, password=password)
 
-        return await self._run(work)
+        return await self._run_batched(work)
 
 
 def _one_key(key: str, raw: object) -> dict[str, object]:

@@ -7,7 +7,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import or_
+from sqlalchemy import Connection, Table, or_
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlmodel import Session, col, select
 
@@ -17,10 +18,16 @@ from provisioner.ids import NodeId, is_mac, normalize_mac
 from provisioner.store.models import NodeMacRow, NodeRow, TransitionRow
 from provisioner.store.secretbox import SecretBox
 
+#: the tables themselves, for the per-node hot paths in SQL expressions (no ORM objects)
+NODE: Table = NodeRow.__table__  # type: ignore[attr-defined]
+MAC: Table = NodeMacRow.__table__  # type: ignore[attr-defined]
+TRANSITION: Table = TransitionRow.__table__  # type: ignore[attr-defined]
 
-def to_node(s: Session, row: NodeRow, macs: Sequence[str] | None = None, *,
+
+def to_node(s: Session | Connection, row: Any, macs: Sequence[str] | None = None, *,
             facts: dict[str, Any] | None = None) -> Node:
-    """``facts``: what to use instead of the row's (left unread where it is deferred)."""
+    """``row``: a ``NodeRow``, or a row of ``NODE``'s columns (``read_node``); ``facts``:
+    what to use instead of the row's (left unread where it is deferred)."""
     if macs is None:
         macs = macs_for(s, [row.id]).get(row.id, ())
     bmc = None
@@ -102,14 +109,14 @@ def escape_like(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
-def macs_for(s: Session, node_ids: list[str]) -> dict[str, tuple[str, ...]]:
+def macs_for(s: Session | Connection, node_ids: list[str]) -> dict[str, tuple[str, ...]]:
     if not node_ids:
         return {}
     found: dict[str, list[str]] = {}
-    rows = s.exec(select(NodeMacRow).where(col(NodeMacRow.node_id).in_(node_ids))
-                  .order_by(col(NodeMacRow.mac))).all()
-    for mac_row in rows:
-        found.setdefault(mac_row.node_id, []).append(mac_row.mac)
+    rows = s.execute(sa_select(MAC.c.node_id, MAC.c.mac).where(MAC.c.node_id.in_(node_ids))
+                     .order_by(MAC.c.mac))
+    for node_id, mac in rows:
+        found.setdefault(node_id, []).append(mac)
     return {node_id: tuple(macs) for node_id, macs in found.items()}
 
 

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import text
+from sqlalchemy import Connection, text
 from sqlmodel import Session
 
 log = logging.getLogger(__name__)
@@ -29,9 +29,11 @@ class NodeChanged:
     macs: tuple[str, ...]
 
 
-def send(s: Session, instance: str | None, node_id: str, macs: Sequence[str]) -> None:
+def send(s: Session | Connection, instance: str | None, node_id: str,
+         macs: Sequence[str]) -> None:
     """In the writer's transaction; PostgreSQL only (SQLite has one daemon)."""
-    if s.get_bind().dialect.name != "postgresql":
+    dialect = s.dialect if isinstance(s, Connection) else s.get_bind().dialect
+    if dialect.name != "postgresql":
         return
     payload = f"{instance or ''}|{node_id}|{','.join(macs)}"[:7900]
     s.execute(text("SELECT pg_notify(:channel, :payload)"),

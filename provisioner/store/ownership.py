@@ -15,11 +15,13 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Engine, delete, func, or_, update
+from sqlalchemy import Engine, Row, delete, func, or_, update
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from provisioner.store import hot_sql as sql
 from provisioner.store.models import InstanceRow, NodeLeaseRow, NodeRow, SingletonRow, utcnow
 from provisioner.store.session import SessionRepo
 
@@ -61,7 +63,7 @@ class OwnershipRepo(SessionRepo):
     def _expiry(self) -> datetime:
         return utcnow() + timedelta(seconds=self.lease_s)
 
-    def _takeable(self, row: NodeLeaseRow | SingletonRow, now: datetime) -> bool:
+    def _takeable(self, row: NodeLeaseRow | SingletonRow | Row[Any], now: datetime) -> bool:
         if row.owner is None or row.owner == self.instance or self.exclusive:
             return True
         expires = _aware(row.expires_at)
@@ -76,18 +78,20 @@ class OwnershipRepo(SessionRepo):
 
         def work(s: Session) -> int | None:
             now = utcnow()
-            # a forced claim waits for a write in progress (it fences the next one)
-            row = s.exec(select(NodeLeaseRow).where(col(NodeLeaseRow.node_id) == node_id)
-                         .with_for_update(skip_locked=not force)).first()
+            # a forced claim waits for a write in progress (it fences the next one); plain
+            # rows and statements built once (hot_sql): a node's steps claim it twice
+            row = s.execute(sql.LEASE_TO_FORCE if force else sql.LEASE_TO_CLAIM,
+                            {"b_id": node_id}).first()
             if row is None:
                 return self._first_claim(s, node_id)
             if not (force or self._takeable(row, now)):
                 s.rollback()
                 return None
-            row.owner, row.fence, row.expires_at = self.instance, row.fence + 1, self._expiry()
-            s.add(row)
+            fence = int(row.fence) + 1
+            s.execute(sql.TAKE_LEASE, {"b_id": node_id, "owner": self.instance,
+                                       "fence": fence, "expires_at": self._expiry()})
             s.commit()
-            return row.fence
+            return fence
 
         return await self._run(work)
 

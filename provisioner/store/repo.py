@@ -14,11 +14,12 @@ import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import delete, update
+from sqlalchemy import Connection, delete, update
 from sqlalchemy import select as sa_select
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col
 
 from provisioner.domain import (
     BmcCredentials,
@@ -30,6 +31,7 @@ from provisioner.domain import (
 )
 from provisioner.errors import Fenced, NodeBusy, NotFound
 from provisioner.ids import NodeId, new_node_id, normalize_mac
+from provisioner.store import hot_sql as sql
 from provisioner.store import notify
 from provisioner.store.models import (
     ApiTokenRow,
@@ -41,7 +43,12 @@ from provisioner.store.models import (
     utcnow,
 )
 from provisioner.store.node_admin import NodeAdmin
-from provisioner.store.node_rows import apply_bmc, commit_unique, get_row, to_node
+from provisioner.store.node_rows import (
+    apply_bmc,
+    commit_unique,
+    get_row,
+    to_node,
+)
 
 log = logging.getLogger(__name__)
 
@@ -68,27 +75,33 @@ class NodeRepo(NodeAdmin):
     """Reads (``NodeReads``), an operator's edits (``NodeAdmin``) and every write of node
     rows."""
 
-    def _check_fence(self, s: Session, node_id: str, fence: int | None) -> None:
-        """Refuse the write unless we still hold the node's lease with ``fence``. The row
-        stays share-locked to the end of the transaction, so no claim slips in between
-        (PostgreSQL; SQLite has one daemon)."""
+    def _check_fence(self, conn: Connection, node_id: str, fence: int | None) -> None:
+        """Fenced unless we still hold the node's lease with ``fence`` (a fenced write
+        that matched no row asks: a lost lease, or a raced write?). Raising rolls the
+        transaction back."""
         if fence is None:
             return
-        held = s.exec(select(NodeLeaseRow.fence).where(
-            col(NodeLeaseRow.node_id) == node_id, col(NodeLeaseRow.owner) == self.instance,
-            col(NodeLeaseRow.fence) == fence).with_for_update(read=True)).first()
+        held = conn.execute(sql.HELD, self._lease_key(node_id, fence)).first()
         if held is None:
-            s.rollback()
-            log.warning("node %s: write refused by fencing: instance %s lost its lease "
-                        "(fence %d)", node_id, self.instance, fence)
             raise Fenced(f"node {node_id}: write refused, instance {self.instance} no longer "
                          f"holds its lease (fence {fence})")
 
-    def _release(self, s: Session, node_id: str, fence: int | None) -> None:
+    def _lease_key(self, node_id: str, fence: int) -> dict[str, Any]:
+        """The parameters of ``sql.HOLDS``, ``HELD`` and ``RELEASE``: our lease on the node."""
+        return {"b_id": node_id, "b_owner": self.instance, "b_fence": fence}
+
+    async def _fenced_write(self, node_id: str, fence: int | None,
+                            work: Callable[[Connection], Node]) -> Node:
+        try:
+            return await self._run_batched(work)
+        except Fenced:  # logged here, once (a group commit that failed runs its calls again)
+            log.warning("node %s: write refused by fencing: instance %s lost its lease "
+                        "(fence %d)", node_id, self.instance, fence)
+            raise
+
+    def _release(self, conn: Connection, node_id: str, fence: int | None) -> None:
         if fence is not None:
-            s.execute(update(NodeLeaseRow).where(
-                col(NodeLeaseRow.node_id) == node_id, col(NodeLeaseRow.owner) == self.instance,
-                col(NodeLeaseRow.fence) == fence).values(owner=None, expires_at=None))
+            conn.execute(sql.RELEASE, self._lease_key(node_id, fence))
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -197,14 +210,12 @@ class NodeRepo(NodeAdmin):
         ``facts(stored facts)``, read under the row's lock (the record a transition opens,
         such as a repair ladder's: written only if the transition is)."""
 
-        def work(s: Session) -> Node:
-            self._check_fence(s, node.id, fence)
+        def work(conn: Connection) -> Node:
             now = utcnow()
             merged: dict[str, Any] | None = None
             if facts is not None:
-                stored = s.exec(select(NodeRow.facts).where(col(NodeRow.id) == node.id)
-                                .with_for_update()).first()
-                merged = facts(json.loads(stored) if stored is not None else {})
+                stored = conn.execute(sql.LOCK_NODE, {"b_id": node.id}).first()
+                merged = facts(json.loads(stored.facts) if stored is not None else {})
             values: dict[str, Any] = {
                 "state": str(to_state),
                 "version": node.version + 1,
@@ -219,22 +230,23 @@ class NodeRepo(NodeAdmin):
                 values["maintenance"], values["maintenance_reason"] = maintenance
             if merged is not None:
                 values["facts"] = json.dumps(merged, sort_keys=True)
-            result = s.execute(
-                update(NodeRow)
-                .where(col(NodeRow.id) == node.id, col(NodeRow.version) == node.version)
-                .values(**values)
-            )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
+            # a fenced write checks its lease in its own UPDATE (a statement less); when
+            # no row matched, _check_fence tells a lost lease from a raced write
+            key = {"b_id": node.id, "b_version": node.version}
+            result = conn.execute(sql.CAS_VERSION, values | key) if fence is None else \
+                conn.execute(sql.CAS_VERSION_FENCED, values | key | self._lease_key(node.id,
+                                                                                   fence))
+            if result.rowcount != 1:
+                self._check_fence(conn, node.id, fence)  # a lost lease: Fenced, as before
                 raise NodeBusy(f"node {node.id} changed concurrently; retry")
-            s.add(TransitionRow(node_id=node.id, seq=node.history_seq + 1, event=event,
-                                from_state=str(node.state), to_state=str(to_state),
-                                actor=actor, reason=reason, created_at=now,
-                                instance=self.instance, fence=fence))
+            conn.execute(sql.HISTORY_ROW, {
+                "node_id": node.id, "seq": node.history_seq + 1, "event": event,
+                "from_state": str(node.state), "to_state": str(to_state), "actor": actor,
+                "reason": reason, "created_at": now, "instance": self.instance,
+                "fence": fence})
             if release:
-                self._release(s, node.id, fence)
-            notify.send(s, self.instance, node.id, node.macs)
-            s.commit()
+                self._release(conn, node.id, fence)
+            notify.send(conn, self.instance, node.id, node.macs)
             # The CAS proved nobody else wrote: the new node is the old one plus our values.
             changed: dict[str, Any] = {"state": to_state, "version": node.version + 1,
                                        "history_seq": node.history_seq + 1, "updated_at": now}
@@ -248,7 +260,7 @@ class NodeRepo(NodeAdmin):
                 changed["facts"] = merged
             return dataclasses.replace(node, **changed)
 
-        return await self._run(work)
+        return await self._fenced_write(node.id, fence, work)
 
     async def adopt(self, discovered: Node, owner: Node, *, actor: str, reason: str) -> Node:
         """Fold a discovered node into the enrolled one with the same serial: its MACs and
@@ -292,23 +304,20 @@ class NodeRepo(NodeAdmin):
         if power_state is not None:
             values |= {"power_state": power_state, "power_checked_at": utcnow()}
 
-        def work(s: Session) -> Node:
-            self._check_fence(s, node.id, fence)
-            result = s.execute(
-                update(NodeRow)
-                .where(col(NodeRow.id) == node.id, col(NodeRow.state) == str(node.state))
-                .values(**values, updated_at=utcnow())
-            )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
-                s.rollback()
+        def work(conn: Connection) -> Node:
+            key = {"b_id": node.id, "b_state": str(node.state), "updated_at": utcnow()}
+            result = conn.execute(sql.IN_STATE, values | key) if fence is None else \
+                conn.execute(sql.IN_STATE_FENCED, values | key | self._lease_key(node.id,
+                                                                                 fence))
+            if result.rowcount != 1:
+                self._check_fence(conn, node.id, fence)  # a lost lease: Fenced, as before
                 raise NodeBusy(f"node {node.id} left {node.state} while its step ran")
-            s.commit()
             if power_state is not None:
                 return dataclasses.replace(node, checkpoint=tuple(checkpoint),
                                            power_state=power_state)
             return dataclasses.replace(node, checkpoint=tuple(checkpoint))
 
-        return await self._run(work)
+        return await self._fenced_write(node.id, fence, work)
 
     async def merge_facts(self, node_id: str, facts: dict[str, Any], *,
                           fence: int | None = None) -> Node:
@@ -321,19 +330,17 @@ class NodeRepo(NodeAdmin):
         lock (``FOR UPDATE``): another daemon's merge between our read and our write would
         be lost (a repair record's rung result overwritten by a stale copy). ``fence``:
         only while we hold the node's lease with it (a step's write; else Fenced)."""
-        def work(s: Session) -> Node:
-            self._check_fence(s, node_id, fence)
-            row = s.exec(select(NodeRow).where(col(NodeRow.id) == node_id)
-                         .with_for_update()).first()
+        def work(conn: Connection) -> Node:
+            self._check_fence(conn, node_id, fence)
+            row = conn.execute(sql.LOCK_NODE, {"b_id": node_id}).first()
             if row is None:
                 raise NotFound("node", node_id)
-            row.facts = json.dumps(change(json.loads(row.facts)), sort_keys=True)
-            row.updated_at = utcnow()
-            s.add(row)
-            s.commit()
-            return to_node(s, row)
+            written = {"facts": json.dumps(change(json.loads(row.facts)), sort_keys=True),
+                       "updated_at": utcnow()}
+            conn.execute(sql.BY_ID, written | {"b_id": node_id})
+            return to_node(conn, SimpleNamespace(**(dict(row._mapping) | written)))
 
-        return await self._run(work)
+        return await self._fenced_write(node_id, fence, work)
 
     async def bmc_targets(self) -> builtins.list[BmcTarget]:
         """Every node with a BMC endpoint, its credentials and last power state, in one read

@@ -14,17 +14,20 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlmodel import Session
 
 from provisioner.errors import StoreUnavailable
 from provisioner.retry import Backoff, retry_async, retry_sync
+from provisioner.store.batch import TxnBatcher
+from provisioner.store.models import utcnow
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+BATCH = 32  # the most calls in one group commit: SQLite's write lock held ~10 ms at most
 RETRY_S = 60.0  # how long a call waits for PostgreSQL to come back
 BACKOFF = Backoff(0.2, 2.0)  # the pause between tries: 0.2 s doubling to 2 s, jittered
 
@@ -34,7 +37,12 @@ class SessionRepo:
                  retry_s: float = RETRY_S) -> None:
         self._engine = engine
         self._pool = pool
-        self._retry_s = 0.0 if engine.dialect.name == "sqlite" else retry_s
+        sqlite = engine.dialect.name == "sqlite"
+        self._retry_s = 0.0 if sqlite else retry_s
+        # SQLite: one store thread, one writer: the hot paths' calls that wait together
+        # share one transaction (TxnBatcher: one pool hop and one commit for the lot)
+        self._batcher = TxnBatcher(engine, pool, utcnow, max_batch=BATCH,
+                                   shared=True) if sqlite else None
 
     async def _run(self, fn: Callable[[Session], T]) -> T:
         """``fn(session)`` in the store pool; objects stay usable after the session ends."""
@@ -43,8 +51,38 @@ class SessionRepo:
             with Session(self._engine, expire_on_commit=False) as session:
                 return fn(session)
 
+        return await self._in_pool(once)
+
+    async def _run_conn(self, fn: Callable[[Connection], T]) -> T:
+        """``fn(connection)`` in the store pool, in one transaction (committed when ``fn``
+        returns, rolled back when it raises), without an ORM session: the per-node hot
+        paths (a checkpoint, a transition, one node read) in SQL expressions, whose ORM
+        overhead was most of a simulated node's CPU (docs/performance.md, "Rack")."""
+
+        def once() -> T:
+            with self._engine.begin() as conn:
+                return fn(conn)
+
+        return await self._in_pool(once)
+
+    async def _run_batched(self, fn: Callable[[Connection], T]) -> T:
+        """``_run_conn``, in a group commit with the other such calls waiting for the
+        store thread on SQLite (each sees the writes of those before it, and a batch that
+        fails runs again one call a transaction); on PostgreSQL, ``_run_conn``."""
+        if self._batcher is None:
+            return await self._run_conn(fn)
+        try:
+            return await self._batcher.run(lambda conn, _now: fn(conn))
+        except DBAPIError as exc:
+            if not _lost(exc):
+                raise
+            raise self._unavailable(exc) from exc
+
+    async def _in_pool(self, once: Callable[[], T]) -> T:
         def work() -> T:
             try:  # a store thread sleeps between tries, never the event loop
+                if not self._retry_s:  # SQLite: one try (what the retry would do, cheaper)
+                    return once()
                 return retry_sync(once, backoff=BACKOFF, retryable=_lost,
                                   deadline_s=self._retry_s, on_retry=_noted)
             except DBAPIError as exc:
