@@ -3,7 +3,7 @@ speed of a large kernel log, and the BMC health poll of a 1,000-node fleet (faul
 to finding, finding to drained, the poll's CPU), the median of ``--runs`` runs each.
 
     python3 bench/health_bench.py [--runs 3] [--nodes 1000] [--faults 50] [--findings 4000]
-                                  [--log-mb 50] [--interval 30]
+                                  [--log-mb 50] [--interval 45]
                                   [--only classify intake ipmi poll]
 
 - **intake**: ``provisioner serve`` on SQLite with ``--nodes`` active nodes (bulk-inserted);
@@ -515,7 +515,7 @@ def main() -> None:
     parser.add_argument("--faults", type=int, default=50)
     parser.add_argument("--findings", type=int, default=4000)
     parser.add_argument("--log-mb", type=int, default=50)
-    parser.add_argument("--interval", type=float, default=30.0,
+    parser.add_argument("--interval", type=float, default=45.0,
                         help="the BMC poll period (the default of [health] bmc_poll_interval_s)")
     parser.add_argument("--ipmi-reads", type=int, default=500)
     parser.add_argument("--flaps", type=int, default=20)

@@ -105,7 +105,7 @@ class NodeReads(SessionRepo):
                      for i, key in enumerate(keys)]
             rows = s.execute(sa_select(*(c for c in table.c if c.name != "facts"), *parts)
                              .where(table.c.state.in_(wanted))).all()
-            return [to_node(s, row, (), facts={  # type: ignore[arg-type]
+            return [to_node(s, row, (), facts={
                 k: v for i, key in enumerate(keys)
                 for k, v in _one_key(key, getattr(row, f"facts_{i}")).items()})
                 for row in rows]
