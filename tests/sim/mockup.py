@@ -25,6 +25,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.sim.basic_auth import basic_auth_ok
+
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "redfish"
 VENDORS = tuple(sorted(p.name for p in FIXTURES.iterdir() if (p / "system.json").is_file()))
 _BOOT_KEYS = ("BootSourceOverrideTarget", "BootSourceOverrideEnabled", "BootSourceOverrideMode",
@@ -103,9 +105,7 @@ class Replay:
     def authorized(self, request: web.Request) -> bool:
         if request.headers.get("X-Auth-Token") in self.tokens:
             return True
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-        return scheme == "Basic" and base64.b64decode(value).decode() == \
-            f"{self.user}:{self.password}"
+        return basic_auth_ok(request, self.user, self.password)
 
 
 REPLAY = web.AppKey("replay", Replay)

@@ -17,7 +17,6 @@ entry's ``Location``. What a recording cannot show, it adds as the iDRAC behaves
 
 from __future__ import annotations
 
-import base64
 import copy
 import json
 from dataclasses import dataclass, field
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+
+from tests.sim.basic_auth import basic_auth_ok
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "redfish-bmc-settings"
 MANAGER = "/redfish/v1/Managers/iDRAC.Embedded.1"
@@ -83,11 +84,9 @@ async def _gate(request: web.Request, handler: Any) -> web.StreamResponse:
         sim.down -= 1
         sim.refused += 1
         return _error("the BMC is restarting", 503)
-    if request.path.rstrip("/") != "/redfish/v1":
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-        pair = base64.b64decode(value).decode() if scheme == "Basic" else ""
-        if pair != f"{sim.user}:{sim.password}":
-            return _error("unauthorized", 401)
+    if request.path.rstrip("/") != "/redfish/v1" and \
+            not basic_auth_ok(request, sim.user, sim.password):
+        return _error("unauthorized", 401)
     response: web.StreamResponse = await handler(request)
     return response
 

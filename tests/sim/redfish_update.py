@@ -12,7 +12,6 @@ mockup besides.
 from __future__ import annotations
 
 import asyncio
-import base64
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -22,6 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import BodyPartReader, web
 
+from tests.sim.basic_auth import basic_auth_ok
 from tests.sim.redfish_storage import STORAGE, STORAGE_SIM
 
 SYSTEM = "/redfish/v1/Systems/1"
@@ -83,11 +83,9 @@ def _error(message: str, status: int = 400) -> web.Response:
 @web.middleware
 async def _auth(request: web.Request, handler: Any) -> web.StreamResponse:
     sim = request.app[SIM]
-    if request.path.rstrip("/") != "/redfish/v1":
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-        pair = base64.b64decode(value).decode() if scheme == "Basic" else ""
-        if pair != f"{sim.user}:{sim.password}":
-            return _error("unauthorized", 401)
+    if request.path.rstrip("/") != "/redfish/v1" and \
+            not basic_auth_ok(request, sim.user, sim.password):
+        return _error("unauthorized", 401)
     response: web.StreamResponse = await handler(request)
     return response
 
