@@ -131,13 +131,7 @@ async def test_stopped_after_the_bmc_took_a_push_follows_its_task(  # type: igno
     assert record is not None and record.asking("BIOS")
     assert record.known("BIOS") == (f"{TASKS}/1",)
     sim.answer_hold = None
-    second = conductor(store, world, driver, settings(STEPS_FW), tmp_path)
-    assert await second.recover() == 1
-    done = await wait_for_state(store, node.id, S.DEPLOYING)
-    await second.stop()
-    assert [p["filename"] for p in sim.pushes] == ["bios-1.2.0.bin", "nic-22.41.1.bin"]
-    record = ServiceRecord.from_facts(done.facts)
-    assert record is not None and record.tasks["BIOS"] == f"{TASKS}/2"
+    await _resume_pushing_each_image_once(store, world, driver, tmp_path, node.id, sim)
     history = [h.reason for h in await store.nodes.history(node.id)]
     assert any("is the BMC's task /redfish/v1/TaskService/Tasks/2: followed" in r
                for r in history), history
@@ -198,11 +192,18 @@ async def test_stopped_mid_upload_pushes_again_once(  # type: ignore[no-untyped-
             await asyncio.sleep(0.02)
     assert sim.pushes == [] and list(sim.tasks) == ["1"]
     sim.push_hold = None
+    await _resume_pushing_each_image_once(store, world, driver, tmp_path, node.id, sim)
+    assert sim.versions["BIOS"] == "1.2.0"
+
+
+async def _resume_pushing_each_image_once(  # type: ignore[no-untyped-def]
+        store, world, driver, tmp_path, node_id: str, sim) -> None:
+    """A second daemon resumes the runbook: each image pushed once in all, the BIOS's
+    update followed through the BMC's second task."""
     second = conductor(store, world, driver, settings(STEPS_FW), tmp_path)
     assert await second.recover() == 1
-    done = await wait_for_state(store, node.id, S.DEPLOYING)
+    done = await wait_for_state(store, node_id, S.DEPLOYING)
     await second.stop()
     assert [p["filename"] for p in sim.pushes] == ["bios-1.2.0.bin", "nic-22.41.1.bin"]
     record = ServiceRecord.from_facts(done.facts)
     assert record is not None and record.tasks["BIOS"] == f"{TASKS}/2"
-    assert sim.versions["BIOS"] == "1.2.0"
