@@ -2,7 +2,13 @@
 active with 1, 2 or 3 daemons sharing the database, measuring wall time and the daemons'
 CPU time per node (all daemons together), on a PostgreSQL server the bench starts.
 
-    python3 bench/ha_fleet_bench.py [--nodes 200] [--daemons 1 2 3]
+    python3 bench/ha_fleet_bench.py [--nodes 200] [--daemons 1 2 3] [--profile DIR]
+
+Reported per run: wall time, the daemons' CPU per node (together and each), PostgreSQL's CPU
+per node (the postmaster and its backends, from /proc), each daemon's peak RSS, the
+database's size, and PostgreSQL's statements that took the most time (pg_stat_statements).
+``--profile DIR`` samples every daemon with py-spy (the thread holding the GIL, 100 Hz) into DIR, one file of
+collapsed stacks a daemon (``bench/profile_top.py FILE`` prints the top entries).
 
 Every daemon runs in its own process on this machine; on the 2-core development machine the
 daemons compete for the same cores, so the scaling it shows is a floor, not a site's.
@@ -25,13 +31,49 @@ from pathlib import Path
 
 import psycopg
 
-from bench.rack_bench import cpu_seconds, free_port
-from tests.peers.postgres import running_postgres
+from bench.rack_bench import CLOCK_TICKS, cpu_seconds, free_port, rss_mib
+from tests.peers.postgres import PostgresServer, running_postgres
 
 
-def run(pg_url: str, dsn: str, nodes: int, daemons: int, step_delay_s: float) -> str:
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process, its reaped children and its live ones (PostgreSQL's postmaster and
+    its backends)."""
+    def stat(path: Path) -> list[str]:
+        return path.read_text().rpartition(")")[2].split()
+    fields = stat(Path(f"/proc/{pid}/stat"))
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            child = stat(entry / "stat")
+        except OSError:  # exited meanwhile
+            continue
+        if int(child[1]) == pid:  # ppid
+            total += sum(int(child[i]) for i in (11, 12, 13, 14))
+    return total / CLOCK_TICKS
+
+
+def slow_statements(dsn: str, dbname: str, top: int = 8) -> list[str]:
+    """PostgreSQL's statements that took the most time in this database (pg_stat_statements)."""
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute(
+            "SELECT calls, total_exec_time, mean_exec_time, query FROM pg_stat_statements "
+            "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) "
+            "ORDER BY total_exec_time DESC LIMIT %s", (dbname, top)).fetchall()
+    return [f"| {calls:,} | {total / 1000:.1f} s | {mean:.3f} ms | "
+            f"`{' '.join(query.split())[:160]}` |" for calls, total, mean, query in rows]
+
+
+def run(pg: PostgresServer, dbname: str, nodes: int, daemons: int, step_delay_s: float,
+        profile: Path | None, spy: str | None) -> tuple[str, list[str]]:
+    pg_url, dsn = pg.create_database(dbname), pg.dsn(dbname)
+    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_statements_reset()")
     work = Path(tempfile.mkdtemp(prefix="pv-ha-bench-"))
-    procs = []
+    procs: list[subprocess.Popen[bytes]] = []
+    samplers: list[subprocess.Popen[bytes]] = []
+    pg_cpu_before = tree_cpu_seconds(pg.pid)
     started = time.monotonic()
     try:
         for i in range(daemons):
@@ -47,6 +89,12 @@ def run(pg_url: str, dsn: str, nodes: int, daemons: int, step_delay_s: float) ->
                 procs.append(subprocess.Popen(
                     [sys.executable, "-m", "provisioner", "--config", str(config), "serve"],
                     stdout=log, stderr=subprocess.STDOUT))
+            if profile is not None and spy is not None:
+                samplers.append(subprocess.Popen(
+                    [spy, "record", "--pid", str(procs[-1].pid), "--rate", "100", "--gil", "--format",
+                     "raw", "--output", str(profile / f"{daemons}d-{i}.txt"), "--nonblocking"],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        peak_rss = [0.0] * daemons
         while True:
             try:
                 with psycopg.connect(dsn) as conn:
@@ -62,20 +110,35 @@ def run(pg_url: str, dsn: str, nodes: int, daemons: int, step_delay_s: float) ->
                 if p.poll() is not None:
                     tail = (work / f"d{i}.log").read_text()[-3000:]
                     raise SystemExit(f"daemon {i} exited with {p.returncode}:\n{tail}")
-            time.sleep(0.5)
+                peak_rss[i] = max(peak_rss[i], rss_mib(p.pid))
+            time.sleep(1.0)
         wall = time.monotonic() - started
-        cpu = sum(cpu_seconds(p.pid) for p in procs)
+        cpus = [cpu_seconds(p.pid) for p in procs]
+        pg_cpu = tree_cpu_seconds(pg.pid) - pg_cpu_before
+        for sampler in samplers:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+        for sampler in samplers:
+            sampler.wait(60)
         with psycopg.connect(dsn) as conn:
             writers = conn.execute("SELECT count(DISTINCT instance) FROM transition "
                                    "WHERE fence IS NOT NULL").fetchone()
+            size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        slow = slow_statements(pg.dsn(), dbname)
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
         for p in procs:
             p.wait(60)
         shutil.rmtree(work, ignore_errors=True)
-    return (f"| {daemons} | {nodes:,} | {wall:.1f} s | {cpu / nodes * 1000:.1f} ms | "
-            f"{writers[0] if writers else 0} | {failed} |")
+    hottest = max(range(daemons), key=lambda i: cpus[i])
+    row = (f"| {daemons} | {nodes:,} | {wall:.1f} s | {sum(cpus) / nodes * 1000:.1f} ms | "
+           f"{' / '.join(f'{c / nodes * 1000:.1f}' for c in cpus)} ms | "
+           f"{pg_cpu / nodes * 1000:.1f} ms | {' / '.join(f'{r:.0f}' for r in peak_rss)} MiB | "
+           f"{(size[0] if size else 0) / 2**20:.0f} MiB | "
+           f"{writers[0] if writers else 0} | {failed} |")
+    if profile is not None:
+        slow.append(f"(hottest daemon's profile: {profile / f'{daemons}d-{hottest}.txt'})")
+    return row, slow
 
 
 def main() -> None:
@@ -83,17 +146,32 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--daemons", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--step-delay-s", type=float, default=0.2)
+    parser.add_argument("--profile", type=Path,
+                        help="a folder for py-spy's collapsed stacks, one file a daemon")
+    parser.add_argument("--py-spy", default="py-spy", help="the py-spy binary (--profile)")
     args = parser.parse_args()
-    rows = []
-    with running_postgres() as pg:
+    spy = shutil.which(args.py_spy) if args.profile else None
+    if args.profile is not None:
+        if spy is None:
+            raise SystemExit(f"bench: --profile needs py-spy ({args.py_spy!r} not found)")
+        args.profile.mkdir(parents=True, exist_ok=True)
+    rows, slow = [], []
+    with running_postgres(["shared_preload_libraries=pg_stat_statements"]) as pg:
+        with psycopg.connect(pg.dsn(), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION pg_stat_statements")
         for n, count in enumerate(args.daemons):
-            url = pg.create_database(f"ha_bench_{n}")
-            rows.append(run(url, pg.dsn(f"ha_bench_{n}"), args.nodes, count,
-                            args.step_delay_s))
+            row, statements = run(pg, f"ha_bench_{n}", args.nodes, count, args.step_delay_s,
+                                  args.profile, spy)
+            rows.append(row)
+            slow.append(f"\n{count} daemon(s), PostgreSQL's statements by total time:\n"
+                        "| calls | total | mean | statement |\n|---|---|---|---|")
+            slow.extend(statements)
     print("| daemons | nodes | wall, start -> all active | CPU per node (all daemons) "
-          "| daemons that drove steps | failed |")
-    print("|---|---|---|---|---|---|")
+          "| each daemon | PostgreSQL CPU per node | peak RSS each | database | "
+          "daemons that drove steps | failed |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows))
+    print("\n".join(slow))
 
 
 if __name__ == "__main__":

@@ -51,10 +51,10 @@ class Backoff:
 
 
 def _controls(backoff: Backoff, *, retryable: Callable[[BaseException], bool],
-              tries: int | None, deadline_s: float | None, clock: Clock,
+              tries: int | None, deadline_s: float | None, clock: Clock, started: float,
               hint: Hint | None, on_retry: OnRetry | None) -> dict[str, object]:
-    """tenacity's ``retry``, ``wait``, ``stop`` and ``before_sleep`` for these rules."""
-    started = clock()
+    """tenacity's ``retry``, ``wait``, ``stop`` and ``before_sleep`` for these rules
+    (``started``: when the first attempt began, the deadline's origin)."""
 
     def failure(state: tenacity.RetryCallState) -> BaseException:
         assert state.outcome is not None
@@ -87,12 +87,25 @@ async def retry_async(attempt: Callable[[], Awaitable[T]], *, backoff: Backoff,
                       on_retry: OnRetry | None = None) -> T:
     """``await attempt()`` until it returns, an error ``retryable`` refuses is raised, or
     ``tries`` attempts (None: no limit) or ``deadline_s`` (no pause runs past it) are spent:
-    then the last error is raised as it was."""
+    then the last error is raised as it was.
+
+    The first attempt runs before any of tenacity's machinery is built (most calls succeed
+    at once, and a store or BMC call paid for that machinery on every call); tenacity then
+    takes over from the first failure exactly as if it had made that attempt."""
+    started = clock()
+    try:
+        return await attempt()
+    except Exception as exc:
+        if not retryable(exc):
+            raise
+        first: list[BaseException] = [exc]
     controls = _controls(backoff, retryable=retryable, tries=tries, deadline_s=deadline_s,
-                         clock=clock, hint=hint, on_retry=on_retry)
+                         clock=clock, started=started, hint=hint, on_retry=on_retry)
     retrying = tenacity.AsyncRetrying(sleep=sleep, **controls)  # type: ignore[arg-type]
 
     async def once() -> T:  # tenacity awaits only what a coroutine function returns
+        if first:
+            raise first.pop()  # the attempt already made: tenacity counts it as its first
         return await attempt()
 
     return await retrying(once)
@@ -104,10 +117,23 @@ def retry_sync(attempt: Callable[[], T], *, backoff: Backoff,
                clock: Clock = time.monotonic, hint: Hint | None = None,
                on_retry: OnRetry | None = None) -> T:
     """``retry_async`` for a blocking call, on a worker thread (never the event loop)."""
+    started = clock()
+    try:
+        return attempt()
+    except Exception as exc:
+        if not retryable(exc):
+            raise
+        first: list[BaseException] = [exc]
     controls = _controls(backoff, retryable=retryable, tries=tries, deadline_s=deadline_s,
-                         clock=clock, hint=hint, on_retry=on_retry)
+                         clock=clock, started=started, hint=hint, on_retry=on_retry)
     retrying = tenacity.Retrying(sleep=sleep, **controls)  # type: ignore[arg-type]
-    return retrying(attempt)
+
+    def once() -> T:
+        if first:
+            raise first.pop()  # the attempt already made: tenacity counts it as its first
+        return attempt()
+
+    return retrying(once)
 
 
 #: a write that another writer raced (``NodeBusy``): read again and write again, soon

@@ -197,7 +197,7 @@ async def openapi_json(request: web.Request) -> web.Response:
 
 
 async def events(request: web.Request) -> web.StreamResponse:
-    return await stream(request, request.app[EVENTS], request.app[NODES])
+    return await stream(request, request.app[EVENTS], request.app[FEED], request.app[NODES])
 
 
 _OWN_ROUTES: Final = (

@@ -3,7 +3,9 @@
 The source is the store's history table, which every daemon on the database writes: the
 ``EventFeed`` reads the rows after the last one it saw (at once when this daemon's conductor
 commits one, else every ``POLL_S``), so a client of any daemon sees every daemon's
-transitions. Each frame's ``id:`` is the row's fleet-wide id; a client that reconnects with
+transitions. With no client connected it reads nothing (a fleet onboarding with nobody
+watching would read the history once per transition per daemon); the first client arms it.
+Each frame's ``id:`` is the row's fleet-wide id; a client that reconnects with
 ``Last-Event-ID`` (or ``?since=ID``) first gets the rows after it, then the live stream, with
 no row twice. ``?last=N`` starts with the newest N rows, ``?node=`` keeps one node's (id or
 hostname), ``?follow=false`` ends the stream after those rows (``provisioner events``).
@@ -155,7 +157,17 @@ class EventFeed:
                 pass
             self._wake.clear()
 
+    async def arm(self) -> None:
+        """Take the cursor now if the feed has none (a stream calls this after subscribing,
+        before it says it is connected: every row committed after that reaches it)."""
+        if self._cursor is None:
+            self._cursor = await self._repo.last_event_id()
+
     async def read(self) -> None:
+        if not self._hub:  # nobody follows: no read (each transition of every daemon woke
+            self._cursor = None  # one, 4-5 a node; docs/performance.md "HA fleet")
+            self._gaps.clear()
+            return
         if self._cursor is None:
             self._cursor = await self._repo.last_event_id()
             return
@@ -212,13 +224,15 @@ def parse_query(request: web.Request) -> Query:
                  request.query.get("node") or None, follow in ("true", "1"))
 
 
-async def stream(request: web.Request, hub: EventHub, repo: NodeReads) -> web.StreamResponse:
+async def stream(request: web.Request, hub: EventHub, feed: EventFeed,
+                 repo: NodeReads) -> web.StreamResponse:
     query = parse_query(request)  # before any header goes out: a 400 stays a problem
     response = web.StreamResponse(headers={
         hdrs.CONTENT_TYPE: "text/event-stream", hdrs.CACHE_CONTROL: "no-store",
         "X-Accel-Buffering": "no"})
     client = hub.subscribe(query.node)  # before the backlog: nothing falls in between
     try:
+        await feed.arm()  # an idle feed (no client until now) reads from here on
         await response.prepare(request)
         await _write(response, b"retry: 2000\n: connected\n\n")
         sent = await _backlog(response, repo, query)

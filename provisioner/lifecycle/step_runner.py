@@ -74,9 +74,12 @@ class StepRunner(LeasedSteps):
     def _start(self, node: Node) -> None:
         """Run the step of ``node.state`` unless it runs already. A task left over for an
         earlier state (a stale start) never blocks this one: it finds the node moved on and
-        ends without acting."""
+        ends without acting; nor does one cancelled and still unwinding (its lease lost, or
+        the daemon stood down while the database was away: a take-over that claims the node
+        again must start it, or the lease is renewed for a step nobody runs)."""
         current = self._running.get(node.id)
-        if current is not None and current[0] == node.state and not current[1].done():
+        if current is not None and current[0] == node.state and not current[1].done() \
+                and not current[1].cancelling():
             return
         self._status[node.id] = "queued"
         task = self._tasks.spawn(self._run(node.id, node.state), name=f"{node.state}:{node.id}")

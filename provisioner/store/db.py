@@ -26,7 +26,11 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=8, max_overflow=4,
+    # no pre-ping either: it was a round trip more in every store call (a third of a node's
+    # round trips to PostgreSQL); a connection lost meanwhile fails its call, which the
+    # store's retry runs again on a fresh one (store/session.py: the disconnect invalidates
+    # every pooled connection older than it, so one retry, not one per pooled connection)
+    return create_engine(url, pool_size=8, max_overflow=4,
                          connect_args=_PG_CONNECT_ARGS if url.startswith("postgresql") else {})
 
 

@@ -124,10 +124,13 @@ class NodeReads(SessionRepo):
 
         return await self._run(work)
 
-    async def serials(self) -> frozenset[str]:
+    async def serials(self, among: Iterable[str] | None = None) -> frozenset[str]:
+        """The serials enrolled (``among``: only which of these are, by the index)."""
         def work(s: Session) -> frozenset[str]:
-            rows = s.exec(select(NodeRow.serial).where(col(NodeRow.serial).is_not(None))).all()
-            return frozenset(serial for serial in rows if serial is not None)
+            query = select(NodeRow.serial).where(col(NodeRow.serial).is_not(None))
+            if among is not None:
+                query = query.where(col(NodeRow.serial).in_(builtins.list(among)))
+            return frozenset(serial for serial in s.exec(query).all() if serial is not None)
 
         return await self._run(work)
 

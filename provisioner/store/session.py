@@ -39,10 +39,14 @@ class SessionRepo:
         self._pool = pool
         sqlite = engine.dialect.name == "sqlite"
         self._retry_s = 0.0 if sqlite else retry_s
-        # SQLite: one store thread, one writer: the hot paths' calls that wait together
-        # share one transaction (TxnBatcher: one pool hop and one commit for the lot)
-        self._batcher = TxnBatcher(engine, pool, utcnow, max_batch=BATCH,
-                                   shared=True) if sqlite else None
+        # the hot paths' calls that wait together share one transaction (TxnBatcher: one
+        # pool hop and one commit for the lot). SQLite: one store thread, one writer. On
+        # PostgreSQL too since issue 29: each call was a pool hop and three round trips
+        # (BEGIN, its statement, COMMIT); a batch holds the row locks of a few of this
+        # daemon's own nodes (fenced writes: nodes it leases) for one short transaction,
+        # which another daemon's rare write to one of them waits out, and a deadlock or any
+        # failed statement only makes the batch run again one call a transaction.
+        self._batcher = TxnBatcher(engine, pool, utcnow, max_batch=BATCH, shared=True)
 
     async def _run(self, fn: Callable[[Session], T]) -> T:
         """``fn(session)`` in the store pool; objects stay usable after the session ends."""
@@ -67,12 +71,13 @@ class SessionRepo:
 
     async def _run_batched(self, fn: Callable[[Connection], T]) -> T:
         """``_run_conn``, in a group commit with the other such calls waiting for the
-        store thread on SQLite (each sees the writes of those before it, and a batch that
-        fails runs again one call a transaction); on PostgreSQL, ``_run_conn``."""
-        if self._batcher is None:
-            return await self._run_conn(fn)
+        store pool (each sees the writes of those before it, and a batch that fails runs
+        again one call a transaction); a lost connection is retried as ``_run`` does."""
+        batcher = self._batcher
         try:
-            return await self._batcher.run(lambda conn, _now: fn(conn))
+            return await retry_async(lambda: batcher.run(lambda conn, _now: fn(conn)),
+                                     backoff=BACKOFF, retryable=_lost,
+                                     deadline_s=self._retry_s, on_retry=_noted)
         except DBAPIError as exc:
             if not _lost(exc):
                 raise
@@ -81,8 +86,6 @@ class SessionRepo:
     async def _in_pool(self, once: Callable[[], T]) -> T:
         def work() -> T:
             try:  # a store thread sleeps between tries, never the event loop
-                if not self._retry_s:  # SQLite: one try (what the retry would do, cheaper)
-                    return once()
                 return retry_sync(once, backoff=BACKOFF, retryable=_lost,
                                   deadline_s=self._retry_s, on_retry=_noted)
             except DBAPIError as exc:

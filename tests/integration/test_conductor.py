@@ -331,6 +331,37 @@ async def test_a_stale_start_never_blocks_the_next_step(  # type: ignore[no-unty
     await cond.stop()
 
 
+async def test_a_step_cancelled_and_still_unwinding_never_blocks_its_restart(
+        store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
+    """Regression (tests/e2e/test_ha_partition.py, 2 of 30 nodes stuck after a PostgreSQL
+    restart): the daemon stood down (every step cancelled), and its take-over claimed a
+    node again while that node's cancelled step was still unwinding; the new start saw a
+    step "running" and did nothing, and the lease was renewed for a step nobody ran."""
+    cond = Conductor(store.nodes, fake_ports(world), LifecycleSettings(auto_deploy=False))
+    node = await make_node(S.INSPECTING, serial="UW1", **fake_bmc("UW1"))
+    unwound = asyncio.Event()
+
+    async def unwinding() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:  # e.g. a sub-step's clean-up awaiting the store that just came back
+            await unwound.wait()
+
+    old = asyncio.create_task(unwinding())
+    await asyncio.sleep(0)
+    old.cancel()
+    await asyncio.sleep(0)
+    assert not old.done() and old.cancelling()
+    cond._running[node.id] = (S.INSPECTING, old)  # what stand_down leaves behind
+    cond._start(await store.nodes.get(node.id))
+    assert cond._running[node.id][1] is not old
+    await wait_for_state(store, node.id, S.INSPECTED, timeout_s=20)
+    unwound.set()
+    with pytest.raises(asyncio.CancelledError):
+        await old
+    await cond.stop()
+
+
 async def test_a_profile_s_rack_limit_bounds_how_many_bmcs_of_a_rack_are_driven(
         store: Store, world: SimWorld, make_node) -> None:  # type: ignore[no-untyped-def]
     """GB200/GB300: with ``[bmc.profile_rack_concurrency] gb200 = 2``, eight trays of one

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +38,7 @@ _ENV: Final = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
 class PostgresServer:
     port: int
     url: str  # SQLAlchemy URL of the "postgres" database
+    pid: int = 0  # the postmaster's (benches read its CPU and its children's from /proc)
 
     def dsn(self, dbname: str = "postgres") -> str:
         """libpq URL, for psycopg.connect()."""
@@ -80,8 +81,11 @@ class _RunAs:
 
 
 @contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
-    """Start a throwaway server on a free loopback port; stop it and delete its files on exit."""
+def running_postgres(settings: Sequence[str] = ()) -> Iterator[PostgresServer]:
+    """Start a throwaway server on a free loopback port; stop it and delete its files on exit.
+
+    ``settings`` are more ``name=value`` server settings (``-c``), e.g. a bench's
+    ``shared_preload_libraries=pg_stat_statements``."""
     reason = postgres_unavailable_reason()
     if reason is not None:
         raise RuntimeError(reason)
@@ -96,6 +100,8 @@ def running_postgres() -> Iterator[PostgresServer]:
         cmd = [str(PG_BIN / "postgres"), "-D", str(workdir / "data"), "-h", "127.0.0.1",
                "-p", str(port), "-k", str(workdir), "-c", "fsync=off",
                "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]  # fmt: skip
+        for setting in settings:
+            cmd += ["-c", setting]
         with (workdir / "postgres.log").open("wb") as log_file:
             proc = subprocess.Popen(
                 cmd,
@@ -110,7 +116,7 @@ def running_postgres() -> Iterator[PostgresServer]:
             )
         try:
             _wait_ready(proc, port, workdir / "postgres.log")
-            yield PostgresServer(port=port, url=_sqlalchemy_url(port, "postgres"))
+            yield PostgresServer(port=port, url=_sqlalchemy_url(port, "postgres"), pid=proc.pid)
         finally:
             _stop(proc)
     finally:
