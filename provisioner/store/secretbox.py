@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 from cryptography.fernet import Fernet, InvalidToken
@@ -36,8 +37,11 @@ class SecretBox:
                 "it from a backup; a new key could not decrypt them")
         if not path.exists():
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            # a temporary file of this process's own (mode 0600): daemons sharing a state
+            # dir start together, and one fixed name let one truncate the file another was
+            # linking, or unlink it first (a daemon of the HA wave test failed to start)
+            fd, name = tempfile.mkstemp(dir=path.parent, prefix=".secret-", suffix=".tmp")
+            tmp = Path(name)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(SecretBox.new_key())
                 fh.flush()

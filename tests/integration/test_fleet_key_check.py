@@ -115,3 +115,36 @@ def test_two_first_starts_with_two_keys_one_wins(backend_settings: Settings,
         thread.join(60)
     assert sorted(outcomes)[-1] == "started", outcomes
     assert "does not open this fleet's secrets" in sorted(outcomes)[0], outcomes
+
+
+def _load_together(path: Path, count: int) -> tuple[list[str], list[BaseException]]:
+    """``count`` threads load (or create) the key at ``path`` at the same instant."""
+    start = threading.Barrier(count)
+    found: list[str] = []
+    errors: list[BaseException] = []
+
+    def load() -> None:
+        start.wait()
+        try:
+            found.append(SecretBox.from_key_file(path).fingerprint)
+        except BaseException as exc:  # noqa: BLE001 (collected: the test reports it)
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return found, errors
+
+
+def test_daemons_sharing_a_state_dir_create_one_key_together(tmp_path: Path) -> None:
+    """Daemons started together on one state dir (the HA wave test, the HA bench) each
+    create the key if it is missing: all load the same key and none fails (with one fixed
+    temporary name, one unlinked the file another was about to link: ENOENT at start)."""
+    for round_ in range(20):
+        path = tmp_path / f"round-{round_}" / "secret.key"
+        found, errors = _load_together(path, 6)
+        assert errors == [] and len(found) == 6 and len(set(found)) == 1, (errors, found)
+        assert [p.name for p in path.parent.iterdir()] == ["secret.key"]  # no temporary left
+        assert path.stat().st_mode & 0o777 == 0o600
