@@ -7,8 +7,9 @@ CPU time per node (all daemons together), on a PostgreSQL server the bench start
 Reported per run: wall time, the daemons' CPU per node (together and each), PostgreSQL's CPU
 per node (the postmaster and its backends, from /proc), each daemon's peak RSS, the
 database's size, and PostgreSQL's statements that took the most time (pg_stat_statements).
-``--profile DIR`` samples every daemon with py-spy (the thread holding the GIL, 100 Hz) into DIR, one file of
-collapsed stacks a daemon (``bench/profile_top.py FILE`` prints the top entries).
+``--profile DIR`` samples every daemon with py-spy (the thread holding the GIL, 100 Hz) into
+DIR, one file of collapsed stacks a daemon (``bench/profile_top.py FILE`` prints the top
+entries).
 
 Every daemon runs in its own process on this machine; on the 2-core development machine the
 daemons compete for the same cores, so the scaling it shows is a floor, not a site's.
@@ -31,27 +32,8 @@ from pathlib import Path
 
 import psycopg
 
-from bench.rack_bench import CLOCK_TICKS, cpu_seconds, free_port, rss_mib
+from bench.rack_bench import cpu_seconds, free_port, rss_mib, tree_cpu_seconds
 from tests.peers.postgres import PostgresServer, running_postgres
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process, its reaped children and its live ones (PostgreSQL's postmaster and
-    its backends)."""
-    def stat(path: Path) -> list[str]:
-        return path.read_text().rpartition(")")[2].split()
-    fields = stat(Path(f"/proc/{pid}/stat"))
-    total = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            child = stat(entry / "stat")
-        except OSError:  # exited meanwhile
-            continue
-        if int(child[1]) == pid:  # ppid
-            total += sum(int(child[i]) for i in (11, 12, 13, 14))
-    return total / CLOCK_TICKS
 
 
 def slow_statements(dsn: str, dbname: str, top: int = 8) -> list[str]:
@@ -91,8 +73,9 @@ def run(pg: PostgresServer, dbname: str, nodes: int, daemons: int, step_delay_s:
                     stdout=log, stderr=subprocess.STDOUT))
             if profile is not None and spy is not None:
                 samplers.append(subprocess.Popen(
-                    [spy, "record", "--pid", str(procs[-1].pid), "--rate", "100", "--gil", "--format",
-                     "raw", "--output", str(profile / f"{daemons}d-{i}.txt"), "--nonblocking"],
+                    [spy, "record", "--pid", str(procs[-1].pid), "--rate", "100", "--gil",
+                     "--format", "raw", "--output", str(profile / f"{daemons}d-{i}.txt"),
+                     "--nonblocking"],
                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         peak_rss = [0.0] * daemons
         while True:

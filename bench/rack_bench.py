@@ -45,6 +45,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of a process, its reaped children and its live ones (PostgreSQL's postmaster and
+    its backends)."""
+    def stat(path: Path) -> list[str]:
+        return path.read_text().rpartition(")")[2].split()
+
+    fields = stat(Path(f"/proc/{pid}/stat"))
+    total = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            child = stat(entry / "stat")
+        except OSError:  # exited meanwhile
+            continue
+        if int(child[1]) == pid:  # ppid
+            total += sum(int(child[i]) for i in (11, 12, 13, 14))
+    return total / CLOCK_TICKS
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -26,7 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench.ha_fleet_bench import tree_cpu_seconds
+from bench.rack_bench import tree_cpu_seconds
 from provisioner.config import Settings, SimulationSettings
 from provisioner.domain import Node
 from provisioner.lifecycle.states import NodeState

@@ -57,31 +57,15 @@ class SessionRepo:
 
         return await self._in_pool(once)
 
-    async def _run_conn(self, fn: Callable[[Connection], T]) -> T:
-        """``fn(connection)`` in the store pool, in one transaction (committed when ``fn``
-        returns, rolled back when it raises), without an ORM session: the per-node hot
-        paths (a checkpoint, a transition, one node read) in SQL expressions, whose ORM
-        overhead was most of a simulated node's CPU (docs/performance.md, "Rack")."""
-
-        def once() -> T:
-            with self._engine.begin() as conn:
-                return fn(conn)
-
-        return await self._in_pool(once)
-
     async def _run_batched(self, fn: Callable[[Connection], T]) -> T:
-        """``_run_conn``, in a group commit with the other such calls waiting for the
-        store pool (each sees the writes of those before it, and a batch that fails runs
-        again one call a transaction); a lost connection is retried as ``_run`` does."""
+        """``fn(connection)`` in the store pool without an ORM session (the per-node hot
+        paths, a checkpoint, a transition, one node read, in SQL expressions: their ORM
+        overhead was most of a simulated node's CPU, docs/performance.md "Rack"), in a group
+        commit with the other such calls waiting for the pool: each sees the writes of those
+        before it, and a batch that fails runs again one call a transaction. A lost
+        connection is retried as ``_run`` does."""
         batcher = self._batcher
-        try:
-            return await retry_async(lambda: batcher.run(lambda conn, _now: fn(conn)),
-                                     backoff=BACKOFF, retryable=_lost,
-                                     deadline_s=self._retry_s, on_retry=_noted)
-        except DBAPIError as exc:
-            if not _lost(exc):
-                raise
-            raise self._unavailable(exc) from exc
+        return await self._retried(lambda: batcher.run(lambda conn, _now: fn(conn)))
 
     async def _in_pool(self, once: Callable[[], T]) -> T:
         def work() -> T:
