@@ -3,6 +3,7 @@ what keeping them costs (issue 29: <= 5 % of one core for 10,000 nodes, 0 databa
 nodes where nothing changed, RSS that does not grow).
 
     python3 bench/fleet_idle_bench.py [--nodes 10000] [--duration-s 600] [--no-peers]
+        [--profile FILE]
 
 The nodes are written straight into a migrated SQLite store (a bulk insert, as the API bench
 does), ``active``, powered on, each with a simulated BMC (the ``fake`` driver on the daemon's
@@ -16,6 +17,8 @@ Reported: the daemon's CPU as a share of one core (from ``/proc``), its RSS samp
 run, database row writes per minute (SQLite triggers the bench adds count every row inserted,
 updated or deleted, per table: node-scoped tables apart from the daemons' own bookkeeping of
 heartbeats and leads), and BMC calls per node per hour (the SimWorld's reads and writes).
+``--profile FILE`` samples the daemon's every thread with py-spy over the measured window
+(collapsed stacks; ``bench/profile_top.py FILE`` prints the top entries).
 """
 
 from __future__ import annotations
@@ -59,10 +62,11 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def cpu_seconds(pid: int) -> float:
-    """The daemon's CPU and that of the commands it ran and waited for (scontrol)."""
+def cpu_seconds(pid: int) -> tuple[float, float]:
+    """The daemon's own CPU, and that of the commands it ran and waited for (scontrol)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
+    own = sum(int(f) for f in fields[11:13]) / CLOCK_TICKS  # utime stime
+    return own, sum(int(f) for f in fields[13:15]) / CLOCK_TICKS  # cutime cstime
 
 
 def rss_mib(pid: int) -> float:
@@ -222,6 +226,7 @@ def measure(args: argparse.Namespace, work: Path, state: Path, config: Path,
                             stderr=open(work / "daemon.log", "wb"),  # noqa: SIM115
                             env=dict(os.environ, NOTIFY_SOCKET=str(work / "notify.sock")))
     samples: list[tuple[float, float]] = []
+    sampler: subprocess.Popen[bytes] | None = None
     started = time.monotonic()
     try:
         while not notify.recv(4096).startswith(b"READY=1"):
@@ -229,14 +234,24 @@ def measure(args: argparse.Namespace, work: Path, state: Path, config: Path,
         # the start (recovery over every node, the first topology) is not the fleet at rest
         time.sleep(args.settle_s)
         cpu0, writes0, t0 = cpu_seconds(proc.pid), writes(db), time.monotonic()
+        if args.profile is not None:
+            sampler = subprocess.Popen(
+                [args.py_spy, "record", "--pid", str(proc.pid), "--rate", "100", "--format",
+                 "raw", "--output", str(args.profile), "--nonblocking"],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while (elapsed := time.monotonic() - t0) < args.duration_s:
             if proc.poll() is not None:
                 raise SystemExit(f"the daemon exited; see {work / 'daemon.log'}")
             samples.append((elapsed, rss_mib(proc.pid)))
             time.sleep(min(args.sample_s, max(0.1, args.duration_s - elapsed)))
         wall = time.monotonic() - t0
-        cpu, after = cpu_seconds(proc.pid) - cpu0, writes(db)
+        cpu1, after = cpu_seconds(proc.pid), writes(db)
+        own, children = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
+        cpu = own + children
         samples.append((wall, rss_mib(proc.pid)))
+        if sampler is not None:
+            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            sampler.wait(60)
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
@@ -253,6 +268,8 @@ def measure(args: argparse.Namespace, work: Path, state: Path, config: Path,
     per_min = 60 / wall
     rss = [r for _, r in samples]
     print(f"# duties: {', '.join(duties)}; power sync every {args.power_sync_interval_s:g} s")
+    print(f"# CPU: the daemon {own / wall * 100:.2f} % of one core, the commands it ran "
+          f"(scontrol) {children / wall * 100:.2f} %")
     print("| nodes | held | daemon CPU, share of one core | RSS first → last (max) | "
           "node-scoped row writes/min | daemon bookkeeping rows/min | BMC calls/node/hour |")
     print("|---|---|---|---|---|---|---|")
@@ -277,9 +294,18 @@ def main() -> None:
                         help="bmc.power_sync_interval_s (the daemon's default: 300)")
     parser.add_argument("--no-peers", action="store_true",
                         help="no kube-apiserver/kwok nor slurmctld (their syncs stay off)")
+    parser.add_argument("--profile", type=Path,
+                        help="write py-spy's collapsed stacks of the measured window here")
+    parser.add_argument("--py-spy", default="py-spy", help="the py-spy binary (--profile)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder (the daemon's log, its database)")
-    run(parser.parse_args())
+    args = parser.parse_args()
+    if args.profile is not None:
+        spy = shutil.which(args.py_spy)
+        if spy is None:
+            raise SystemExit(f"bench: --profile needs py-spy ({args.py_spy!r} not found)")
+        args.py_spy = spy
+    run(args)
 
 
 if __name__ == "__main__":

@@ -40,10 +40,11 @@ from provisioner.kube.model import (
     KubeRejected,
     KubeUnavailable,
     NodeInfo,
+    NodeWatch,
     PodInfo,
 )
 from provisioner.kube.ratelimit import TokenBucket
-from provisioner.kube.wire import cluster_info, config_map, node, pod
+from provisioner.kube.wire import cluster_info, config_map, node, node_watch, pod
 from provisioner.retry import Backoff, retry_async
 from provisioner.watchdog import Watchdog
 
@@ -126,9 +127,51 @@ class KubeClient:
             return None
 
     async def list_nodes(self, label_selector: str | None = None) -> list[NodeInfo]:
-        items = await self._list(
+        return (await self.list_nodes_at(label_selector))[0]
+
+    async def list_nodes_at(self, label_selector: str | None = None
+                            ) -> tuple[list[NodeInfo], str]:
+        """The Nodes and the resource version of the list (where a watch goes on from)."""
+        items, version = await self._list(
             lambda **kw: self._core.list_node(label_selector=label_selector, **kw), "nodes")
-        return [node(item) for item in items]
+        return [node(item) for item in items], version
+
+    async def watch_nodes(self, label_selector: str | None, resource_version: str, *,
+                          timeout_s: int) -> NodeWatch:
+        """The changes to the Nodes after ``resource_version``, watched for ``timeout_s``
+        seconds (the apiserver ends the watch); ``NodeWatch.expired`` when that version is
+        too old to watch from (410 Gone: list again). Not retried: the caller lists again."""
+        what = "watch of nodes"
+        held: list[Any] = []
+
+        def blocking() -> NodeWatch:
+            with _mapped(what):
+                raw = self._core.list_node(
+                    label_selector=label_selector, watch=True, allow_watch_bookmarks=True,
+                    resource_version=resource_version, timeout_seconds=timeout_s,
+                    _preload_content=False,
+                    _request_timeout=timeout_s + self._settings.request_timeout_s)
+                held.append(raw)
+                try:
+                    return node_watch(_lines(raw), resource_version)
+                finally:
+                    raw.release_conn()
+
+        await self._bucket.acquire()
+        self.stats.requests += 1
+        try:
+            return await self._watchdog.call(
+                blocking, what=f"kube request for {what}",
+                deadline_s=timeout_s + self._settings.call_deadline_s)
+        except _Transient as exc:
+            self.stats.failures += 1
+            raise KubeUnavailable(f"{what}: {exc.detail}") from None
+        except Exception:
+            self.stats.failures += 1
+            raise
+        finally:  # cancelled (the daemon stops) or failed: unblock the thread's read
+            for raw in held:
+                _unblock(raw)
 
     async def patch_node(self, name: str, body: Any, *, kind: PatchKind = "strategic",
                          status: bool = False) -> NodeInfo:
@@ -169,7 +212,7 @@ class KubeClient:
 
     async def list_pods(self, node_name: str) -> list[PodInfo]:
         selector = f"spec.nodeName={node_name}"
-        items = await self._list(lambda **kw: self._core.list_pod_for_all_namespaces(
+        items, _ = await self._list(lambda **kw: self._core.list_pod_for_all_namespaces(
             field_selector=selector, **kw), f"pods on {node_name}")
         return [pod(item) for item in items]
 
@@ -212,7 +255,7 @@ class KubeClient:
 
     async def delete_secrets(self, namespace: str, label_selector: str) -> list[str]:
         """Delete the Secrets matching ``label_selector``; return their names."""
-        items = await self._list(lambda **kw: self._core.list_namespaced_secret(
+        items, _ = await self._list(lambda **kw: self._core.list_namespaced_secret(
             namespace, label_selector=label_selector, **kw), f"secrets in {namespace}")
         names = [item["metadata"]["name"] for item in items]
         for name in names:
@@ -255,16 +298,22 @@ class KubeClient:
 
     # Plumbing -----------------------------------------------------------------------------
 
-    async def _list(self, call: Callable[..., Any], what: str) -> list[dict[str, Any]]:
+    async def _list(self, call: Callable[..., Any],
+                    what: str) -> tuple[list[dict[str, Any]], str]:
+        """Every item, paged, and the list's resource version (that of its first page: the
+        pages of one list are one snapshot)."""
         items: list[dict[str, Any]] = []
         token: str | None = None
+        version = ""
         while True:
             page = await self._json(
                 lambda token=token, **kw: call(limit=_PAGE, _continue=token, **kw), what=what)
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
+            meta = page.get("metadata") or {}
+            version = version or str(meta.get("resourceVersion") or "")
+            token = meta.get("continue")
             if not token:
-                return items
+                return items, version
 
     async def _json(self, call: Callable[..., Any], *, what: str,
                     retry_429: bool = True) -> dict[str, Any]:
@@ -318,6 +367,26 @@ class KubeClient:
                 raise
             self.stats.failures += 1
             raise KubeUnavailable(f"{what}: {exc.detail} (after {tries} tries)") from None
+
+
+def _lines(raw: Any) -> Iterator[bytes]:
+    """The lines of a streamed (chunked) response, as they arrive."""
+    rest = b""
+    for chunk in raw.stream(amt=None, decode_content=False):
+        rest += chunk
+        *lines, rest = rest.split(b"\n")
+        yield from lines
+    if rest.strip():
+        yield rest
+
+
+def _unblock(raw: Any) -> None:
+    """Make a read blocked on ``raw`` in another thread return (the watch is over)."""
+    try:
+        shutdown = getattr(raw, "shutdown", None)  # urllib3 >= 2.3
+        (shutdown or raw.close)()
+    except Exception as exc:  # closing a finished or broken stream: nothing left to stop
+        log.debug("kube: closing a watch: %s", exc)
 
 
 class _Transient(Exception):

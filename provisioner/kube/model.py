@@ -109,6 +109,17 @@ class ClusterInfo:
     ca_pem: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class NodeWatch:
+    """What a watch of Nodes saw: its events in order (``ADDED``, ``MODIFIED`` or
+    ``DELETED`` with the Node), the resource version to watch on from, and whether the
+    version asked for was too old (410 Gone: list again)."""
+
+    events: tuple[tuple[str, NodeInfo], ...]
+    resource_version: str
+    expired: bool = False
+
+
 @dataclass(slots=True)
 class ClientStats:
     """Counters of one client: requests sent, retried (429/5xx/connection), failed, and

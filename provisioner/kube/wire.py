@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +17,7 @@ from provisioner.kube.model import (
     ConfigMapInfo,
     KubeRejected,
     NodeInfo,
+    NodeWatch,
     PodInfo,
     Taint,
 )
@@ -42,6 +44,36 @@ def node(obj: Mapping[str, Any]) -> NodeInfo:
                          for c in status.get("conditions") or []),
         allocatable={k: str(v) for k, v in (status.get("allocatable") or {}).items()},
     )
+
+
+WATCH_EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+def node_watch(lines: Iterable[bytes], resource_version: str) -> NodeWatch:
+    """A watch's stream of Nodes (one JSON event a line) → its events and the version to go
+    on from. A line that is not a watch event of a Node is refused (``KubeRejected``: the
+    caller lists again), never skipped: a lost change would stay lost until then."""
+    events: list[tuple[str, NodeInfo]] = []
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            kind, obj = doc["type"], doc["object"]
+            meta = obj.get("metadata") or {}
+            if kind == "ERROR":
+                if obj.get("code") == 410:  # "too old resource version": list again
+                    return NodeWatch(tuple(events), resource_version, expired=True)
+                raise KubeRejected(f"watch of nodes: {obj.get('code')} {obj.get('message')}")
+            resource_version = str(meta.get("resourceVersion") or resource_version)
+            if kind in WATCH_EVENTS:
+                events.append((kind, node(obj)))
+            elif kind != "BOOKMARK":
+                raise KubeRejected(f"watch of nodes: unknown event type {kind!r}")
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise KubeRejected(f"watch of nodes: malformed event ({type(exc).__name__}: "
+                               f"{exc})") from None
+    return NodeWatch(tuple(events), resource_version)
 
 
 def pod(obj: Mapping[str, Any]) -> PodInfo:

@@ -128,12 +128,9 @@ def nodes_from_openapi(doc: object) -> list[SlurmNode]:
 
 
 def _fields(line: str) -> dict[str, str]:
-    keys = list(_KEY.finditer(line))
-    out: dict[str, str] = {}
-    for i, match in enumerate(keys):
-        end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
-        out[match.group(1)] = line[match.end():end].strip()
-    return out
+    # one split in C: [before the first key, key, value, key, value, ...]
+    parts = _KEY.split(line)
+    return {key: value.strip() for key, value in zip(parts[1::2], parts[2::2], strict=True)}
 
 
 def node_from_scontrol(line: str) -> SlurmNode:

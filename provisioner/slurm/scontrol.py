@@ -21,7 +21,7 @@ from provisioner.slurm.model import (
     SlurmRejected,
     SlurmUnavailable,
 )
-from provisioner.slurm.parse import node_from_scontrol, nodes_from_scontrol
+from provisioner.slurm.parse import node_from_scontrol
 from provisioner.slurm.reservation import Reservation, reservation_from_scontrol
 
 log = logging.getLogger(__name__)
@@ -40,10 +40,18 @@ class ScontrolSlurm:
         self._env = dict(os.environ if env is None else env)
         if slurm_conf is not None:
             self._env["SLURM_CONF"] = str(slurm_conf)
+        self._parsed: dict[str, SlurmNode] = {}  # the last listing's lines, parsed
 
     async def nodes(self) -> list[SlurmNode]:
+        """Every node (``show node -o``). A line the last listing held too is not parsed
+        again: at rest most of a fleet's lines do not change between two sync passes."""
         out = await self._run(["show", "node", "-o"])
-        return nodes_from_scontrol(out)
+        known, parsed = self._parsed, {}
+        for line in out.splitlines():
+            if (line := line.strip()).startswith("NodeName="):
+                parsed[line] = known.get(line) or node_from_scontrol(line)
+        self._parsed = parsed
+        return list(parsed.values())
 
     async def node(self, name: str) -> SlurmNode | None:
         try:

@@ -122,3 +122,38 @@ def test_foreign_drain_ignores_ours_and_slinkys() -> None:
     assert foreign_drain(SlurmNode("a", "IDLE", frozenset(), "old reason"), own) is None
     assert foreign_drain(SlurmNode("a", "MIXED", frozenset({"DRAIN"}), "ib", "bob"),
                          own) == "drained in Slurm by bob: ib"
+
+
+async def test_scontrol_parses_only_the_lines_that_changed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At rest most of ``show node -o`` is what the last pass read: those lines are not
+    parsed again, a changed line is, and a node gone from the listing is gone."""
+    from provisioner.slurm import scontrol as module
+
+    lines = [line.replace("gpu-node-01", f"gpu-node-{i:02d}") for i, line in enumerate(
+        (line for line in (FIXTURES / "scontrol-22.05-show-node.txt").read_text().splitlines()
+         if line.startswith("NodeName=")), start=1)]  # three states of one node, renamed
+    listing = tmp_path / "listing"
+    fake = tmp_path / "scontrol"  # prints the listing the test wrote: the parse is under test
+    fake.write_text(f"#!/bin/sh\ncat {listing}\n")
+    fake.chmod(0o755)
+    client = module.ScontrolSlurm(scontrol=str(fake))
+    parsed: list[str] = []
+    real = module.node_from_scontrol
+
+    def counted(line: str) -> SlurmNode:
+        parsed.append(line)
+        return real(line)
+
+    monkeypatch.setattr(module, "node_from_scontrol", counted)
+    listing.write_text("\n".join(lines) + "\n")
+    first = await client.nodes()
+    assert len(parsed) == len(lines)
+    again = await client.nodes()
+    assert again == first and len(parsed) == len(lines)
+    changed = lines[0].replace("State=IDLE+DYNAMIC", "State=IDLE+DRAIN+DYNAMIC", 1)
+    listing.write_text("\n".join([changed, *lines[2:]]) + "\n")
+    last = await client.nodes()
+    assert parsed[len(lines):] == [changed]
+    assert [n.name for n in last] == [n.name for n in first if n.name != first[1].name]
+    assert last[0].draining
