@@ -100,6 +100,7 @@ class KubeSettings(Section):
     not_ready_grace_s: float = Field(
         300.0, ge=0, description="NotReady for longer than this puts the node in maintenance")
     sync_interval_s: float = Field(
-        30.0, ge=0, description="Period of the Kubernetes to daemon sync; 0 disables it")
+        30.0, ge=0, description="Period of the Kubernetes to daemon sync (the length of each "
+        "watch of the Nodes, after one list); 0 disables it")
     profiles: dict[str, KubeProfile] = Field(
         default_factory=dict, description="Labels, annotations, taints per profile name")

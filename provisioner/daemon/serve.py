@@ -243,7 +243,7 @@ class Daemon:
                 works: list[tuple[str, Work]] = [("power-sync", power_sync.run)]
                 bmc_health = BmcHealthPoll(store.nodes, health, bmc, self._settings.health)
                 works.append(("bmc-health", bmc_health.run))
-                if kube_client is not None:
+                if kube_client is not None and self._settings.kube.sync_interval_s > 0:
                     sync = KubeSync(kube_client, maintenance_from("kubernetes", store, conductor),
                                     grace_s=self._settings.kube.not_ready_grace_s,
                                     interval_s=self._settings.kube.sync_interval_s,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import re
+import threading
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -44,6 +44,8 @@ from provisioner.kube.model import (
     PodInfo,
 )
 from provisioner.kube.ratelimit import TokenBucket
+from provisioner.kube.status import blocking_pdb, retry_after, status_message
+from provisioner.kube.stream import lines, unblock
 from provisioner.kube.wire import cluster_info, config_map, node, node_watch, pod
 from provisioner.retry import Backoff, retry_async
 from provisioner.watchdog import Watchdog
@@ -59,7 +61,6 @@ _CONTENT_TYPES: dict[str, str] = {
 }
 _MAX_BACKOFF_S = 30.0
 _PAGE = 500
-_PDB_CAUSE = re.compile(r"disruption budget (\S+)")
 
 
 class KubeClient:
@@ -142,7 +143,8 @@ class KubeClient:
         seconds (the apiserver ends the watch); ``NodeWatch.expired`` when that version is
         too old to watch from (410 Gone: list again). Not retried: the caller lists again."""
         what = "watch of nodes"
-        held: list[Any] = []
+        held: list[Any] = []  # the response while its thread reads it
+        lock = threading.Lock()
 
         def blocking() -> NodeWatch:
             with _mapped(what):
@@ -151,10 +153,13 @@ class KubeClient:
                     resource_version=resource_version, timeout_seconds=timeout_s,
                     _preload_content=False,
                     _request_timeout=timeout_s + self._settings.request_timeout_s)
-                held.append(raw)
+                with lock:
+                    held.append(raw)
                 try:
-                    return node_watch(_lines(raw), resource_version)
+                    return node_watch(lines(raw), resource_version)
                 finally:
+                    with lock:  # from here its connection may serve another request
+                        held.clear()
                     raw.release_conn()
 
         await self._bucket.acquire()
@@ -166,12 +171,13 @@ class KubeClient:
         except _Transient as exc:
             self.stats.failures += 1
             raise KubeUnavailable(f"{what}: {exc.detail}") from None
-        except Exception:
-            self.stats.failures += 1
+        except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.stats.failures += 1
+            with lock:  # cancelled (the daemon stops) or past its deadline: cut the read
+                for raw in held:
+                    unblock(raw)
             raise
-        finally:  # cancelled (the daemon stops) or failed: unblock the thread's read
-            for raw in held:
-                _unblock(raw)
 
     async def patch_node(self, name: str, body: Any, *, kind: PatchKind = "strategic",
                          status: bool = False) -> NodeInfo:
@@ -369,26 +375,6 @@ class KubeClient:
             raise KubeUnavailable(f"{what}: {exc.detail} (after {tries} tries)") from None
 
 
-def _lines(raw: Any) -> Iterator[bytes]:
-    """The lines of a streamed (chunked) response, as they arrive."""
-    rest = b""
-    for chunk in raw.stream(amt=None, decode_content=False):
-        rest += chunk
-        *lines, rest = rest.split(b"\n")
-        yield from lines
-    if rest.strip():
-        yield rest
-
-
-def _unblock(raw: Any) -> None:
-    """Make a read blocked on ``raw`` in another thread return (the watch is over)."""
-    try:
-        shutdown = getattr(raw, "shutdown", None)  # urllib3 >= 2.3
-        (shutdown or raw.close)()
-    except Exception as exc:  # closing a finished or broken stream: nothing left to stop
-        log.debug("kube: closing a watch: %s", exc)
-
-
 class _Transient(Exception):
     def __init__(self, detail: str, retry_after_s: float | None = None) -> None:
         super().__init__(detail)
@@ -417,7 +403,7 @@ def _mapped(what: str) -> Iterator[None]:
 
 def _map_api_exception(exc: ApiException, what: str) -> Exception:
     status = int(exc.status or 0)
-    message = _status_message(exc) or str(exc.reason or "")
+    message = status_message(exc) or str(exc.reason or "")
     if status == 0:
         if "CERTIFICATE_VERIFY_FAILED" in message:
             return KubeForbidden(f"{what}: TLS verification of the apiserver failed: {message}")
@@ -427,41 +413,12 @@ def _map_api_exception(exc: ApiException, what: str) -> Exception:
     if status == 409:
         return KubeConflict(f"{what}: {message}")
     if status == 429:
-        return _Throttled(f"429 {message}", _retry_after(exc), _blocking_pdb(exc))
+        return _Throttled(f"429 {message}", retry_after(exc, _MAX_BACKOFF_S), blocking_pdb(exc))
     if status >= 500:
-        return _Transient(f"{status} {message}", _retry_after(exc))
+        return _Transient(f"{status} {message}", retry_after(exc, _MAX_BACKOFF_S))
     if status in (401, 403):
         return KubeForbidden(f"{what}: {status} {exc.reason}: {message}")
     return KubeRejected(f"{what}: {status} {message}")
-
-
-def _status_body(exc: ApiException) -> dict[str, Any]:
-    try:
-        body = json.loads(exc.body or "{}")
-    except ValueError:
-        return {}
-    return body if isinstance(body, dict) else {}
-
-
-def _status_message(exc: ApiException) -> str:
-    return str(_status_body(exc).get("message") or "")
-
-
-def _blocking_pdb(exc: ApiException) -> str:
-    causes = (_status_body(exc).get("details") or {}).get("causes") or []
-    for cause in causes:
-        match = _PDB_CAUSE.search(str(cause.get("message", "")))
-        if match:
-            return match.group(1)
-    return ""  # not a PodDisruptionBudget: API priority and fairness, say
-
-
-def _retry_after(exc: ApiException) -> float | None:
-    value = (exc.headers or {}).get("Retry-After")
-    try:
-        return min(float(value), _MAX_BACKOFF_S) if value is not None else None
-    except ValueError:
-        return None
 
 
 def _api_client_blocking(settings: KubeSettings) -> Any:
