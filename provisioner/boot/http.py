@@ -80,7 +80,7 @@ class BootHttpConfig:
     initrd_arm64: str = "inspect/arm64/initrd.gz"
     kernel_args_arm64: str = "console=ttyAMA0"
     sendfile_threads: int = 4  # 0: aiohttp's sendfile in the loop's thread
-    sendfile_pumps: bool = False  # the threads own their downloads (boot/http_pumps.py)
+    sendfile_pumps: bool = True  # the threads own their downloads (boot/http_pumps.py)
 
 
 class BootHttp:

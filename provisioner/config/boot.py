@@ -63,7 +63,7 @@ class HttpSettings(Section):
     sendfile_threads: int = Field(4, ge=0, description="Threads that copy kernels, initrds "
                                   "and images to clients (sendfile) beside the event loop; "
                                   "0: in the loop's thread")
-    sendfile_pumps: bool = Field(False, description="Those threads each own their downloads "
+    sendfile_pumps: bool = Field(True, description="Those threads each own their downloads "
                                  "and wait on their own epoll for room (as nginx workers do) "
                                  "instead of a trip through the event loop for every chunk; "
                                  "docs/performance.md \"Boot storm\"")
