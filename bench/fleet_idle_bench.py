@@ -27,6 +27,7 @@ import _env  # noqa: I001  (first: may re-run this bench in the project's virtua
 
 _env.ensure_project_python()
 
+import _profile
 import argparse
 import contextlib
 import json
@@ -46,6 +47,7 @@ from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.rack_bench import free_port, rss_mib
 from provisioner.config import SimulationSettings
 from provisioner.kube.model import LABEL_NODE_ID
 from provisioner.simulation.drivers import simulated_facts
@@ -56,24 +58,11 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 BOOKKEEPING = {"instance", "singleton", "bench_writes"}  # per daemon, not per node
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def cpu_seconds(pid: int) -> tuple[float, float]:
     """The daemon's own CPU, and that of the commands it ran and waited for (scontrol)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     own = sum(int(f) for f in fields[11:13]) / CLOCK_TICKS  # utime stime
     return own, sum(int(f) for f in fields[13:15]) / CLOCK_TICKS  # cutime cstime
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return 0.0
 
 
 def seed(python: str, config: Path, state: Path, count: int) -> list[tuple[str, str]]:
@@ -235,10 +224,7 @@ def measure(args: argparse.Namespace, work: Path, state: Path, config: Path,
         time.sleep(args.settle_s)
         cpu0, writes0, t0 = cpu_seconds(proc.pid), writes(db), time.monotonic()
         if args.profile is not None:
-            sampler = subprocess.Popen(
-                [args.py_spy, "record", "--pid", str(proc.pid), "--rate", "100", "--format",
-                 "raw", "--output", str(args.profile), "--nonblocking"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            sampler = _profile.start(args.py_spy, proc.pid, args.profile, rate=100)
         while (elapsed := time.monotonic() - t0) < args.duration_s:
             if proc.poll() is not None:
                 raise SystemExit(f"the daemon exited; see {work / 'daemon.log'}")
@@ -249,9 +235,7 @@ def measure(args: argparse.Namespace, work: Path, state: Path, config: Path,
         own, children = cpu1[0] - cpu0[0], cpu1[1] - cpu0[1]
         cpu = own + children
         samples.append((wall, rss_mib(proc.pid)))
-        if sampler is not None:
-            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-            sampler.wait(60)
+        _profile.stop([sampler])
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
@@ -294,17 +278,11 @@ def main() -> None:
                         help="bmc.power_sync_interval_s (the daemon's default: 300)")
     parser.add_argument("--no-peers", action="store_true",
                         help="no kube-apiserver/kwok nor slurmctld (their syncs stay off)")
-    parser.add_argument("--profile", type=Path,
-                        help="write py-spy's collapsed stacks of the measured window here")
-    parser.add_argument("--py-spy", default="py-spy", help="the py-spy binary (--profile)")
+    _profile.add_arguments(parser, "write py-spy's collapsed stacks of the measured window here")
     parser.add_argument("--keep", action="store_true",
                         help="keep the work folder (the daemon's log, its database)")
     args = parser.parse_args()
-    if args.profile is not None:
-        spy = shutil.which(args.py_spy)
-        if spy is None:
-            raise SystemExit(f"bench: --profile needs py-spy ({args.py_spy!r} not found)")
-        args.py_spy = spy
+    args.py_spy = _profile.py_spy(args)
     run(args)
 
 

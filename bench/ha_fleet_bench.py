@@ -21,6 +21,7 @@ import _env  # noqa: I001  (first: may re-run this bench in the project's virtua
 
 _env.ensure_project_python()
 
+import _profile
 import argparse
 import shutil
 import signal
@@ -72,11 +73,8 @@ def run(pg: PostgresServer, dbname: str, nodes: int, daemons: int, step_delay_s:
                     [sys.executable, "-m", "provisioner", "--config", str(config), "serve"],
                     stdout=log, stderr=subprocess.STDOUT))
             if profile is not None and spy is not None:
-                samplers.append(subprocess.Popen(
-                    [spy, "record", "--pid", str(procs[-1].pid), "--rate", "100", "--gil",
-                     "--format", "raw", "--output", str(profile / f"{daemons}d-{i}.txt"),
-                     "--nonblocking"],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                samplers.append(_profile.start(spy, procs[-1].pid,
+                                               profile / f"{daemons}d-{i}.txt", rate=100, gil=True))
         peak_rss = [0.0] * daemons
         while True:
             try:
@@ -98,10 +96,7 @@ def run(pg: PostgresServer, dbname: str, nodes: int, daemons: int, step_delay_s:
         wall = time.monotonic() - started
         cpus = [cpu_seconds(p.pid) for p in procs]
         pg_cpu = tree_cpu_seconds(pg.pid) - pg_cpu_before
-        for sampler in samplers:
-            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-        for sampler in samplers:
-            sampler.wait(60)
+        _profile.stop(samplers)
         with psycopg.connect(dsn) as conn:
             writers = conn.execute("SELECT count(DISTINCT instance) FROM transition "
                                    "WHERE fence IS NOT NULL").fetchone()
@@ -129,14 +124,10 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--daemons", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--step-delay-s", type=float, default=0.2)
-    parser.add_argument("--profile", type=Path,
-                        help="a folder for py-spy's collapsed stacks, one file a daemon")
-    parser.add_argument("--py-spy", default="py-spy", help="the py-spy binary (--profile)")
+    _profile.add_arguments(parser, "a folder for py-spy's collapsed stacks, one file a daemon")
     args = parser.parse_args()
-    spy = shutil.which(args.py_spy) if args.profile else None
+    spy = _profile.py_spy(args)
     if args.profile is not None:
-        if spy is None:
-            raise SystemExit(f"bench: --profile needs py-spy ({args.py_spy!r} not found)")
         args.profile.mkdir(parents=True, exist_ok=True)
     rows, slow = [], []
     with running_postgres(["shared_preload_libraries=pg_stat_statements"]) as pg:

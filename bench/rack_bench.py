@@ -19,6 +19,7 @@ import _env  # noqa: I001  (first: may re-run this bench in the project's virtua
 
 _env.ensure_project_python()
 
+import _profile
 import argparse
 import os
 import shutil
@@ -84,12 +85,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--step-delay-s", type=float, default=0.2)
-    parser.add_argument("--profile", type=Path, help="write py-spy's collapsed stacks here")
-    parser.add_argument("--py-spy", default="py-spy", help="the py-spy binary (--profile)")
+    _profile.add_arguments(parser, "write py-spy's collapsed stacks here")
     args = parser.parse_args()
-    spy = shutil.which(args.py_spy) if args.profile else None
-    if args.profile and spy is None:
-        raise SystemExit(f"bench: --profile needs py-spy ({args.py_spy!r} not found)")
+    spy = _profile.py_spy(args)
     work = Path(tempfile.mkdtemp(prefix="pv-rack-bench-"))
     config = work / "provisioner.toml"
     config.write_text(
@@ -101,10 +99,7 @@ def main() -> None:
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "provisioner", "--config", str(config),
                              "serve"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    sampler = None if spy is None else subprocess.Popen(
-        [spy, "record", "--pid", str(proc.pid), "--rate", "200", "--format", "raw",
-         "--output", str(args.profile), "--nonblocking"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sampler = None if spy is None else _profile.start(spy, proc.pid, args.profile, rate=200)
     db = work / "state" / "provisioner.sqlite"
     peak_rss = 0.0
     try:
@@ -120,9 +115,7 @@ def main() -> None:
             time.sleep(0.5)
         wall = time.monotonic() - started
         cpu = cpu_seconds(proc.pid)
-        if sampler is not None:
-            sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
-            sampler.wait(60)
+        _profile.stop([sampler])
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
