@@ -83,7 +83,13 @@ def test_three_daemons_survive_random_sigkills(pg: PostgresServer, tmp_path: Pat
         wall = time.monotonic() - started
         for daemon, port in zip(fleet.daemons, fleet.ports, strict=True):
             daemon.wait_ready(port, timeout_s=120)
+        # a leader killed last holds "fleet" until its lease runs out: wait for the next one
         listing = get_json(fleet.ports[0], "/api/v1/instances", token)
+        holder_deadline = time.monotonic() + 4 * LEASE_S + 30
+        while (isinstance(listing, dict) and listing["singleton_holder"] is None
+               and time.monotonic() < holder_deadline):
+            time.sleep(0.5)
+            listing = get_json(fleet.ports[0], "/api/v1/instances", token)
         some_node = next(iter(node_states(dsn)))
         cli = subprocess.run(
             [sys.executable, "-m", "provisioner", "node", "history", some_node, "--json"],
