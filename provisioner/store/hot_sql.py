@@ -63,6 +63,11 @@ BY_ID: Update = update(NODE).where(NODE.c.id == bindparam("b_id"))
 
 HISTORY_ROW: Insert = insert(TRANSITION)
 
+#: an enrolment's rows: the node, its MACs, its lease row (free)
+NEW_NODE: Insert = insert(NODE)
+NEW_MAC: Insert = insert(MAC)
+NEW_LEASE: Insert = insert(LEASE)
+
 #: a node's lease row, locked to claim it (a forced claim waits for a write in progress)
 LEASE_ROW: Select[Any] = select(LEASE.c.owner, LEASE.c.fence, LEASE.c.expires_at).where(
     LEASE.c.node_id == bindparam("b_id"))

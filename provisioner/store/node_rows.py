@@ -126,13 +126,18 @@ def commit_unique(s: Session, kind: str, *, flush_only: bool = False) -> None:
             s.flush()
         else:
             s.commit()
-    except IntegrityError as exc:
+    except (IntegrityError, DataError) as exc:
         s.rollback()
-        raise Conflict(f"{kind} conflicts with an existing one: {_which_unique(exc)}") from exc
-    except DataError as exc:  # PostgreSQL: a value longer than its column, say
-        s.rollback()
-        raise InvalidRequest(f"{kind} has a value the database refuses: "
-                             f"{str(exc.orig).splitlines()[0]}") from exc
+        raise refused(kind, exc) from exc
+
+
+def refused(kind: str, exc: IntegrityError | DataError) -> Conflict | InvalidRequest:
+    """What the caller is told of a write the database refused: a unique value taken
+    (Conflict), or (PostgreSQL) a value longer than its column, say (InvalidRequest)."""
+    if isinstance(exc, IntegrityError):
+        return Conflict(f"{kind} conflicts with an existing one: {_which_unique(exc)}")
+    return InvalidRequest(f"{kind} has a value the database refuses: "
+                          f"{str(exc.orig).splitlines()[0]}")
 
 
 def _which_unique(exc: IntegrityError) -> str:

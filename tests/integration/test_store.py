@@ -46,6 +46,26 @@ async def test_unique_fields_conflict(any_store: Store, clash: str) -> None:
     assert (await any_store.nodes.count_by_state()) == {"enrolled": 1}
 
 
+async def test_a_burst_of_enrolments_commits_together_but_a_clash_fails_alone(
+        any_store: Store) -> None:
+    """Enrolments waiting at once share one transaction (a boot storm's discovered nodes):
+    one whose MAC is taken fails with Conflict, and only it."""
+    await any_store.nodes.create(new(1), actor="test")
+    clash = any_store.nodes.create(new(99, hostname="x", serial="y", macs=new(1).macs),
+                                   actor="test")
+    calls = [any_store.nodes.create(new(n), actor="test") for n in range(2, 30)]
+    results = await asyncio.gather(*calls[:10], clash, *calls[10:], return_exceptions=True)
+    assert isinstance(results[10], Conflict) and "mac" in str(results[10])
+    created = [r for r in results if not isinstance(r, BaseException)]
+    assert len(created) == 28, [r for r in results if isinstance(r, BaseException)]
+    assert (await any_store.nodes.count_by_state()) == {"enrolled": 29}
+    for node in created[:3]:
+        assert (await any_store.nodes.find(node.macs[0])).id == node.id
+        [entry] = await any_store.nodes.history(node.id)
+        assert (entry.event, entry.to_state, entry.actor) == ("enroll", "enrolled", "test")
+        assert node.version == 1 and node.history_seq == 1
+
+
 async def test_list_filters_and_pagination(any_store: Store) -> None:
     for n in range(1, 11):
         await any_store.nodes.create(new(n), actor="test")
