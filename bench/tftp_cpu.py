@@ -66,7 +66,7 @@ def measure(name: str, root: Path, work: Path, kind: str, clients: int,
         else:
             time.sleep(1.0)
         started = time.perf_counter()
-        procs = [subprocess.Popen(client_cmd(kind, port, work / f"out{i}"),
+        procs = [subprocess.Popen(client_cmd(kind, "127.0.0.1", port, work / f"out{i}"),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for i in range(clients)]
         failed = sum(proc.wait() != 0 for proc in procs)

@@ -4,7 +4,6 @@ serves it: the daemon's (one worker) or a worker process (``tftp_worker.py``).""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import resource
 import select
@@ -14,11 +13,9 @@ from collections.abc import Callable
 from provisioner.boot.tftp_packets import (
     ACK,
     DATA,
-    E_UNKNOWN_TID,
     ERROR,
     HEAD,
     ReadRequest,
-    error_packet,
     negotiate,
     oack_packet,
 )
@@ -59,10 +56,13 @@ class SocketHub:
 
 
 class Transfer:
-    """OACK (if options), then windows of DATA until the last ACK. Its socket is read
-    through the ``SocketHub`` (one datagram per report) and written directly; one retransmit
-    timer, re-armed from the last progress rather than per ACK. ``on_done(peer)`` once at
-    the end, however it ends."""
+    """OACK (if options), then windows of DATA until the last ACK. Its socket is connected
+    to the client (as tftpd-hpa's is: a datagram from any other address never reaches it,
+    RFC 1350's "unknown transfer ID" error is not sent, a client that went away shows as
+    an ICMP error on the next read, and a send skips the route look-up and the address
+    parsing), read through the ``SocketHub`` (one datagram per report) and
+    written directly; one retransmit timer, re-armed from the last progress rather than per
+    ACK. ``on_done(peer)`` once at the end, however it ends."""
 
     def __init__(self, peer: Peer, req: ReadRequest, data: bytes, *, hub: SocketHub,
                  timeout_s: float, retries: int, on_done: Callable[[Peer], None]) -> None:
@@ -86,7 +86,10 @@ class Transfer:
         self._done = False
 
     def start(self, sock: socket.socket) -> None:
+        """Serve through ``sock`` (bound, not yet connected); OSError if it cannot reach
+        the client."""
         self._sock = sock
+        sock.connect(self._peer)
         self._hub.add(sock.fileno(), self._read_one)
         self._send_next()
         self._timer = self._loop.call_at(self._progress + self._timeout_s, self._check)
@@ -94,7 +97,7 @@ class Transfer:
     def _send(self, packet: bytes | bytearray) -> None:
         assert self._sock is not None
         try:
-            self._sock.sendto(packet, self._peer)
+            self._sock.send(packet)
         except (BlockingIOError, InterruptedError):
             pass  # the socket buffer is full: the retransmit timer sends it again
         except OSError as exc:
@@ -123,26 +126,19 @@ class Transfer:
         EAGAIN raised per ACK); False when none was read."""
         assert self._sock is not None
         try:
-            data, addr = self._sock.recvfrom(1024)
+            data = self._sock.recv(1024)
         except (BlockingIOError, InterruptedError):
             return False
         except OSError as exc:  # e.g. ICMP port unreachable: the client is gone
             self.finish(f"socket error: {exc}")
             return False
-        self._datagram(data, addr)
+        self._datagram(data)
         return True
 
-    def _datagram(self, data: bytes, addr: Peer) -> None:
+    def _datagram(self, data: bytes) -> None:
         if len(data) < 4:
             return
         opcode, number = HEAD.unpack_from(data)
-        if addr != self._peer:
-            if opcode != ERROR:  # an ERROR is never answered (RFC 1350): no loop
-                assert self._sock is not None
-                with contextlib.suppress(OSError):
-                    self._sock.sendto(error_packet(E_UNKNOWN_TID, "unknown transfer ID"),
-                                      addr)
-            return
         if opcode == ERROR:
             message = data[4:].split(b"\0", 1)[0].decode("latin-1")
             self.finish(f"client error {number}: {message}")
