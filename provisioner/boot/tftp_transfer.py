@@ -60,9 +60,9 @@ class Transfer:
     to the client (as tftpd-hpa's is: a datagram from any other address never reaches it,
     RFC 1350's "unknown transfer ID" error is not sent, a client that went away shows as
     an ICMP error on the next read, and a send skips the route look-up and the address
-    parsing), read through the ``SocketHub`` (one datagram per report) and
-    written directly; one retransmit timer, re-armed from the last progress rather than per
-    ACK. ``on_done(peer)`` once at the end, however it ends."""
+    parsing), read through the ``SocketHub`` (one datagram per report) and written
+    directly; one retransmit timer, re-armed from the last progress rather than per ACK.
+    ``on_done(peer)`` once at the end, however it ends."""
 
     def __init__(self, peer: Peer, req: ReadRequest, data: bytes, *, hub: SocketHub,
                  timeout_s: float, retries: int, on_done: Callable[[Peer], None]) -> None:

@@ -120,12 +120,9 @@ def macs_for(s: Session | Connection, node_ids: list[str]) -> dict[str, tuple[st
     return {node_id: tuple(macs) for node_id, macs in found.items()}
 
 
-def commit_unique(s: Session, kind: str, *, flush_only: bool = False) -> None:
+def commit_unique(s: Session, kind: str) -> None:
     try:
-        if flush_only:
-            s.flush()
-        else:
-            s.commit()
+        s.commit()
     except (IntegrityError, DataError) as exc:
         s.rollback()
         raise refused(kind, exc) from exc
