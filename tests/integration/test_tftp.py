@@ -204,7 +204,7 @@ async def _blocks(client: RawClient, seconds: float) -> set[int]:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(seconds):
             while True:
-                data, _ = await client.recv(timeout_s=seconds)
+                data, _ = await client.recv()
                 opcode, number = struct.unpack("!HH", data[:4])
                 seen.add(number if opcode == 3 else -opcode)
     return seen
