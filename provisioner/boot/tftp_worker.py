@@ -17,55 +17,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ctypes
-import json
 import logging
 import os
-import signal
 import socket
-import threading
 from pathlib import Path
-from typing import Any
 
 from provisioner.boot.tftp_service import TftpService
 from provisioner.boot.tftp_transfer import raise_fd_limit
+from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, die_with_parent, log_to
 
 log = logging.getLogger(__name__)
-
-MAX_MESSAGE = 1 << 16  # a control message (a log record), at most
-_LOG_CHARS = 8192  # a log line's text, well inside MAX_MESSAGE once JSON-escaped
-_PR_SET_PDEATHSIG = 1
-
-
-class Channel:
-    """The worker's end of the control socket: blocking sends from any thread (a log
-    record is never dropped); the event loop reads it only to see it end."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._lock = threading.Lock()
-
-    def send(self, message: dict[str, Any]) -> None:
-        data = json.dumps(message, separators=(",", ":")).encode()
-        try:
-            with self._lock:
-                self.sock.sendall(data)
-        except OSError:
-            os._exit(0)  # the daemon is gone: so are we
-
-
-class ChannelLog(logging.Handler):
-    """Log records to the daemon, which logs them as its own."""
-
-    def __init__(self, channel: Channel) -> None:
-        super().__init__()
-        self._channel = channel
-
-    def emit(self, record: logging.LogRecord) -> None:
-        text = record.getMessage()
-        if record.exc_info:
-            text += "\n" + logging.Formatter().formatException(record.exc_info)
-        self._channel.send({"log": [record.name, record.levelno, text[:_LOG_CHARS]]})
 
 
 async def serve(channel: Channel, service: TftpService, listening: socket.socket) -> None:
@@ -94,15 +55,6 @@ async def serve(channel: Channel, service: TftpService, listening: socket.socket
         await service.stop()
 
 
-def die_with_parent(parent: int) -> None:
-    """SIGKILL when the daemon ends; exit now if it already has."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
-    if os.getppid() != parent:
-        os._exit(0)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--control", type=int, required=True)
@@ -121,9 +73,7 @@ def main() -> None:
     die_with_parent(args.parent)
     channel = Channel(socket.socket(fileno=args.control))
     channel.sock.setblocking(True)
-    root = logging.getLogger()
-    root.handlers[:] = [ChannelLog(channel)]
-    root.setLevel(args.log_level)
+    log_to(channel, args.log_level)
     raise_fd_limit(args.max_fds)
     listening = socket.socket(fileno=args.listen)
     listening.setblocking(False)

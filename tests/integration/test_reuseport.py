@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from provisioner.boot.reuseport import reuseport_group, steer_index
-from provisioner.boot.tftp_workers import shares
+from provisioner.boot.worker_group import shares
 
 ADDRESSES = [f"127.0.0.{n}" for n in range(10, 40)]
 

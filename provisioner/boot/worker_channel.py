@@ -1,0 +1,70 @@
+"""A boot worker process's end of its control socket (``worker_group.py`` holds the
+daemon's): SOCK_SEQPACKET, one JSON object a message; log records go to the daemon, which
+logs them as its own; the worker dies with the daemon."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from typing import Any
+
+MAX_MESSAGE = 1 << 16  # a control message (a log record, a batch of MACs), at most
+_LOG_CHARS = 8192  # a log line's text, well inside MAX_MESSAGE once JSON-escaped
+_PR_SET_PDEATHSIG = 1
+
+
+class Channel:
+    """The worker's end of the control socket: blocking sends from any thread (a log
+    record is never dropped)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._lock = threading.Lock()
+
+    def send(self, message: dict[str, Any]) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode()
+        try:
+            with self._lock:
+                self.sock.sendall(data)
+        except OSError:
+            os._exit(0)  # the daemon is gone: so are we
+
+    def receive(self) -> dict[str, Any] | None:
+        """The next message, blocking (before the worker's loop runs); None at the end."""
+        data = self.sock.recv(MAX_MESSAGE)
+        return json.loads(data) if data else None
+
+
+class ChannelLog(logging.Handler):
+    """Log records to the daemon, which logs them as its own."""
+
+    def __init__(self, channel: Channel) -> None:
+        super().__init__()
+        self._channel = channel
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info:
+            text += "\n" + logging.Formatter().formatException(record.exc_info)
+        self._channel.send({"log": [record.name, record.levelno, text[:_LOG_CHARS]]})
+
+
+def log_to(channel: Channel, level: int) -> None:
+    """Every log record of this process to the daemon, from ``level`` up."""
+    root = logging.getLogger()
+    root.handlers[:] = [ChannelLog(channel)]
+    root.setLevel(level)
+
+
+def die_with_parent(parent: int) -> None:
+    """SIGKILL when the daemon ends; exit now if it already has."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != parent:
+        os._exit(0)
