@@ -7,8 +7,9 @@ one address, and every request of one client must reach the process holding its 
 
 The kernel numbers a group's sockets in the order they were bound; the program returns a
 hash of the source address (or of ``chaddr`` bytes 2-5) modulo the socket count
-(``steer_index`` and ``chaddr_index`` compute the same in Python). The hash mixes every bit of the address: a plain ``address % count`` would send
-every client whose addresses end alike (``10.0.k.2``) to one socket. An index past the
+(``steer_index`` and ``chaddr_index`` compute the same in Python). The hash mixes every
+bit of the address: a plain ``address % count`` would send every client whose addresses
+end alike (``10.0.k.2``) to one socket. An index past the
 group's end (a socket closed) falls back to the kernel's own hash, so a shrunken group
 still delivers everything.
 """
