@@ -91,7 +91,7 @@ def wait_port(ns: str, port: int = 67, timeout_s: float = 20.0) -> None:
     wait_listening(ns, "u", port, timeout_s)
 
 
-def start_ours(ns: str, d: Path) -> subprocess.Popen[bytes]:
+def start_ours(ns: str, d: Path, workers: int = 1) -> subprocess.Popen[bytes]:
     config = d / "provisioner.toml"
     config.write_text(f"""state_dir = "{d / 'state'}"
 [api]
@@ -102,6 +102,7 @@ interface = "vs0"
 server_address = "{SERVER}"
 pool = "{POOL_FIRST}-{POOL_LAST}"
 netmask = "255.255.0.0"
+workers = {workers}
 [http]
 listen = "{SERVER}:18080"
 [log]
@@ -270,6 +271,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds; each runs every server in turn (ours, theirs, …)")
     parser.add_argument("--only", default="", help="run only servers whose name contains this")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="dhcp.workers of the row 'provisioner serve (N workers)'; "
+                             "1: no such row")
     parser.add_argument("--serve-dhcp-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_dhcp_only is not None:
@@ -280,6 +284,8 @@ def main() -> int:
         return 2
     servers: list[tuple[str, Callable[[str, Path], subprocess.Popen[bytes]]]] = [
         ("provisioner serve", start_ours),
+        *([(f"provisioner serve ({args.workers} workers)",
+            lambda ns, d: start_ours(ns, d, args.workers))] if args.workers > 1 else []),
         ("DhcpServer alone", start_dhcp_only),
         ("dnsmasq (leasefile-ro)", lambda ns, d: start_dnsmasq(ns, d, leasefile=False)),
         ("dnsmasq (lease file)", lambda ns, d: start_dnsmasq(ns, d, leasefile=True)),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable
 from ipaddress import IPv4Address
@@ -58,7 +59,10 @@ class DatagramPort(Protocol):
 class DhcpServer:
     def __init__(self, settings: DhcpSettings, boot: BootSettings, *, http_base_url: str,
                  inventory: BootInventory, leases: LeaseRepo | None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 part: tuple[int, int] | None = None) -> None:
+        """``part``: (slot, count) of a worker process (``dhcp_worker.py``): new clients
+        get addresses from that part of the pool only."""
         self._settings = settings
         self._boot = boot
         self._http_base_url = http_base_url
@@ -67,6 +71,8 @@ class DhcpServer:
         self._clock = clock
         self._server_id = IPv4Address(0)
         self._range: AddressRange | None = None
+        self._fresh: AddressRange | None = None  # where new clients' addresses come from
+        self._part = part
         self._network: replies.Network | None = None
         self._ports = replies.Ports(client=68 if settings.port == 67 else settings.port + 1,
                                     relay=settings.port)
@@ -93,6 +99,8 @@ class DhcpServer:
             raise ConfigError("dhcp.pool (and the lease store) are required in "
                               "authoritative mode")
         self._range = AddressRange.parse(settings.pool, settings.netmask)
+        if self._part is not None:
+            self._fresh = self._range.part(*self._part)
         self._network = replies.Network(
             server_id=self._server_id, netmask=IPv4Address(settings.netmask),
             lease_time_s=settings.lease_time_s,
@@ -118,6 +126,11 @@ class DhcpServer:
         log.info("DHCP %s on %s port %s (server id %s)", mode,
                  self._settings.interface or "all interfaces",
                  "/".join(map(str, ports)), self._server_id)
+
+    def serve_on(self, sock: socket.socket) -> None:
+        """Answer what reaches ``sock``, bound by the daemon (a worker process's member of
+        the port's reuseport group), as the server port's socket."""
+        self._sockets.append(DatagramSocket(sock, self._receiver(self._settings.port)))
 
     async def stop(self) -> None:
         for bound in self._sockets:
@@ -271,7 +284,8 @@ class DhcpServer:
                      boot: BootReply | None) -> DhcpPacket | None:
         assert self._range is not None and self._network is not None
         lease = await self._lease_repo().offer(holder, self._range, hold_s=OFFER_HOLD_S,
-                                               requested=_safe_requested(packet))
+                                               requested=_safe_requested(packet),
+                                               fresh=self._fresh)
         if lease is None:
             self._drop(f"pool {self._settings.pool} exhausted", ("0.0.0.0", 0))
             return None

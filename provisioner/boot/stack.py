@@ -183,9 +183,17 @@ def _network_servers(settings: Settings, discovery: Discovery, assets: Path,
 
         if settings.http.listen is None:
             raise ConfigError("http.listen: needed when dhcp.mode is not off (iPXE scripts)")
-        servers.append(DhcpServer(settings.dhcp, settings.boot,
-                                  http_base_url=base_url(settings), inventory=discovery,
-                                  leases=leases))
+        if settings.dhcp.mode == "authoritative" and settings.dhcp.workers > 1:
+            from provisioner.boot.dhcp_workers import DhcpProcesses
+
+            servers.append(DhcpProcesses(
+                settings.dhcp, settings.boot, http_base_url=base_url(settings),
+                database_url=settings.sqlalchemy_url, inventory=discovery, changes=discovery,
+                count=settings.dhcp.workers))
+        else:
+            servers.append(DhcpServer(settings.dhcp, settings.boot,
+                                      http_base_url=base_url(settings), inventory=discovery,
+                                      leases=leases))
         if settings.dhcp.router_advertisements and settings.dhcp.interface:
             from provisioner.boot.ra import RouterAdvertiser
 

@@ -24,6 +24,7 @@ from provisioner.boot.worker_channel import MAX_MESSAGE
 
 log = logging.getLogger(__name__)
 
+_CONTROL_BUFFER = 1 << 20
 _RESTART_PAUSE_S = 1.0  # a worker that dies within this of its start waits this long
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # workers run this very code
 
@@ -77,21 +78,24 @@ class WorkerGroup:
     @property
     def pids(self) -> list[int]:
         """The running workers' process IDs, by slot (tests read them)."""
-        return [w.proc.pid for w in self._workers if w is not None and not w.dead]
+        return [w.proc.pid for w in self.running()]
 
-    def send(self, worker: Worker, message: dict[str, Any]) -> None:
-        """To one worker; a worker that cannot take it (gone, its buffer full) misses it."""
+    def running(self) -> list[Worker]:
+        return [w for w in self._workers if w is not None and not w.dead]
+
+    def send(self, worker: Worker, message: dict[str, Any]) -> bool:
+        """To one worker, without waiting; False when it cannot take it now (its buffer
+        full) or any more (gone)."""
         if worker.dead:
-            return
+            return False
         try:
             worker.sock.send(json.dumps(message, separators=(",", ":")).encode())
+        except (BlockingIOError, InterruptedError):
+            return False
         except OSError as exc:
-            log.warning("%s: worker %d missed a message: %s", self.kind, worker.slot, exc)
-
-    def broadcast(self, message: dict[str, Any]) -> None:
-        for worker in self._workers:
-            if worker is not None:
-                self.send(worker, message)
+            log.debug("%s: worker %d missed a message: %s", self.kind, worker.slot, exc)
+            return False
+        return True
 
     async def start(self, *, timeout_s: float = 30.0) -> None:
         workers = [await self._spawn(slot) for slot in range(len(self._listening))]
@@ -149,6 +153,8 @@ class WorkerGroup:
 
     async def _spawn(self, slot: int) -> Worker:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        for end in (ours, theirs):  # room for a storm's notices either way
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _CONTROL_BUFFER)
         listening = self._listening[slot]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))}

@@ -61,7 +61,17 @@ class Discovery:
         self._unknown: dict[str, float] = {}
         self._unknown_ttl_s = unknown_ttl_s
         self._clock = clock
+        self._listeners: list[Callable[[list[str] | None], None]] = []
         conductor.add_observer(self._refresh)
+
+    def add_listener(self, listener: Callable[[list[str] | None], None]) -> None:
+        """``listener(macs)`` whenever what ``lookup`` answers for ``macs`` may have
+        changed (None: for any MAC): the DHCP worker processes' caches follow this one."""
+        self._listeners.append(listener)
+
+    def _changed(self, macs: list[str] | None) -> None:
+        for listener in self._listeners:
+            listener(macs)
 
     async def lookup(self, mac: str) -> KnownNode | None:
         """The boot servers' question, from the caches first; a miss is asked through
@@ -146,13 +156,16 @@ class Discovery:
             cached = self._cache.get(mac)
             if cached is None or cached.version <= node.version:
                 self._cache[mac] = node
+        self._changed(list(node.macs))
 
     def forget(self, macs: Iterable[str]) -> None:
         """Drop these MACs from both caches (a node changed, here or on another daemon)."""
+        macs = list(macs)
         for mac in macs:
             self._cache.pop(mac, None)
             self._owners.pop(mac, None)
             self._unknown.pop(mac, None)
+        self._changed(macs)
 
     def forget_all(self) -> None:
         """Notices from other daemons may have been missed (the listen connection was
@@ -160,3 +173,4 @@ class Discovery:
         self._cache.clear()
         self._owners.clear()
         self._unknown.clear()
+        self._changed(None)

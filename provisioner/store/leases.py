@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from ipaddress import IPv4Address, IPv4Network
+from itertools import chain
 from typing import TypeVar
 
 from sqlalchemy import Connection, Engine, Table, delete, select, update
@@ -111,6 +112,17 @@ class AddressRange:
     def __iter__(self) -> Iterator[IPv4Address]:
         return (IPv4Address(n) for n in range(int(self.first), int(self.last) + 1))
 
+    def part(self, slot: int, count: int) -> AddressRange:
+        """The ``slot``-th of ``count`` contiguous parts (they cover the range, sizes
+        differing by one at most; a part is never empty: ``count`` <= ``len(self)``)."""
+        if not 0 <= slot < count <= len(self):
+            raise ConfigError(f"dhcp.pool {self.first}-{self.last}: cannot be cut into "
+                              f"{count} parts")
+        size, extra = divmod(len(self), count)
+        start = int(self.first) + slot * size + min(slot, extra)
+        end = start + size + (1 if slot < extra else 0) - 1
+        return AddressRange(IPv4Address(start), IPv4Address(end), self.network)
+
 
 @dataclass(frozen=True, slots=True)
 class Holder:
@@ -162,13 +174,18 @@ class LeaseRepo:
     # -- the DHCP verbs -----------------------------------------------------------------------
 
     async def offer(self, holder: Holder, addresses: AddressRange, *, hold_s: float,
-                    requested: IPv4Address | None = None) -> Lease | None:
+                    requested: IPv4Address | None = None,
+                    fresh: AddressRange | None = None) -> Lease | None:
         """An address for DISCOVER: the MAC's own (sticky), else ``requested`` if free, else
         the next free one. Held as ``offered`` for ``hold_s`` in memory, not in the store (a
         MAC whose lease is still bound gets it back as ``bound``); None when the pool is
-        full."""
+        full. ``fresh``: the part of ``addresses`` this repository hands new clients from
+        (a DHCP worker process's slice: two workers' offers, each in its own memory, never
+        name one address), ``requested`` included; only once it is all taken, a lapsed
+        lease anywhere in ``addresses`` (two workers may then offer one: the first REQUEST
+        binds it, the other is NAKed)."""
         return await self._run(lambda c, now: self._offer(
-            c, now, holder, addresses, requested, hold_s))
+            c, now, holder, addresses, requested, hold_s, fresh or addresses))
 
     async def bind(self, holder: Holder, ip: IPv4Address, addresses: AddressRange, *,
                    lease_time_s: float) -> Lease | None:
@@ -285,6 +302,11 @@ class LeaseRepo:
 
         return await self._run(work)
 
+    async def expire_offers(self) -> int:
+        """Forget the offers whose hold ran out (what ``expire`` does in memory, for a
+        repository whose store rows another one sweeps); return how many."""
+        return await self._run(lambda _c, now: self._offers.expire(now))
+
     async def expire(self) -> int:
         """Mark lapsed leases expired and free declined addresses whose hold is over;
         return how many rows changed."""
@@ -303,7 +325,7 @@ class LeaseRepo:
 
     def _offer(self, conn: Connection, now: datetime, holder: Holder,
                addresses: AddressRange, requested: IPv4Address | None,
-               hold_s: float) -> Lease | None:
+               hold_s: float, fresh: AddressRange) -> Lease | None:
         until = now + timedelta(seconds=hold_s)
         own = self._sql.by_mac(conn, holder.mac)
         if own is not None:
@@ -320,7 +342,10 @@ class LeaseRepo:
         promised = self._offers.of(holder.mac, now)
         if promised is not None and promised in addresses and self._free(conn, promised, now):
             return self._promise(holder, promised, until, now, node_id=holder.node_id)
-        for ip, _occupied in self._candidates(conn, now, addresses, requested, False):
+        candidates = self._candidates(conn, now, fresh, requested, False)
+        if fresh != addresses:
+            candidates = chain(candidates, self._lapsed(conn, now, addresses))
+        for ip, _occupied in candidates:
             if not self._offers.held_by_other(ip, holder.mac, now):
                 return self._promise(holder, ip, until, now, node_id=holder.node_id)
         return None
@@ -373,6 +398,12 @@ class LeaseRepo:
         if only_requested:
             return
         yield from ((ip, False) for ip in self._scan(conn, addresses))
+        yield from self._lapsed(conn, now, addresses)
+
+    @staticmethod
+    def _lapsed(conn: Connection, now: datetime,
+                addresses: AddressRange) -> Iterator[tuple[IPv4Address, bool]]:
+        """The oldest lapsed dynamic leases in ``addresses``."""
         rows = conn.execute(select(_C.ip).where(_C.node_id.is_(None), _C.expires_at <= now)
                             .order_by(_C.expires_at).limit(_LAPSED_BATCH)).all()
         yield from ((ip, True) for row in rows if (ip := IPv4Address(row.ip)) in addresses)

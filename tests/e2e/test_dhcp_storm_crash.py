@@ -3,7 +3,8 @@
 ``provisioner serve`` (authoritative DHCP, its SQLite store) in namespace S; Kea's
 ``perfdhcp`` in namespace C asks for new leases at 400 DORA/s (as a relay: replies come
 to its address, port 67). A raw packet socket in C records every DHCPACK that reached the
-wire, independently of both programs. The daemon is killed with SIGKILL mid-storm. Every
+wire, independently of both programs. The daemon is killed with SIGKILL mid-storm (with
+``dhcp.workers = 2``, one of its DHCP worker processes first). Every
 ACK a client received must then be a bound lease of that MAC in the store (an ACK is sent
 only after its lease is committed; offers, held in memory, may be lost: clients re-ask),
 and no address may be in two rows. A restarted daemon serves the next storm from the same
@@ -110,7 +111,8 @@ def segment() -> Iterator[tuple[Namespace, Namespace]]:
         server.close()
 
 
-def _serve(server: Namespace, tmp_path: Path, log: Path) -> subprocess.Popen[bytes]:
+def _serve(server: Namespace, tmp_path: Path, log: Path,
+           workers: int = 1) -> subprocess.Popen[bytes]:
     config = tmp_path / "provisioner.toml"
     config.write_text(f"""state_dir = "{tmp_path / 'state'}"
 [api]
@@ -121,6 +123,7 @@ interface = "vs0"
 server_address = "{SERVER}"
 pool = "10.77.1.0-10.77.255.254"
 netmask = "255.255.0.0"
+workers = {workers}
 [http]
 listen = "{SERVER}:{free_tcp_port()}"
 [log]
@@ -141,20 +144,62 @@ def _perfdhcp(client: Namespace, log: Path, *args: str) -> subprocess.Popen[byte
                          *args, SERVER], log=log)
 
 
+def _answering(client: Namespace, log: Path) -> None:
+    """Until 20 clients get their leases at once (the port is bound before the worker
+    processes that answer it are ready; their requests wait in its sockets)."""
+    deadline = time.monotonic() + 60
+    while True:
+        warm = client.popen(["perfdhcp", "-4", "-l", CLIENT, "-R", "20", "-n", "20",
+                             "-r", "100", "-W", "1000000", SERVER], log=log)
+        if warm.wait(60) == 0:
+            return
+        assert time.monotonic() < deadline, log.read_text()[-1500:]
+
+
 def _leases(db: Path) -> list[tuple[str, str, str]]:
     with sqlite3.connect(db) as conn:
         return conn.execute("SELECT mac, ip, state FROM lease").fetchall()
 
 
+def _workers(daemon: int) -> list[int]:
+    """The daemon's DHCP worker processes."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == daemon and b"dhcp_worker" in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-daemon", "2-workers"])
 def test_sigkill_mid_storm_loses_no_bound_lease(segment: tuple[Namespace, Namespace],
-                                                tmp_path: Path) -> None:
+                                                tmp_path: Path, workers: int) -> None:
+    """With worker processes, one worker is killed first (the daemon starts another on its
+    socket), then the daemon: its workers die with it (nothing keeps port 67)."""
     server, client = segment
-    daemon = _serve(server, tmp_path, tmp_path / "daemon.log")
+    daemon = _serve(server, tmp_path, tmp_path / "daemon.log", workers)
+    children = _workers(daemon.pid)
+    assert len(children) == (workers if workers > 1 else 0)
+    _answering(client, tmp_path / "warm-up.log")
     sniffer = AckSniffer(client)
     storm = _perfdhcp(client, tmp_path / "storm.log", "-r", "400", "-p", "8")
-    time.sleep(3.0)  # mid-storm
+    if children:
+        time.sleep(1.5)
+        os.kill(children[0], signal.SIGKILL)
+        time.sleep(1.5)
+        assert children[0] not in (now := _workers(daemon.pid)) and len(now) == workers, now
+    else:
+        time.sleep(3.0)  # mid-storm
     os.kill(daemon.pid, signal.SIGKILL)
     daemon.wait(10)
+    deadline = time.monotonic() + 10
+    while server.run(["ss", "-Hlun", "sport = :67"]).stdout.strip():
+        assert time.monotonic() < deadline, "a DHCP worker outlived its daemon"
+        time.sleep(0.1)
     storm.wait(60)
     acked = sniffer.close()
     assert len(acked) >= 100, f"only {len(acked)} ACKs before the kill: no storm to test"
@@ -165,7 +210,7 @@ def test_sigkill_mid_storm_loses_no_bound_lease(segment: tuple[Namespace, Namesp
     assert lost == [], f"{len(lost)} of {len(acked)} ACKed leases not bound in the store"
     assert len({ip for _mac, ip, _state in rows}) == len(rows)  # no address in two rows
 
-    again = _serve(server, tmp_path, tmp_path / "daemon2.log")  # the same store, resumed
+    again = _serve(server, tmp_path, tmp_path / "daemon2.log", workers)  # the same store
     sniffer = AckSniffer(client)
     after = _perfdhcp(client, tmp_path / "after.log", "-r", "100", "-n", "100")
     after.wait(60)

@@ -82,6 +82,59 @@ async def test_offer_bind_renew_release_is_sticky(repo: LeaseRepo, clock: Clock)
     assert again is not None and again.ip == offered.ip
 
 
+def test_a_pool_is_cut_into_parts_that_cover_it() -> None:
+    parts = [POOL.part(slot, 3) for slot in range(3)]
+    assert [(str(p.first), str(p.last)) for p in parts] == [
+        ("10.77.0.100", "10.77.0.103"), ("10.77.0.104", "10.77.0.106"),
+        ("10.77.0.107", "10.77.0.109")]
+    assert all(part.network == POOL.network for part in parts)
+    with pytest.raises(ConfigError):
+        POOL.part(0, 11)  # more parts than addresses
+
+
+async def test_workers_offer_new_clients_only_from_their_own_part(
+        lease_store: Store, clock: Clock) -> None:
+    """Two DHCP worker processes (two repositories, each its offers in its own memory) on
+    one store: new clients never get one address from both; an address another part holds
+    stays bindable by the client that has it; once a part is full, a lapsed lease anywhere
+    is offered, and the store decides which of two such offers binds."""
+    a, b = (LeaseRepo(lease_store.engine, lease_store.pool, clock=clock) for _ in "ab")
+    part_a, part_b = POOL.part(0, 2), POOL.part(1, 2)  # .100-.104, .105-.109
+    offered = []
+    for n in range(5):
+        for repo, part, base in ((a, part_a, 0), (b, part_b, 16)):
+            lease = await repo.offer(Holder(mac(base + n)), POOL, hold_s=60, fresh=part,
+                                     requested=IPv4Address("10.77.0.107"))
+            assert lease is not None and lease.ip in part, (n, lease)
+            offered.append(lease.ip)
+    assert len(set(offered)) == 10  # the requested .107 went to b's client only
+    assert await a.offer(Holder(mac(40)), POOL, hold_s=60, fresh=part_a) is None
+    # a REQUEST for an address the other worker offered (an INIT-REBOOT after a restart
+    # with another count of workers, or a forged one): the store decides; the client of
+    # the other worker's offer is then NAKed and starts over
+    assert await a.bind(Holder(mac(41)), offered[9], POOL, lease_time_s=60) is not None
+    assert await b.bind(Holder(mac(20)), offered[9], POOL, lease_time_s=60) is None
+    for n in range(5):
+        await a.bind(Holder(mac(n)), offered[2 * n], POOL, lease_time_s=30)
+    for n in range(4):
+        await b.bind(Holder(mac(16 + n)), offered[2 * n + 1], POOL,
+                     lease_time_s=30 if n == 0 else 100)
+    clock.advance(31)  # every lease of a's part and b's first have lapsed
+    first = await a.offer(Holder(mac(50)), POOL, hold_s=60, fresh=part_a)
+    second = await b.offer(Holder(mac(51)), POOL, hold_s=60, fresh=part_b)
+    assert first is not None and second is not None
+    assert second.ip == offered[1]  # b's own part first: its lapsed lease
+    assert first.ip in part_a
+    third = await b.offer(Holder(mac(52)), POOL, hold_s=60, fresh=part_b)
+    assert third is not None and third.ip in part_a  # b's part full: a lapsed lease of a's
+    bound = [await a.bind(Holder(mac(50)), first.ip, POOL, lease_time_s=60),
+             await b.bind(Holder(mac(52)), third.ip, POOL, lease_time_s=60)]
+    winners = [lease for lease in bound if lease is not None]
+    assert len({lease.ip for lease in winners}) == len(winners)  # never one address twice
+    table = await a.all()
+    assert len({lease.ip for lease in table}) == len(table)
+
+
 async def test_requested_address_and_naks(repo: LeaseRepo) -> None:
     wanted = IPv4Address("10.77.0.105")
     offered = await repo.offer(Holder(mac(1)), POOL, hold_s=60, requested=wanted)

@@ -1,7 +1,9 @@
 """One UDP port, several sockets (``boot/reuseport.py``): every datagram from one source
 address reaches the same socket, whatever its source port, the one ``steer_index`` names;
 many addresses spread over every socket, also addresses alike in their low bits; with a
-socket closed, the group still receives everything. Real sockets on loopback addresses."""
+socket closed, the group still receives everything. Steered by DHCP ``chaddr`` instead,
+every request of one client reaches one socket, whoever relays it, and a rack's MACs
+spread. Real sockets on loopback addresses."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from provisioner.boot.reuseport import reuseport_group, steer_index
+from provisioner.boot.dhcp_codec import MessageType, encode
+from provisioner.boot.reuseport import chaddr_index, reuseport_group, steer_index
 from provisioner.boot.worker_group import shares
+from tests.peers.dhcp_client import request_packet
 
 ADDRESSES = [f"127.0.0.{n}" for n in range(10, 40)]
 
@@ -81,3 +85,44 @@ def test_transfers_are_shared_out_to_the_last_one() -> None:
     assert shares(1000, 3) == [334, 333, 333]
     assert shares(2, 2) == [1, 1]
     assert shares(7, 3) == [3, 2, 2]
+
+
+def test_dhcp_requests_are_steered_by_their_client_not_their_relay() -> None:
+    """One relay address (every request of a routed segment comes from it) and 60 clients
+    of one vendor (alike in their first bytes): each client's DISCOVER and REQUEST reach
+    the socket ``chaddr_index`` names, and the clients spread over all three; a datagram
+    too short to hold a ``chaddr`` still reaches the group."""
+    macs = [f"b8:3f:d2:00:{n // 256:02x}:{n % 256:02x}" for n in range(0, 60 * 37, 37)]
+    socks = reuseport_group("127.0.0.1", 0, 3, by="chaddr")
+    try:
+        port = socks[0].getsockname()[1]
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as relay:
+            relay.bind(("127.0.0.7", 0))
+            for mac in macs:
+                for kind in (MessageType.DISCOVER, MessageType.REQUEST):
+                    relay.sendto(encode(request_packet(mac, kind)), ("127.0.0.1", port))
+            relay.sendto(b"\x01\x01", ("127.0.0.1", port))
+        by_socket: dict[str, set[int]] = {}
+        short = 0
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline and (
+                sum(map(len, by_socket.values())) < len(macs) or not short):
+            for index, sock in enumerate(socks):
+                while True:
+                    try:
+                        data = sock.recv(2048)
+                    except BlockingIOError:
+                        break
+                    if len(data) < 34:
+                        short += 1
+                        continue
+                    mac = ":".join(f"{b:02x}" for b in data[28:34])
+                    by_socket.setdefault(mac, set()).add(index)
+            time.sleep(0.01)
+        assert by_socket == {mac: {chaddr_index(bytes.fromhex(mac.replace(":", "")), 3)}
+                             for mac in macs}
+        assert set().union(*by_socket.values()) == {0, 1, 2}
+        assert short == 1
+    finally:
+        for sock in socks:
+            sock.close()

@@ -1,0 +1,147 @@
+"""DHCP beyond one core: ``dhcp.workers`` processes (``dhcp_worker.py``) answer the server
+port, each on its own ``SO_REUSEPORT`` socket, requests steered by the client's hardware
+address (``reuseport.py``; a relay's requests all come from one address). This is the
+daemon's side: it binds the group, starts the workers (``worker_group.py``), passes on
+the unknown MACs that booted (enrolment stays the conductor's), and tells the workers
+which MACs' nodes changed (each keeps the store's answers to "whose MAC is this?").
+
+Only authoritative mode runs in workers (proxy mode writes nothing and answers two
+ports: it stays in the daemon's loop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any, Protocol
+
+from provisioner.boot.inventory import BootInventory
+from provisioner.boot.reuseport import reuseport_group
+from provisioner.boot.worker_group import Worker, WorkerGroup
+from provisioner.config import BootSettings, DhcpSettings
+from provisioner.tasks import TaskSet
+
+log = logging.getLogger(__name__)
+
+_MACS_A_MESSAGE = 2000  # ~40 KB of JSON: inside a control message (MAX_MESSAGE)
+MAX_REPORTING = 1024  # unknown MACs being enrolled at once (as DhcpServer's own bound)
+
+
+class ChangeFeed(Protocol):
+    def add_listener(self, listener: Any) -> None: ...
+
+
+class DhcpWorkers(WorkerGroup):
+    module = "provisioner.boot.dhcp_worker"
+    kind = "DHCP"
+
+    def __init__(self, listening: list[socket.socket], *, init: dict[str, Any],
+                 inventory: BootInventory) -> None:
+        """``init``: what every worker is told first (``dhcp_worker.py``)."""
+        super().__init__(listening)
+        self._init = init
+        self._inventory = inventory
+        self._tasks = TaskSet()
+        self._reporting: set[str] = set()
+        self._changed: set[str] = set()
+        self._everything = False
+        self._flushing = False
+
+    def arguments(self, slot: int) -> list[str]:
+        return ["--slot", str(slot), "--count", str(len(self._listening))]
+
+    def started(self, worker: Worker) -> None:
+        self.send(worker, {"init": self._init})
+
+    def received(self, worker: Worker, message: dict[str, Any]) -> None:
+        if (isinstance(unknown := message.get("unknown"), list) and len(unknown) == 2
+                and all(isinstance(x, str) for x in unknown)):
+            self._report(unknown[0], unknown[1])
+        else:
+            log.warning("DHCP: worker %d sent an unknown message", worker.slot)
+
+    def changed(self, macs: list[str] | None) -> None:
+        """What a worker's store reads said of ``macs`` (None: of any MAC) may have
+        changed: told to every worker once this turn of the loop is over (a storm's
+        transitions, thousands a second, in a few messages)."""
+        if macs is None:
+            self._everything = True
+        else:
+            self._changed.update(macs)
+        self._flush_soon(0.0)
+
+    def _flush_soon(self, delay_s: float) -> None:
+        if not self._flushing:
+            self._flushing = True
+            asyncio.get_running_loop().call_later(delay_s, self._flush)
+
+    def _flush(self) -> None:
+        self._flushing = False
+        macs, self._changed = sorted(self._changed), set()
+        everything, self._everything = self._everything, False
+        messages: list[dict[str, Any]] = [{"forget": None}] if everything else [
+            {"forget": macs[i:i + _MACS_A_MESSAGE]}
+            for i in range(0, len(macs), _MACS_A_MESSAGE)]
+        for worker in self.running():
+            if not all(self.send(worker, message) for message in messages):
+                # its buffer is full: it forgets everything it knows, once it can be told
+                self._everything = True
+                self._flush_soon(0.1)
+
+    async def stop(self) -> None:
+        await super().stop()
+        await self._tasks.cancel_all()
+
+    def _report(self, mac: str, client: str) -> None:
+        if mac in self._reporting or len(self._reporting) >= MAX_REPORTING:
+            return  # bounded: forged MACs by the thousand wait for the next DISCOVER
+        self._reporting.add(mac)
+        self._tasks.spawn(self._enrol(mac, client), name=f"dhcp-unknown:{mac}")
+
+    async def _enrol(self, mac: str, client: str) -> None:
+        try:
+            await self._inventory.unknown_mac_booted(mac, client)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("DHCP: recording unknown MAC %s failed: %s", mac, exc)
+        finally:
+            self._reporting.discard(mac)
+
+
+class DhcpProcesses:
+    """The boot stack's DHCP server when ``dhcp.workers`` > 1 (authoritative mode)."""
+
+    def __init__(self, settings: DhcpSettings, boot: BootSettings, *, http_base_url: str,
+                 database_url: str, inventory: BootInventory, changes: ChangeFeed | None,
+                 count: int) -> None:
+        self._settings = settings
+        self._init = {"dhcp": settings.model_dump(mode="json"),
+                      "boot": boot.model_dump(mode="json"),
+                      "http_base_url": http_base_url, "database_url": database_url}
+        self._inventory = inventory
+        self._changes = changes
+        self._count = count
+        self._workers: DhcpWorkers | None = None
+
+    @property
+    def workers(self) -> DhcpWorkers | None:
+        return self._workers
+
+    async def start(self) -> None:
+        group = reuseport_group("0.0.0.0", self._settings.port, self._count, by="chaddr",
+                                interface=self._settings.interface, broadcast=True)
+        workers = DhcpWorkers(group, init=self._init, inventory=self._inventory)
+        if self._changes is not None:
+            self._changes.add_listener(workers.changed)
+        await workers.start()
+        self._workers = workers
+        log.info("DHCP authoritative on %s port %d (server id %s), %d worker processes",
+                 self._settings.interface or "all interfaces", self._settings.port,
+                 self._settings.server_address, self._count)
+
+    async def stop(self) -> None:
+        if self._workers is not None:
+            await self._workers.stop()
+            self._workers = None
