@@ -33,6 +33,7 @@ from provisioner.boot.dhcp_codec import (
 from provisioner.boot.flood import PerKeyLimit
 from provisioner.boot.inventory import BootInventory, KnownNode
 from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_script_url
+from provisioner.boot.reuseport import chaddr_index
 from provisioner.boot.sockets import DatagramSocket, add_arp_entry, udp_socket
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.errors import ConfigError
@@ -152,6 +153,8 @@ class DhcpServer:
     def received(self, data: bytes, addr: tuple[str, int], port: int,
                  transport: DatagramPort) -> None:
         """The datagram handler: decode here, answer in a task. Never raises."""
+        if self._part is not None and chaddr_index(data, self._part[1]) != self._part[0]:
+            return  # a broadcast reaches every worker's socket: the client's worker answers
         try:
             packet = parse(data)
             request = replies.boot_request(packet)

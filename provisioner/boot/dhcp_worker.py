@@ -101,7 +101,10 @@ def dispatch(inventory: WorkerInventory, message: dict[str, Any]) -> None:
     """A message from the daemon (after ``init``)."""
     if "forget" in message:
         macs = message["forget"]
-        inventory.forget(None if macs is None else [str(mac) for mac in macs])
+        if macs is not None and (not isinstance(macs, list)
+                                 or not all(isinstance(mac, str) for mac in macs)):
+            raise ValueError(f"forget: not a list of MACs: {macs!r:.80}")
+        inventory.forget(macs)
 
 
 async def serve(channel: Channel, init: dict[str, Any], listening: socket.socket,

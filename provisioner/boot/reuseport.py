@@ -51,9 +51,13 @@ def steer_index(address: str, count: int) -> int:
     return _mix(int(ipaddress.IPv4Address(address)), count)
 
 
-def chaddr_index(mac: bytes, count: int) -> int:
-    """The socket a DHCP request from hardware address ``mac`` (6 bytes) is steered to."""
-    return _mix(int.from_bytes(mac[2:6], "big"), count)
+def chaddr_index(datagram: bytes, count: int) -> int:
+    """The socket a DHCP request (the UDP payload) is steered to: its ``chaddr`` bytes
+    2-5, whatever ``hlen`` says; 0 for a datagram too short to hold them (as the kernel's
+    program)."""
+    if len(datagram) < _CHADDR_WORD + 4:
+        return 0
+    return _mix(int.from_bytes(datagram[_CHADDR_WORD:_CHADDR_WORD + 4], "big"), count)
 
 
 def steer_program(count: int, *, by: Steer = "source") -> bytes:

@@ -4,8 +4,9 @@ Topology: namespace S (the server, ``vs0`` 10.77.0.1/24) and namespace C (client
 joined by a veth pair; the server runs in this test's event loop with its sockets made
 inside S. ISC ``dhclient`` and busybox ``udhcpc`` get, renew and release leases; Kea's
 ``perfdhcp`` (a relay) completes its exchanges; a scripted PXE ROM checks boot options,
-relay handling (giaddr, option 82), NAK and DECLINE. Proxy mode runs beside dnsmasq as the
-site's DHCP server on a bridge. Nothing has an address outside these namespaces.
+relay handling (giaddr, option 82), NAK and DECLINE, also answered by worker processes.
+Proxy mode runs beside dnsmasq as the site's DHCP server on a bridge. Nothing has an
+address outside these namespaces.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import asyncio
 import re
 import shutil
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from ipaddress import IPv4Address
 from pathlib import Path
@@ -23,8 +24,10 @@ import pytest
 
 from provisioner.boot.dhcp import DhcpServer
 from provisioner.boot.dhcp_codec import ZERO_IP, MessageType, Opt, ips
+from provisioner.boot.dhcp_workers import DhcpProcesses
 from provisioner.boot.inventory import KnownNode
-from provisioner.config import BootSettings, DhcpSettings
+from provisioner.config import BootSettings, DhcpSettings, Settings
+from provisioner.domain import NewNode
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.leases import LeaseRepo, LeaseState
 from provisioner.store.store import Store
@@ -299,6 +302,50 @@ async def test_uefi_pxe_rom_gets_snponly_and_is_reported(pxe: ScriptedClient,
     await asyncio.sleep(0.1)
     assert served.inventory.unknown == [(mac, "uefi_x64")]
     assert (await served.leases.get(mac)).ip == ip  # type: ignore[union-attr]
+
+
+class Changes:
+    """What the daemon's discovery cache tells the DHCP workers (``Discovery.add_listener``)."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Callable[[list[str] | None], None]] = []
+
+    def add_listener(self, listener: Callable[[list[str] | None], None]) -> None:
+        self.listeners.append(listener)
+
+
+async def test_worker_processes_serve_known_nodes_and_report_unknown_macs(
+        segment: Segment, pxe: ScriptedClient, settings: Settings, store: Store) -> None:
+    """``dhcp.workers = 2``: a PXE ROM's DORA is answered by a worker process; the unknown
+    MAC reaches the daemon's inventory; once the node is enrolled and the daemon says its
+    MAC changed, the worker answers with its hostname and binds a reservation."""
+    mac = "52:54:00:77:00:35"
+    inventory, changes = MemoryInventory(), Changes()
+    server = DhcpProcesses(_settings(workers=2), BootSettings(), http_base_url=HTTP,
+                           database_url=settings.sqlalchemy_url, inventory=inventory,
+                           changes=changes, count=2)
+    with entered(segment.server):
+        await server.start()
+    try:
+        assert server.workers is not None and len(server.workers.pids) == 2
+        ip, (offer, ack) = await _dora(pxe, mac, PXE_UEFI_X64)
+        assert offer.bootfile_name == ack.bootfile_name == "snponly.efi"  # type: ignore[attr-defined]
+        for _ in range(250):  # the worker's report, through the daemon's loop
+            if inventory.unknown:
+                break
+            await asyncio.sleep(0.02)
+        assert inventory.unknown == [(mac, "uefi_x64")]
+        node = await store.nodes.create(NewNode(state=NodeState.ACTIVE, hostname="gpu-35",
+                                                macs=(mac,)), actor="test")
+        for listener in changes.listeners:  # as the conductor's write makes Discovery do
+            listener([mac])
+        await asyncio.sleep(0.2)
+        again, (_offer, ack) = await _dora(pxe, mac, PXE_UEFI_X64)
+        assert again == ip and ack.hostname == "gpu-35"  # type: ignore[attr-defined]
+        lease = await LeaseRepo(store.engine, store.pool).get(mac)
+        assert lease is not None and lease.node_id == node.id and lease.ip == ip
+    finally:
+        await server.stop()
 
 
 async def test_ipxe_gets_script_url_and_no_proxydhcp_wait(pxe: ScriptedClient,

@@ -238,7 +238,8 @@ async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store
                                                          pg_settings: Settings,
                                                          tmp_path: Path) -> None:
     """B saw a MAC as unknown (negative cache, 30 s TTL); A enrolls a node with it: B's
-    cache drops it on A's NOTIFY, so B knows the node at once, long before the TTL."""
+    cache drops it on A's NOTIFY, so B knows the node at once, long before the TTL; B's
+    listeners (its DHCP worker processes' caches) hear of every MAC that changed."""
     from sqlalchemy.engine import make_url
 
     from provisioner.lifecycle.discovery import Discovery, TokenBucket
@@ -252,6 +253,8 @@ async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store
                           unknown_ttl_s=30.0)
     heard: list[NodeChanged] = []
     arrived = asyncio.Event()
+    told: list[list[str] | None] = []  # what B's DHCP worker processes would be told
+    discovery.add_listener(told.append)
 
     def changed(notice: NodeChanged) -> None:
         heard.append(notice)
@@ -271,11 +274,17 @@ async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store
         async with asyncio.timeout(10):
             await arrived.wait()
         assert heard[0] == NodeChanged("A", node.id, (mac,))
+        assert told == [[mac]]
         known = await discovery.lookup(mac)
         assert known is not None and known.node_id == node.id
         await stores["B"].nodes.create(_new(41), actor="test")  # B's own: not delivered
         await asyncio.sleep(0.5)
         assert len(heard) == 1
+        assert told == [[mac]]
+        await cond_b.enroll(_new(42), actor="test", reason="test")  # B's conductor writes
+        assert told[1:] == [list(_new(42).macs)]
+        discovery.forget_all()  # B's listen connection was lost: notices may be missed
+        assert told[-1] is None
     finally:
         listener.stop()
         await cond_b.stop()

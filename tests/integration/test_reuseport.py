@@ -119,8 +119,8 @@ def test_dhcp_requests_are_steered_by_their_client_not_their_relay() -> None:
                     mac = ":".join(f"{b:02x}" for b in data[28:34])
                     by_socket.setdefault(mac, set()).add(index)
             time.sleep(0.01)
-        assert by_socket == {mac: {chaddr_index(bytes.fromhex(mac.replace(":", "")), 3)}
-                             for mac in macs}
+        assert by_socket == {mac: {chaddr_index(encode(request_packet(
+            mac, MessageType.DISCOVER)), 3)} for mac in macs}
         assert set().union(*by_socket.values()) == {0, 1, 2}
         assert short == 1
     finally:

@@ -39,6 +39,13 @@ class PostgresServer:
     port: int
     url: str  # SQLAlchemy URL of the "postgres" database
     pid: int = 0  # the postmaster's (benches read its CPU and its children's from /proc)
+    socket_dir: str = ""  # its Unix socket: reachable from every network namespace
+
+    def unix_url(self, url: str) -> str:
+        """``url`` (of ``create_database``) through the Unix socket instead: for a process
+        started inside a test's network namespace, where 127.0.0.1 is not this one's."""
+        return url.replace(f"@127.0.0.1:{self.port}/", "@/") + (
+            f"?host={quote(self.socket_dir, safe='')}&port={self.port}")
 
     def dsn(self, dbname: str = "postgres") -> str:
         """libpq URL, for psycopg.connect()."""
@@ -116,7 +123,8 @@ def running_postgres(settings: Sequence[str] = ()) -> Iterator[PostgresServer]:
             )
         try:
             _wait_ready(proc, port, workdir / "postgres.log")
-            yield PostgresServer(port=port, url=_sqlalchemy_url(port, "postgres"), pid=proc.pid)
+            yield PostgresServer(port=port, url=_sqlalchemy_url(port, "postgres"), pid=proc.pid,
+                                 socket_dir=str(workdir))
         finally:
             _stop(proc)
     finally:
