@@ -9,7 +9,10 @@ relay as far as the servers can tell); each server in turn gets a rate sweep (DO
 per second, each step ``--seconds`` long) and the best rate whose DISCOVER-OFFER and
 REQUEST-ACK drops both stay at or below 2.5 % is its score; then a burst of ``--burst``
 clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
-discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``.
+discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``: once
+with the shipped ``dhcp.workers`` default (worker processes, one per CPU, at most 4), once
+with ``dhcp.workers = --workers`` (default 1: DHCP in the daemon's own loop, what the
+workers are measured against; 0 leaves that row out).
 
 Run as root from the repository root:  python3 bench/dhcp_bench.py
 Needs: kea-admin (perfdhcp), kea-dhcp4-server, dnsmasq-base. Stops every process it starts
@@ -91,7 +94,8 @@ def wait_port(ns: str, port: int = 67, timeout_s: float = 20.0) -> None:
     wait_listening(ns, "u", port, timeout_s)
 
 
-def start_ours(ns: str, d: Path, workers: int = 1) -> subprocess.Popen[bytes]:
+def start_ours(ns: str, d: Path, workers: int | None = None) -> subprocess.Popen[bytes]:
+    """``provisioner serve``; ``workers``: its ``dhcp.workers`` (None: the default)."""
     config = d / "provisioner.toml"
     config.write_text(f"""state_dir = "{d / 'state'}"
 [api]
@@ -102,7 +106,7 @@ interface = "vs0"
 server_address = "{SERVER}"
 pool = "{POOL_FIRST}-{POOL_LAST}"
 netmask = "255.255.0.0"
-workers = {workers}
+{f"workers = {workers}" if workers is not None else ""}
 [http]
 listen = "{SERVER}:18080"
 [log]
@@ -270,10 +274,11 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds; each runs every server in turn (ours, theirs, …)")
-    parser.add_argument("--only", default="", help="run only servers whose name contains this")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="dhcp.workers of the row 'provisioner serve (N workers)'; "
-                             "1: no such row")
+    parser.add_argument("--only", default="", help="run only servers whose name contains "
+                        "this (several: comma-separated)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="dhcp.workers of the row 'provisioner serve (dhcp.workers = N)', "
+                             "beside the default's; 0: no such row")
     parser.add_argument("--serve-dhcp-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_dhcp_only is not None:
@@ -284,14 +289,15 @@ def main() -> int:
         return 2
     servers: list[tuple[str, Callable[[str, Path], subprocess.Popen[bytes]]]] = [
         ("provisioner serve", start_ours),
-        *([(f"provisioner serve ({args.workers} workers)",
-            lambda ns, d: start_ours(ns, d, args.workers))] if args.workers > 1 else []),
+        *([(f"provisioner serve (dhcp.workers = {args.workers})",
+            lambda ns, d: start_ours(ns, d, args.workers))] if args.workers > 0 else []),
         ("DhcpServer alone", start_dhcp_only),
         ("dnsmasq (leasefile-ro)", lambda ns, d: start_dnsmasq(ns, d, leasefile=False)),
         ("dnsmasq (lease file)", lambda ns, d: start_dnsmasq(ns, d, leasefile=True)),
         ("Kea (memfile, 1 thread)", start_kea),
     ]
-    servers = [(name, fn) for name, fn in servers if args.only in name]
+    wanted = args.only.split(",")
+    servers = [(name, fn) for name, fn in servers if any(w in name for w in wanted)]
     rounds: list[list[Score]] = []
     with namespaces() as (srv, cli):
         for k in range(args.rounds):

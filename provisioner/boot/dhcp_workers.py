@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import socket
 from typing import Any, Protocol
 
@@ -25,7 +26,21 @@ from provisioner.tasks import TaskSet
 log = logging.getLogger(__name__)
 
 _MACS_A_MESSAGE = 2000  # ~40 KB of JSON: inside a control message (MAX_MESSAGE)
+DEFAULT_MAX_WORKERS = 4  # each holds a store connection; SQLite takes one writer at once
 MAX_REPORTING = 1024  # unknown MACs being enrolled at once (as DhcpServer's own bound)
+
+
+def worker_count(settings: DhcpSettings) -> int:
+    """How many processes answer DHCP; 1: the daemon's own loop does. ``dhcp.workers``, by
+    default one per CPU this process may run on, at most ``DEFAULT_MAX_WORKERS``: unlike
+    TFTP's, a CPU is not kept for the daemon's loop, which then only passes on unknown
+    MACs (two workers on a 2-CPU host answered 1.7 times the leases of the daemon's loop,
+    docs/performance.md "DHCP"). Proxy mode always answers in the daemon."""
+    if settings.mode != "authoritative":
+        return 1
+    if settings.workers is not None:
+        return settings.workers
+    return max(1, min(len(os.sched_getaffinity(0)), DEFAULT_MAX_WORKERS))
 
 
 class ChangeFeed(Protocol):

@@ -183,13 +183,13 @@ def _network_servers(settings: Settings, discovery: Discovery, assets: Path,
 
         if settings.http.listen is None:
             raise ConfigError("http.listen: needed when dhcp.mode is not off (iPXE scripts)")
-        if settings.dhcp.mode == "authoritative" and settings.dhcp.workers > 1:
-            from provisioner.boot.dhcp_workers import DhcpProcesses
+        from provisioner.boot.dhcp_workers import DhcpProcesses, worker_count
 
+        if (count := worker_count(settings.dhcp)) > 1:
             servers.append(DhcpProcesses(
                 settings.dhcp, settings.boot, http_base_url=base_url(settings),
                 database_url=settings.sqlalchemy_url, inventory=discovery, changes=discovery,
-                count=settings.dhcp.workers))
+                count=count))
         else:
             servers.append(DhcpServer(settings.dhcp, settings.boot,
                                       http_base_url=base_url(settings), inventory=discovery,
