@@ -7,8 +7,8 @@ and the median with its spread (min–max); the table shows the medians.
 Two network namespaces joined by a veth pair (server 10.77.0.1/16, perfdhcp 10.77.0.2/16, a
 relay as far as the servers can tell); each server in turn gets a rate sweep (DORA exchanges
 per second, each step ``--seconds`` long) and the best rate whose DISCOVER-OFFER and
-REQUEST-ACK drops both stay at or below 2.5 % is its score; then a burst of ``--burst``
-clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
+REQUEST-ACK drops both stay at or below 2.5 % is its score; then, ``--settle`` seconds
+after the sweep's last step (which overloaded it), a burst of ``--burst`` clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
 discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``: once
 with the shipped ``dhcp.workers`` default (worker processes, one per CPU, at most 4), once
 with ``dhcp.workers = --workers`` (default 1: DHCP in the daemon's own loop, what the
@@ -212,6 +212,7 @@ def measure(name: str, start: Callable[[Path], subprocess.Popen[bytes]], srv: st
                       f"avg {result.avg_delay_ms:.1f} ms", file=sys.stderr)
                 if len([r for r in sweep if not r.ok]) >= 2:
                     break
+            time.sleep(args.settle)  # the sweep's last step overloaded it: let that drain
             burst = perfdhcp(cli, 5 * args.burst, 1, args.burst, count=args.burst)
             print(f"{name:18} burst {args.burst}: drops {burst.discover_drops:.2f} % / "
                   f"{burst.request_drops:.2f} %", file=sys.stderr)
@@ -272,6 +273,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--clients", type=int, default=20000)
     parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="seconds between the sweep's last (overloaded) step and the "
+                             "burst: the burst is new clients at a server that is idle")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds; each runs every server in turn (ours, theirs, …)")
     parser.add_argument("--only", default="", help="run only servers whose name contains "

@@ -148,7 +148,10 @@ async def serve(channel: Channel, init: dict[str, Any], listening: socket.socket
     try:
         while not gone.done():
             await asyncio.wait([gone], timeout=OFFER_SWEEP_S)
-            await leases.expire_offers()
+            try:
+                await leases.expire_offers()
+            except Exception as exc:  # the store is away: the next sweep tries again
+                log.warning("DHCP worker: sweeping lapsed offers failed: %s", exc)
     finally:
         await server.stop()
         pool.shutdown(wait=True)

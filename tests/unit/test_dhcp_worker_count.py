@@ -1,0 +1,31 @@
+"""How many processes answer DHCP (``boot/dhcp_workers.worker_count``): the setting when
+given, else one per CPU this process may run on, at most four; proxy mode always in the
+daemon."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from provisioner.boot.dhcp_workers import DEFAULT_MAX_WORKERS, worker_count
+from provisioner.config import DhcpSettings
+
+
+def _dhcp(**values: object) -> DhcpSettings:
+    return DhcpSettings.model_validate({"mode": "authoritative", "server_address": "10.0.0.1",
+                                        "pool": "10.0.0.10-10.0.0.99", **values})
+
+
+@pytest.mark.parametrize(("cpus", "expected"), [(1, 1), (2, 2), (3, 3), (64, DEFAULT_MAX_WORKERS)])
+def test_the_default_is_one_a_cpu_at_most_four(monkeypatch: pytest.MonkeyPatch, cpus: int,
+                                                expected: int) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(range(cpus)))
+    assert worker_count(_dhcp()) == expected
+
+
+def test_the_setting_wins_and_proxy_mode_stays_in_the_daemon() -> None:
+    assert worker_count(_dhcp(workers=1)) == 1
+    assert worker_count(_dhcp(workers=6)) == 6
+    assert worker_count(DhcpSettings.model_validate(
+        {"mode": "proxy", "server_address": "10.0.0.1", "workers": 3})) == 1
