@@ -10,9 +10,9 @@ per second, each step ``--seconds`` long) and the best rate whose DISCOVER-OFFER
 REQUEST-ACK drops both stay at or below 2.5 % is its score; then, ``--settle`` seconds
 after the sweep's last step (which overloaded it), a burst of ``--burst`` clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
 discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``: once
-with the shipped ``dhcp.workers`` default (worker processes, one per CPU, at most 4), once
-with ``dhcp.workers = --workers`` (default 1: DHCP in the daemon's own loop, what the
-workers are measured against; 0 leaves that row out).
+with the shipped ``dhcp.workers`` default (one worker process per CPU less one, at most 4:
+on 2 CPUs, DHCP in the daemon's own loop), once with ``dhcp.workers = --workers``
+(default 2; 0 leaves that row out).
 
 Run as root from the repository root:  python3 bench/dhcp_bench.py
 Needs: kea-admin (perfdhcp), kea-dhcp4-server, dnsmasq-base. Stops every process it starts
@@ -280,7 +280,7 @@ def main() -> int:
                         help="rounds; each runs every server in turn (ours, theirs, …)")
     parser.add_argument("--only", default="", help="run only servers whose name contains "
                         "this (several: comma-separated)")
-    parser.add_argument("--workers", type=int, default=1,
+    parser.add_argument("--workers", type=int, default=2,
                         help="dhcp.workers of the row 'provisioner serve (dhcp.workers = N)', "
                              "beside the default's; 0: no such row")
     parser.add_argument("--serve-dhcp-only", type=Path, help=argparse.SUPPRESS)

@@ -32,15 +32,16 @@ MAX_REPORTING = 1024  # unknown MACs being enrolled at once (as DhcpServer's own
 
 def worker_count(settings: DhcpSettings) -> int:
     """How many processes answer DHCP; 1: the daemon's own loop does. ``dhcp.workers``, by
-    default one per CPU this process may run on, at most ``DEFAULT_MAX_WORKERS``: unlike
-    TFTP's, a CPU is not kept for the daemon's loop, which then only passes on unknown
-    MACs (two workers on a 2-CPU host answered 1.7 times the leases of the daemon's loop,
-    docs/performance.md "DHCP"). Proxy mode always answers in the daemon."""
+    default one per CPU this process may run on less the one the daemon's loop needs (as
+    TFTP's), at most ``DEFAULT_MAX_WORKERS``. On 2 CPUs that is the loop: there two workers
+    answered twice the leases a second under perfdhcp, but a 1,000-client PXE storm, where
+    the loop also serves TFTP, HTTP and the enrolments, finished later with them
+    (docs/performance.md "DHCP"). Proxy mode always answers in the daemon."""
     if settings.mode != "authoritative":
         return 1
     if settings.workers is not None:
         return settings.workers
-    return max(1, min(len(os.sched_getaffinity(0)), DEFAULT_MAX_WORKERS))
+    return max(1, min(len(os.sched_getaffinity(0)) - 1, DEFAULT_MAX_WORKERS))
 
 
 class ChangeFeed(Protocol):
