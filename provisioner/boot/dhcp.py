@@ -31,7 +31,7 @@ from provisioner.boot.dhcp_codec import (
     parse,
 )
 from provisioner.boot.flood import PerKeyLimit
-from provisioner.boot.inventory import BootInventory, KnownNode
+from provisioner.boot.inventory import BootInventory, KnownNode, UnknownReports
 from provisioner.boot.policy import BootReply, BootRequest, boot_reply, ipxe_script_url
 from provisioner.boot.reuseport import chaddr_index
 from provisioner.boot.sockets import DatagramSocket, add_arp_entry, udp_socket
@@ -84,8 +84,7 @@ class DhcpServer:
         # one MAC's share: DORA, the proxy exchange and iPXE's own DORA fit in the burst
         self._per_mac = PerKeyLimit(rate_per_s=PER_MAC_RATE_PER_S, burst=PER_MAC_BURST,
                                     max_in_flight=PER_MAC_IN_FLIGHT, clock=clock)
-        self._background = TaskSet()
-        self._reporting: set[str] = set()
+        self._unknown = UnknownReports(inventory, MAX_IN_FLIGHT)
         self._drops: dict[str, int] = {}
         self._last_summary = 0.0
         self._arp_failed = False
@@ -138,7 +137,7 @@ class DhcpServer:
             bound.close()
         self._sockets.clear()
         await self._handlers.cancel_all()
-        await self._background.cancel_all()
+        await self._unknown.stop()
 
     def _receiver(self, port: int) -> Callable[[bytes, tuple[str, int], DatagramSocket], None]:
         return lambda data, addr, bound: self.received(data, addr, port, bound)
@@ -215,24 +214,8 @@ class DhcpServer:
             tftp_server=str(self._server_id), http_base_url=self._http_base_url,
             arm64_bootfile=self._boot.arm64_bootfile)
         if boot is not None and known is None and request.message_type == MessageType.DISCOVER:
-            self._report_unknown(request.mac, boot.client_class)
+            self._unknown.report(request.mac, boot.client_class)
         return known, boot
-
-    def _report_unknown(self, mac: str, client: str) -> None:
-        if mac in self._reporting or len(self._reporting) >= MAX_IN_FLIGHT:
-            return  # bounded: forged MACs by the thousand wait for the next DISCOVER
-        self._reporting.add(mac)
-        self._background.spawn(self._report(mac, client), name=f"dhcp-unknown:{mac}")
-
-    async def _report(self, mac: str, client: str) -> None:
-        try:
-            await self._inventory.unknown_mac_booted(mac, client)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("DHCP: recording unknown MAC %s failed: %s", mac, exc)
-        finally:
-            self._reporting.discard(mac)
 
     async def _proxy(self, packet: DhcpPacket, request: BootRequest,
                      on_proxy_port: bool) -> DhcpPacket | None:

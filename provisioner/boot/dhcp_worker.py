@@ -19,7 +19,6 @@ for ``ANSWER_TTL_S``; an unknown network-booting MAC is reported to the daemon
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import json
@@ -32,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from provisioner.boot.dhcp import DhcpServer
-from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, die_with_parent, log_to
+from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, attach, log_to, worker_parser
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.domain import KnownNode
 from provisioner.ids import normalize_mac
@@ -159,23 +158,15 @@ async def serve(channel: Channel, init: dict[str, Any], listening: socket.socket
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--control", type=int, required=True)
-    parser.add_argument("--listen", type=int, required=True)
-    parser.add_argument("--parent", type=int, required=True)
+    parser = worker_parser(__doc__.splitlines()[0])
     parser.add_argument("--slot", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
-    parser.add_argument("--log-level", type=int, default=logging.INFO)
     args = parser.parse_args()
-    die_with_parent(args.parent)
-    channel = Channel(socket.socket(fileno=args.control))
-    channel.sock.setblocking(True)
+    channel, listening = attach(args)
     first = channel.receive()
     if first is None or "init" not in first:
         os._exit(0)  # the daemon went away before it said what to serve
     log_to(channel, args.log_level)
-    listening = socket.socket(fileno=args.listen)
-    listening.setblocking(False)
     asyncio.run(serve(channel, first["init"], listening, (args.slot, args.count)))
     os._exit(0)  # the daemon closed the control socket: what was held ends with us
 

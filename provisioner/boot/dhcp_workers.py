@@ -17,11 +17,10 @@ import os
 import socket
 from typing import Any, Protocol
 
-from provisioner.boot.inventory import BootInventory
+from provisioner.boot.inventory import BootInventory, UnknownReports
 from provisioner.boot.reuseport import reuseport_group
 from provisioner.boot.worker_group import Worker, WorkerGroup
 from provisioner.config import BootSettings, DhcpSettings
-from provisioner.tasks import TaskSet
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +56,7 @@ class DhcpWorkers(WorkerGroup):
         """``init``: what every worker is told first (``dhcp_worker.py``)."""
         super().__init__(listening)
         self._init = init
-        self._inventory = inventory
-        self._tasks = TaskSet()
-        self._reporting: set[str] = set()
+        self._unknown = UnknownReports(inventory, MAX_REPORTING)
         self._changed: set[str] = set()
         self._everything = False
         self._flushing = False
@@ -73,7 +70,7 @@ class DhcpWorkers(WorkerGroup):
     def received(self, worker: Worker, message: dict[str, Any]) -> None:
         if (isinstance(unknown := message.get("unknown"), list) and len(unknown) == 2
                 and all(isinstance(x, str) for x in unknown)):
-            self._report(unknown[0], unknown[1])
+            self._unknown.report(unknown[0], unknown[1])
         else:
             log.warning("DHCP: worker %d sent an unknown message", worker.slot)
 
@@ -107,23 +104,7 @@ class DhcpWorkers(WorkerGroup):
 
     async def stop(self) -> None:
         await super().stop()
-        await self._tasks.cancel_all()
-
-    def _report(self, mac: str, client: str) -> None:
-        if mac in self._reporting or len(self._reporting) >= MAX_REPORTING:
-            return  # bounded: forged MACs by the thousand wait for the next DISCOVER
-        self._reporting.add(mac)
-        self._tasks.spawn(self._enrol(mac, client), name=f"dhcp-unknown:{mac}")
-
-    async def _enrol(self, mac: str, client: str) -> None:
-        try:
-            await self._inventory.unknown_mac_booted(mac, client)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning("DHCP: recording unknown MAC %s failed: %s", mac, exc)
-        finally:
-            self._reporting.discard(mac)
+        await self._unknown.stop()
 
 
 class DhcpProcesses:

@@ -15,7 +15,6 @@ socket.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import os
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from provisioner.boot.tftp_service import TftpService
 from provisioner.boot.tftp_transfer import raise_fd_limit
-from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, die_with_parent, log_to
+from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, attach, log_to, worker_parser
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +55,7 @@ async def serve(channel: Channel, service: TftpService, listening: socket.socket
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--control", type=int, required=True)
-    parser.add_argument("--listen", type=int, required=True)
-    parser.add_argument("--parent", type=int, required=True)
+    parser = worker_parser(__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, required=True)
     parser.add_argument("--host", required=True)
     parser.add_argument("--timeout-s", type=float, required=True)
@@ -68,15 +64,10 @@ def main() -> None:
     parser.add_argument("--max-per-source", type=int, required=True)
     parser.add_argument("--cache-bytes", type=int, required=True)
     parser.add_argument("--max-fds", type=int, required=True)
-    parser.add_argument("--log-level", type=int, default=logging.INFO)
     args = parser.parse_args()
-    die_with_parent(args.parent)
-    channel = Channel(socket.socket(fileno=args.control))
-    channel.sock.setblocking(True)
+    channel, listening = attach(args)
     log_to(channel, args.log_level)
     raise_fd_limit(args.max_fds)
-    listening = socket.socket(fileno=args.listen)
-    listening.setblocking(False)
     service = TftpService(args.root, host=args.host, timeout_s=args.timeout_s,
                           retries=args.retries, max_transfers=args.max_transfers,
                           max_per_source=args.max_per_source, cache_bytes=args.cache_bytes)

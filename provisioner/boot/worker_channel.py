@@ -4,6 +4,7 @@ logs them as its own; the worker dies with the daemon."""
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import logging
@@ -68,3 +69,23 @@ def die_with_parent(parent: int) -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
     if os.getppid() != parent:
         os._exit(0)
+
+
+def worker_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments ``WorkerGroup`` gives every worker (a worker adds its own)."""
+    parser = argparse.ArgumentParser(description=description)
+    for name in ("--control", "--listen", "--parent"):
+        parser.add_argument(name, type=int, required=True)
+    parser.add_argument("--log-level", type=int, default=logging.INFO)
+    return parser
+
+
+def attach(args: argparse.Namespace) -> tuple[Channel, socket.socket]:
+    """Die with the daemon; its control channel (blocking sends) and the listening socket
+    it bound (non-blocking)."""
+    die_with_parent(args.parent)
+    channel = Channel(socket.socket(fileno=args.control))
+    channel.sock.setblocking(True)
+    listening = socket.socket(fileno=args.listen)
+    listening.setblocking(False)
+    return channel, listening
