@@ -15,12 +15,14 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from provisioner.boot.inventory import BootInventory, UnknownReports
 from provisioner.boot.reuseport import reuseport_group
 from provisioner.boot.worker_group import Worker, WorkerGroup
 from provisioner.config import BootSettings, DhcpSettings
+from provisioner.store.leases import AddressRange
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +37,21 @@ def worker_count(settings: DhcpSettings) -> int:
     TFTP's), at most ``DEFAULT_MAX_WORKERS``. On 2 CPUs that is the loop: there two workers
     answered twice the leases a second under perfdhcp, but a 1,000-client PXE storm, where
     the loop also serves TFTP, HTTP and the enrolments, finished later with them
-    (docs/performance.md "DHCP"). Proxy mode always answers in the daemon."""
+    (docs/performance.md "DHCP"). Never more than the pool's addresses; proxy mode always
+    answers in the daemon."""
     if settings.mode != "authoritative":
         return 1
-    if settings.workers is not None:
-        return settings.workers
-    return max(1, min(len(os.sched_getaffinity(0)) - 1, DEFAULT_MAX_WORKERS))
+    wanted = settings.workers if settings.workers is not None else max(
+        1, min(len(os.sched_getaffinity(0)) - 1, DEFAULT_MAX_WORKERS))
+    if settings.pool is not None:  # each worker needs a part of the pool of its own
+        wanted = min(wanted, len(AddressRange.parse(settings.pool, settings.netmask)))
+    return wanted
 
 
 class ChangeFeed(Protocol):
-    def add_listener(self, listener: Any) -> None: ...
+    """Who tells which MACs' owners changed (``lifecycle.discovery.Discovery``)."""
+
+    def add_listener(self, listener: Callable[[list[str] | None], None]) -> None: ...
 
 
 class DhcpWorkers(WorkerGroup):

@@ -1,6 +1,6 @@
 """How many processes answer DHCP (``boot/dhcp_workers.worker_count``): the setting when
-given, else one per CPU this process may run on less the daemon's own, at most four;
-proxy mode always in the daemon."""
+given, else one per CPU this process may run on less the daemon's own, at most four; never
+more than the pool's addresses; proxy mode always in the daemon."""
 
 from __future__ import annotations
 
@@ -28,5 +28,6 @@ def test_the_default_is_one_a_cpu_less_the_loops_at_most_four(
 def test_the_setting_wins_and_proxy_mode_stays_in_the_daemon() -> None:
     assert worker_count(_dhcp(workers=1)) == 1
     assert worker_count(_dhcp(workers=6)) == 6
+    assert worker_count(_dhcp(workers=6, pool="10.0.0.10-10.0.0.12")) == 3  # a part each
     assert worker_count(DhcpSettings.model_validate(
         {"mode": "proxy", "server_address": "10.0.0.1", "workers": 3})) == 1
