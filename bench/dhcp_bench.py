@@ -136,7 +136,7 @@ def serve_dhcp_only(d: Path) -> None:
 
     from provisioner.boot.dhcp import DhcpServer
     from provisioner.config import BootSettings, DhcpSettings, Settings
-    from provisioner.daemon.serve import tune_gc
+    from provisioner.gc_tuning import tune_gc
     from provisioner.store.leases import LeaseRepo
     from provisioner.store.store import open_store
 

@@ -20,8 +20,6 @@ for ``ANSWER_TTL_S``; an unknown network-booting MAC is reported to the daemon
 from __future__ import annotations
 
 import asyncio
-import gc
-import json
 import logging
 import os
 import socket
@@ -31,9 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from provisioner.boot.dhcp import DhcpServer
-from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, attach, log_to, worker_parser
+from provisioner.boot.worker_channel import Channel, attach, log_to, watch, worker_parser
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.domain import KnownNode
+from provisioner.gc_tuning import tune_gc
 from provisioner.ids import normalize_mac
 from provisioner.store import db
 from provisioner.store.leases import LeaseRepo
@@ -109,27 +108,6 @@ def dispatch(inventory: WorkerInventory, message: dict[str, Any]) -> None:
 async def serve(channel: Channel, init: dict[str, Any], listening: socket.socket,
                 part: tuple[int, int]) -> None:
     """Until the daemon closes the control socket."""
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        for _ in range(256):
-            try:
-                data = channel.sock.recv(MAX_MESSAGE, socket.MSG_DONTWAIT)
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError:
-                data = b""
-            if not data:
-                loop.remove_reader(channel.sock.fileno())
-                if not gone.done():
-                    gone.set_result(None)
-                return
-            try:
-                dispatch(inventory, json.loads(data))
-            except (ValueError, TypeError, KeyError) as exc:
-                log.warning("DHCP worker: a malformed message from the daemon: %s", exc)
-
     settings = DhcpSettings.model_validate(init["dhcp"])
     engine = db.make_engine(str(init["database_url"]))
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store-boot")
@@ -139,10 +117,8 @@ async def serve(channel: Channel, init: dict[str, Any], listening: socket.socket
                         http_base_url=str(init["http_base_url"]), inventory=inventory,
                         leases=leases, part=part)
     server.serve_on(listening)
-    loop.add_reader(channel.sock.fileno(), readable)
-    gc.collect()
-    gc.freeze()  # as the daemon does once started (daemon/serve.py tune_gc)
-    gc.set_threshold(20_000, 20, 20)
+    gone = watch(channel, lambda message: dispatch(inventory, message))
+    tune_gc()  # as the daemon does once started
     channel.send({"ready": os.getpid()})
     try:
         while not gone.done():

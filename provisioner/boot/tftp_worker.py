@@ -23,30 +23,15 @@ from pathlib import Path
 
 from provisioner.boot.tftp_service import TftpService
 from provisioner.boot.tftp_transfer import raise_fd_limit
-from provisioner.boot.worker_channel import MAX_MESSAGE, Channel, attach, log_to, worker_parser
+from provisioner.boot.worker_channel import Channel, attach, log_to, watch, worker_parser
 
 log = logging.getLogger(__name__)
 
 
 async def serve(channel: Channel, service: TftpService, listening: socket.socket) -> None:
     """Until the daemon closes the control socket."""
-    loop = asyncio.get_running_loop()
-    gone: asyncio.Future[None] = loop.create_future()
-
-    def readable() -> None:
-        try:
-            if channel.sock.recv(MAX_MESSAGE, socket.MSG_DONTWAIT):
-                return  # the daemon sends nothing: ignored
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            pass
-        loop.remove_reader(channel.sock.fileno())
-        if not gone.done():
-            gone.set_result(None)
-
     service.start(listening)
-    loop.add_reader(channel.sock.fileno(), readable)
+    gone = watch(channel, lambda _message: None)  # the daemon sends nothing: ignored
     channel.send({"ready": os.getpid()})
     try:
         await gone

@@ -5,6 +5,7 @@ logs them as its own; the worker dies with the daemon."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import json
 import logging
@@ -12,6 +13,7 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 MAX_MESSAGE = 1 << 16  # a control message (a log record, a batch of MACs), at most
@@ -39,6 +41,37 @@ class Channel:
         """The next message, blocking (before the worker's loop runs); None at the end."""
         data = self.sock.recv(MAX_MESSAGE)
         return json.loads(data) if data else None
+
+
+def watch(channel: Channel,
+          on_message: Callable[[dict[str, Any]], None]) -> asyncio.Future[None]:
+    """Read the daemon's messages in the running loop, each to ``on_message`` (a malformed
+    one is logged and dropped); the future is done when the daemon closes the channel,
+    its order to stop."""
+    loop = asyncio.get_running_loop()
+    gone: asyncio.Future[None] = loop.create_future()
+
+    def readable() -> None:
+        for _ in range(256):
+            try:
+                data = channel.sock.recv(MAX_MESSAGE, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(channel.sock.fileno())
+                if not gone.done():
+                    gone.set_result(None)
+                return
+            try:
+                on_message(json.loads(data))
+            except (ValueError, TypeError, KeyError) as exc:
+                logging.getLogger(__name__).warning(
+                    "worker: a malformed message from the daemon: %s", exc)
+
+    loop.add_reader(channel.sock.fileno(), readable)
+    return gone
 
 
 class ChannelLog(logging.Handler):

@@ -5,7 +5,6 @@ that stops them in reverse; the event loop's TaskGroup, signals and systemd noti
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import random
 import signal
@@ -40,6 +39,7 @@ from provisioner.daemon.preflight import preflight
 from provisioner.daemon.servers import start_api, start_boot
 from provisioner.daemon.store_retry import while_store_away
 from provisioner.errors import ConfigError, Conflict, SchemaError
+from provisioner.gc_tuning import tune_gc
 from provisioner.health.records import Origin
 from provisioner.install.acceptance import AnsibleAcceptance
 from provisioner.install.base import ComposedInstaller
@@ -92,21 +92,6 @@ def run(settings: Settings) -> int:
     except OSError as exc:
         log.error("cannot start: %s", exc)
         return 1
-
-
-GC_GEN0_THRESHOLD = 20_000  # allocations between young collections (CPython: 700)
-
-
-def tune_gc() -> None:
-    """Once started: what start-up built (modules, SQLAlchemy's mappers, the config) is
-    moved out of the collector's sight (``gc.freeze``), and young collections run every
-    20,000 allocations instead of 700. In a 1,000-client boot storm the collector held the
-    GIL for a fifth of the event loop's time (py-spy); with this the storm's last client
-    finished 15-25 % sooner (docs/performance.md, "Boot storm"). Cycles are still
-    collected, only less often."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_GEN0_THRESHOLD, 20, 20)
 
 
 async def _cancel(task: asyncio.Task[None]) -> None:
