@@ -152,8 +152,10 @@ async def test_stopped_while_the_bmc_restarts_resumes_without_a_second_write(  #
     first = conductor(store, world, driver, settings(BASELINE))
     await first.fire(node.id, Event.DEPLOY, actor="op")
     async with asyncio.timeout(10):
+        # the checkpoint is saved before the step reads the BMC: stop only once a read was
+        # refused, so the daemon goes away while it is waiting for the BMC
         while "service:0:bmc_settings:applied" not in (  # noqa: ASYNC110  (the store's
-                await store.nodes.get(node.id)).checkpoint:   # state, no event to wait on)
+                await store.nodes.get(node.id)).checkpoint or sim.refused == 0:  # state)
             await asyncio.sleep(0.02)
     await first.stop()
     written = list(sim.patches)
