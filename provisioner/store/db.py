@@ -12,7 +12,9 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event, text
 
 from provisioner.errors import SchemaError
+from provisioner.store.exclusive import sqlite_path
 from provisioner.store.files import private_sqlite_file
+from provisioner.store.sqlite_writer import queued_on
 
 _MIGRATIONS = Path(__file__).parent / "migrations"
 _MIGRATION_LOCK = 0x70726F76  # an advisory lock key of our own ("prov")
@@ -23,7 +25,11 @@ def make_engine(url: str) -> Engine:
         private_sqlite_file(url)  # 0600 before SQLite creates it under the umask
         # no pre-ping: a file's connection is never lost, and the ping was a statement more
         # in every one of a node's ~55 store calls
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        db_file = sqlite_path(url)
+        engine = create_engine(url, connect_args={
+            "check_same_thread": False, "timeout": 30,
+            # writers queue in the kernel, not in SQLite's sleeping busy handler
+            **({"factory": queued_on(db_file)} if db_file is not None else {})})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # no pre-ping either: it was a round trip more in every store call (a third of a node's

@@ -75,7 +75,9 @@ class ApiTokenRow(SQLModel, table=True):
     name: str = Field(unique=True, max_length=128)
     role: str = Field(max_length=16)
     token_hash: str = Field(unique=True, max_length=64)
-    node_id: str | None = Field(default=None, foreign_key="node.id", ondelete="CASCADE")
+    # indexed: a node's iPXE script replaces its tokens (and a node's delete cascades here)
+    node_id: str | None = Field(default=None, foreign_key="node.id", ondelete="CASCADE",
+                                index=True)
     created_at: datetime = Field(default_factory=utcnow)
     expires_at: datetime | None = None
 

@@ -182,7 +182,10 @@ def test_sigkill_mid_storm_loses_no_bound_lease(segment: tuple[Namespace, Namesp
     socket), then the daemon: its workers die with it (nothing keeps port 67)."""
     server, client = segment
     daemon = _serve(server, tmp_path, tmp_path / "daemon.log", workers)
-    children = _workers(daemon.pid)
+    deadline = time.monotonic() + 30  # the daemon binds port 67, then starts its workers
+    while len(children := _workers(daemon.pid)) < (workers if workers > 1 else 0):
+        assert time.monotonic() < deadline, f"DHCP workers started: {children}"
+        time.sleep(0.1)
     assert len(children) == (workers if workers > 1 else 0)
     _answering(client, tmp_path / "warm-up.log")
     sniffer = AckSniffer(client)
