@@ -69,6 +69,11 @@ class KnownNode:
     state: str
 
 
+#: MAC -> what the boot servers should answer for it now, or None: ask the store again
+#: (``lifecycle.discovery.Discovery.add_listener``; the DHCP worker processes follow it).
+MacChanges = dict[str, KnownNode | None]
+
+
 @dataclass(frozen=True, slots=True)
 class BmcEndpoint:
     driver: str

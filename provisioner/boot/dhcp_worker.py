@@ -10,10 +10,11 @@ URL and the store's URL (never on the command line, which every local user can r
 The worker then runs the daemon's own ``DhcpServer`` with a lease repository of its own
 on the same store: new clients get addresses from its part of the pool only (two
 workers' offers never name one address), and the store's unique address decides every
-bind, as between two daemons. Which node owns a MAC it reads in the store too (one read
-for a burst's questions), remembering the answer until the daemon says the MAC changed
-(``{"forget": [macs] | null}``: the conductor wrote the node, or another daemon did) or
-for ``ANSWER_TTL_S``; an unknown network-booting MAC is reported to the daemon
+bind, as between two daemons. Which node owns a MAC it is told by the daemon as the
+conductor writes the node (``{"known": [[mac, node id, hostname, state], …]}``), or reads
+in the store (one read for a burst's questions) when the daemon says only that the MAC
+changed (``{"forget": [macs] | null}``: another daemon wrote it, say), keeping each answer
+for ``ANSWER_TTL_S`` at most; an unknown network-booting MAC is reported to the daemon
 (``{"unknown": [mac, client]}``): enrolment is the conductor's.
 """
 
@@ -46,9 +47,10 @@ OFFER_SWEEP_S = 60.0
 
 
 class WorkerInventory:
-    """``BootInventory`` in a worker: the store says which node owns a MAC (one read for a
-    burst's questions, ``MacLookup``), the answer is kept until the daemon says the MAC
-    changed or for ``ANSWER_TTL_S``; an unknown MAC that booted goes to the daemon."""
+    """``BootInventory`` in a worker: which node owns a MAC, as the daemon told it
+    (``learn``) or the store says (one read for a burst's questions, ``MacLookup``), kept
+    until the daemon says the MAC changed or for ``ANSWER_TTL_S``; an unknown MAC that
+    booted goes to the daemon."""
 
     def __init__(self, macs: MacLookup, send: Callable[[dict[str, Any]], None], *,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -94,6 +96,17 @@ class WorkerInventory:
             if mac in self._asking:
                 self._stale.add(mac)
 
+    def learn(self, nodes: dict[str, KnownNode]) -> None:
+        """What the daemon's conductor wrote of these MACs' nodes: the answer now, with no
+        store read (a read out now answers its caller but is not kept over this)."""
+        if len(self._answers) + len(nodes) > MAX_ANSWERS:
+            self._answers.clear()
+        until = self._clock() + ANSWER_TTL_S
+        for mac, known in nodes.items():
+            self._answers[mac] = (known, until)
+            if mac in self._asking:
+                self._stale.add(mac)
+
 
 def dispatch(inventory: WorkerInventory, message: dict[str, Any]) -> None:
     """A message from the daemon (after ``init``)."""
@@ -103,6 +116,20 @@ def dispatch(inventory: WorkerInventory, message: dict[str, Any]) -> None:
                                  or not all(isinstance(mac, str) for mac in macs)):
             raise ValueError(f"forget: not a list of MACs: {macs!r:.80}")
         inventory.forget(macs)
+    if "known" in message:
+        inventory.learn(_known(message["known"]))
+
+
+def _known(entries: Any) -> dict[str, KnownNode]:
+    """``[[mac, node id, hostname or null, state], …]`` as the daemon sends it."""
+    if not isinstance(entries, list) or not all(
+            isinstance(e, list) and len(e) == 4 and isinstance(e[0], str)
+            and isinstance(e[1], str) and isinstance(e[2], str | None)
+            and isinstance(e[3], str) for e in entries):
+        raise ValueError(f"known: not a list of [mac, node, hostname, state]: "
+                         f"{entries!r:.80}")
+    return {mac: KnownNode(node_id, hostname, state)
+            for mac, node_id, hostname, state in entries}
 
 
 async def serve(channel: Channel, init: dict[str, Any], listening: socket.socket,

@@ -3,7 +3,8 @@ port, each on its own ``SO_REUSEPORT`` socket, requests steered by the client's 
 address (``reuseport.py``; a relay's requests all come from one address). This is the
 daemon's side: it binds the group, starts the workers (``worker_group.py``), passes on
 the unknown MACs that booted (enrolment stays the conductor's), and tells the workers
-which MACs' nodes changed (each keeps the store's answers to "whose MAC is this?").
+which MACs' nodes changed, with the node as the conductor wrote it when it has it (each
+keeps the answers to "whose MAC is this?"; a MAC told without a node it asks the store).
 
 Only authoritative mode runs in workers (proxy mode writes nothing and answers two
 ports: it stays in the daemon's loop).
@@ -22,11 +23,13 @@ from provisioner.boot.inventory import BootInventory, UnknownReports
 from provisioner.boot.reuseport import reuseport_group
 from provisioner.boot.worker_group import Worker, WorkerGroup
 from provisioner.config import BootSettings, DhcpSettings
+from provisioner.domain import MacChanges
 from provisioner.store.leases import AddressRange
 
 log = logging.getLogger(__name__)
 
 _MACS_A_MESSAGE = 2000  # ~40 KB of JSON: inside a control message (MAX_MESSAGE)
+_NODES_A_MESSAGE = 150  # [mac, node id, hostname, state]: at most ~400 bytes each
 DEFAULT_MAX_WORKERS = 4  # each holds a store connection; SQLite takes one writer at once
 MAX_REPORTING = 1024  # unknown MACs being enrolled at once (as DhcpServer's own bound)
 
@@ -51,7 +54,7 @@ def worker_count(settings: DhcpSettings) -> int:
 class ChangeFeed(Protocol):
     """Who tells which MACs' owners changed (``lifecycle.discovery.Discovery``)."""
 
-    def add_listener(self, listener: Callable[[list[str] | None], None]) -> None: ...
+    def add_listener(self, listener: Callable[[MacChanges | None], None]) -> None: ...
 
 
 class DhcpWorkers(WorkerGroup):
@@ -64,7 +67,7 @@ class DhcpWorkers(WorkerGroup):
         super().__init__(listening)
         self._init = init
         self._unknown = UnknownReports(inventory, MAX_REPORTING)
-        self._changed: set[str] = set()
+        self._changed: MacChanges = {}
         self._everything = False
         self._flushing = False
 
@@ -81,14 +84,14 @@ class DhcpWorkers(WorkerGroup):
         else:
             log.warning("DHCP: worker %d sent an unknown message", worker.slot)
 
-    def changed(self, macs: list[str] | None) -> None:
-        """What a worker's store reads said of ``macs`` (None: of any MAC) may have
-        changed: told to every worker once this turn of the loop is over (a storm's
+    def changed(self, changes: MacChanges | None) -> None:
+        """What the workers answer for these MACs changed (None: for any MAC): told to
+        every worker once this turn of the loop is over, the latest for each MAC (a storm's
         transitions, thousands a second, in a few messages)."""
-        if macs is None:
+        if changes is None:
             self._everything = True
         else:
-            self._changed.update(macs)
+            self._changed.update(changes)
         self._flush_soon(0.0)
 
     def _flush_soon(self, delay_s: float) -> None:
@@ -98,11 +101,10 @@ class DhcpWorkers(WorkerGroup):
 
     def _flush(self) -> None:
         self._flushing = False
-        macs, self._changed = sorted(self._changed), set()
+        changes, self._changed = self._changed, {}
         everything, self._everything = self._everything, False
-        messages: list[dict[str, Any]] = [{"forget": None}] if everything else [
-            {"forget": macs[i:i + _MACS_A_MESSAGE]}
-            for i in range(0, len(macs), _MACS_A_MESSAGE)]
+        messages: list[dict[str, Any]] = [{"forget": None}] if everything else \
+            _messages(changes)
         for worker in self.running():
             if not all(self.send(worker, message) for message in messages):
                 # its buffer is full: it forgets everything it knows, once it can be told
@@ -112,6 +114,18 @@ class DhcpWorkers(WorkerGroup):
     async def stop(self) -> None:
         await super().stop()
         await self._unknown.stop()
+
+
+def _messages(changes: MacChanges) -> list[dict[str, Any]]:
+    """``{"forget": [mac, …]}`` (ask the store) and ``{"known": [[mac, node id, hostname,
+    state], …]}`` (answer this), in chunks that fit a control message."""
+    forget = sorted(mac for mac, known in changes.items() if known is None)
+    known = [[mac, node.node_id, node.hostname, node.state]
+             for mac, node in sorted(changes.items()) if node is not None]
+    return [{"forget": forget[i:i + _MACS_A_MESSAGE]}
+            for i in range(0, len(forget), _MACS_A_MESSAGE)] + \
+           [{"known": known[i:i + _NODES_A_MESSAGE]}
+            for i in range(0, len(known), _NODES_A_MESSAGE)]
 
 
 class DhcpProcesses:

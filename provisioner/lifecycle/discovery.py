@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
-from provisioner.domain import KnownNode, NewNode, Node
+from provisioner.domain import KnownNode, MacChanges, NewNode, Node
 from provisioner.errors import Conflict, NotFound
 from provisioner.ids import normalize_mac
 from provisioner.lifecycle.conductor import Conductor
@@ -61,17 +61,18 @@ class Discovery:
         self._unknown: dict[str, float] = {}
         self._unknown_ttl_s = unknown_ttl_s
         self._clock = clock
-        self._listeners: list[Callable[[list[str] | None], None]] = []
+        self._listeners: list[Callable[[MacChanges | None], None]] = []
         conductor.add_observer(self._refresh)
 
-    def add_listener(self, listener: Callable[[list[str] | None], None]) -> None:
-        """``listener(macs)`` whenever what ``lookup`` answers for ``macs`` may have
-        changed (None: for any MAC): the DHCP worker processes' caches follow this one."""
+    def add_listener(self, listener: Callable[[MacChanges | None], None]) -> None:
+        """``listener(changes)`` whenever what ``lookup`` answers for some MACs changed:
+        MAC -> its answer now, as the conductor wrote it, or None (ask the store again);
+        ``changes`` None: any MAC. The DHCP worker processes' caches follow this one."""
         self._listeners.append(listener)
 
-    def _changed(self, macs: list[str] | None) -> None:
+    def _changed(self, changes: MacChanges | None) -> None:
         for listener in self._listeners:
-            listener(macs)
+            listener(changes)
 
     async def lookup(self, mac: str) -> KnownNode | None:
         """The boot servers' question, from the caches first; a miss is asked through
@@ -150,22 +151,28 @@ class Discovery:
         auto-inspection, each of which used to drop it from the cache)."""
         if len(self._cache) >= self._cache_size:
             self._cache.clear()
+        known = KnownNode(node.id, node.hostname, str(node.state))
+        changes: MacChanges = {}
         for mac in node.macs:
             self._owners.pop(mac, None)
             self._unknown.pop(mac, None)
             cached = self._cache.get(mac)
             if cached is None or cached.version <= node.version:
                 self._cache[mac] = node
-        self._changed(list(node.macs))
+                changes[mac] = known
+            else:  # an older write reported late: the workers read what is newer
+                changes[mac] = None
+        self._changed(changes)
 
     def forget(self, macs: Iterable[str]) -> None:
         """Drop these MACs from both caches (a node changed, here or on another daemon)."""
-        macs = list(macs)
+        changes: MacChanges = {}
         for mac in macs:
             self._cache.pop(mac, None)
             self._owners.pop(mac, None)
             self._unknown.pop(mac, None)
-        self._changed(macs)
+            changes[mac] = None
+        self._changed(changes)
 
     def forget_all(self) -> None:
         """Notices from other daemons may have been missed (the listen connection was

@@ -27,7 +27,7 @@ from provisioner.boot.dhcp_codec import ZERO_IP, MessageType, Opt, ips
 from provisioner.boot.dhcp_workers import DhcpProcesses
 from provisioner.boot.inventory import KnownNode
 from provisioner.config import BootSettings, DhcpSettings, Settings
-from provisioner.domain import NewNode
+from provisioner.domain import MacChanges, NewNode
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.leases import LeaseRepo, LeaseState
 from provisioner.store.store import Store
@@ -308,9 +308,9 @@ class Changes:
     """What the daemon's discovery cache tells the DHCP workers (``Discovery.add_listener``)."""
 
     def __init__(self) -> None:
-        self.listeners: list[Callable[[list[str] | None], None]] = []
+        self.listeners: list[Callable[[MacChanges | None], None]] = []
 
-    def add_listener(self, listener: Callable[[list[str] | None], None]) -> None:
+    def add_listener(self, listener: Callable[[MacChanges | None], None]) -> None:
         self.listeners.append(listener)
 
 
@@ -338,7 +338,7 @@ async def test_worker_processes_serve_known_nodes_and_report_unknown_macs(
         node = await store.nodes.create(NewNode(state=NodeState.ACTIVE, hostname="gpu-35",
                                                 macs=(mac,)), actor="test")
         for listener in changes.listeners:  # as the conductor's write makes Discovery do
-            listener([mac])
+            listener({mac: None})
         await asyncio.sleep(0.2)
         again, (_offer, ack) = await _dora(pxe, mac, PXE_UEFI_X64)
         assert again == ip and ack.hostname == "gpu-35"  # type: ignore[attr-defined]

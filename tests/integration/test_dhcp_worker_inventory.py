@@ -1,7 +1,8 @@
 """A DHCP worker process's "whose MAC is this?" (``boot/dhcp_worker.py``), on a real store:
 answers are read once and kept, a change the daemon tells drops them (also one told while
-the read was out, which must not be kept), ``None`` drops all; malformed notices from the
-control socket are refused, not obeyed."""
+the read was out, which must not be kept), ``None`` drops all; a node the daemon tells is
+the answer with no read; malformed notices from the control socket are refused, not
+obeyed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from typing import Any
 import pytest
 
 from provisioner.boot.dhcp_worker import ANSWER_TTL_S, WorkerInventory, dispatch
-from provisioner.domain import NewNode
+from provisioner.boot.dhcp_workers import DhcpWorkers
+from provisioner.domain import KnownNode, NewNode
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.mac_lookup import MacLookup
 from provisioner.store.store import Store
@@ -78,8 +80,41 @@ async def test_a_change_told_while_the_read_is_out_is_not_lost(
     assert known is not None and known.hostname == "gpu-2" and macs.reads == 2
 
 
+async def test_a_node_the_daemon_tells_is_the_answer_with_no_read(
+        parts: tuple[WorkerInventory, CountingLookup, list[dict[str, Any]], Clock]) -> None:
+    """What the conductor wrote reaches the worker as ``known`` (the daemon's side builds
+    the messages: ``DhcpWorkers.changed``); a MAC told with no node is read again."""
+    inventory, macs, _sent, _clock = parts
+    other = "52:54:00:99:00:03"
+    assert await inventory.lookup(MAC) is None and await inventory.lookup(other) is None
+    reading = asyncio.create_task(inventory.lookup("52:54:00:99:00:04"))
+    await asyncio.sleep(0)  # a read out while the daemon tells that MAC's node
+    told: list[dict[str, Any]] = []
+    workers = DhcpWorkers([], init={}, inventory=None)  # type: ignore[arg-type]
+    workers.running = lambda: [None]  # type: ignore[method-assign]
+    workers.send = lambda _worker, message: told.append(message) or True  # type: ignore[method-assign,func-returns-value]
+    workers.changed({MAC: KnownNode("n-1", "gpu-1", "inspecting"), other: None,
+                     "52:54:00:99:00:04": KnownNode("n-4", None, "discovered")})
+    workers.changed({MAC: KnownNode("n-1", "gpu-1", "inspected")})  # the latest wins
+    await asyncio.sleep(0.05)  # told once this turn of the loop is over
+    assert told == [{"forget": [other]},
+                    {"known": [["52:54:00:99:00:01", "n-1", "gpu-1", "inspected"],
+                               ["52:54:00:99:00:04", "n-4", None, "discovered"]]}]
+    for message in told:
+        dispatch(inventory, message)
+    reads = macs.reads
+    assert await inventory.lookup(MAC) == KnownNode("n-1", "gpu-1", "inspected")
+    assert macs.reads == reads  # no read
+    assert await reading is None  # what the read saw is its caller's, and not kept:
+    assert await inventory.lookup("52:54:00:99:00:04") == KnownNode("n-4", None,
+                                                                    "discovered")
+    assert await inventory.lookup(other) is None and macs.reads == reads + 1  # read again
+
+
 @pytest.mark.parametrize("message", [{"forget": "52:54:00:99:00:01"}, {"forget": 7},
-                                     {"forget": [1, 2]}])
+                                     {"forget": [1, 2]}, {"known": {"a": 1}},
+                                     {"known": [["52:54:00:99:00:01", "n-1", None]]},
+                                     {"known": [["52:54:00:99:00:01", "n-1", 5, "active"]]}])
 def test_malformed_notices_are_refused(
         message: dict[str, Any], parts: tuple[WorkerInventory, CountingLookup,
                                               list[dict[str, Any]], Clock]) -> None:

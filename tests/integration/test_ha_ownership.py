@@ -17,7 +17,7 @@ import pytest
 
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import LifecycleSettings, Settings
-from provisioner.domain import BmcEndpoint, HistoryEntry, NewNode
+from provisioner.domain import BmcEndpoint, HistoryEntry, KnownNode, MacChanges, NewNode
 from provisioner.errors import Fenced
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton
@@ -253,7 +253,7 @@ async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store
                           unknown_ttl_s=30.0)
     heard: list[NodeChanged] = []
     arrived = asyncio.Event()
-    told: list[list[str] | None] = []  # what B's DHCP worker processes would be told
+    told: list[MacChanges | None] = []  # what B's DHCP worker processes would be told
     discovery.add_listener(told.append)
 
     def changed(notice: NodeChanged) -> None:
@@ -274,15 +274,16 @@ async def test_other_daemons_writes_clear_the_mac_caches(stores: dict[str, Store
         async with asyncio.timeout(10):
             await arrived.wait()
         assert heard[0] == NodeChanged("A", node.id, (mac,))
-        assert told == [[mac]]
+        assert told == [{mac: None}]  # A's write: B's workers read the store again
         known = await discovery.lookup(mac)
         assert known is not None and known.node_id == node.id
         await stores["B"].nodes.create(_new(41), actor="test")  # B's own: not delivered
         await asyncio.sleep(0.5)
         assert len(heard) == 1
-        assert told == [[mac]]
-        await cond_b.enroll(_new(42), actor="test", reason="test")  # B's conductor writes
-        assert told[1:] == [list(_new(42).macs)]
+        assert told == [{mac: None}]
+        mine = await cond_b.enroll(_new(42), actor="test", reason="test")  # B's conductor
+        assert told[1:] == [{m: KnownNode(mine.id, mine.hostname, str(mine.state))  # writes:
+                             for m in _new(42).macs}]  # the node as written, no read
         discovery.forget_all()  # B's listen connection was lost: notices may be missed
         assert told[-1] is None
     finally:
