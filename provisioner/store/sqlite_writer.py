@@ -14,6 +14,11 @@ ran outside one). ``flock`` blocks in the kernel with the GIL released and wakes
 writer as the lock is let go; each connection has its own open file, so the daemon's threads
 queue on it as its processes do. SQLite's own lock and busy timeout still guard the file
 against every other writer (the ``sqlite3`` shell, a migration run by hand).
+
+The wait has no timeout of its own: it lasts as long as the holder's transaction, and our
+transactions wait on nothing but SQLite (bounded by its busy timeout: a statement that
+times out ends the transaction, and the lock is let go), so a wait ends when the holder
+commits, rolls back or dies (the kernel drops a dead process's ``flock``).
 """
 
 from __future__ import annotations
