@@ -17,8 +17,9 @@ against every other writer (the ``sqlite3`` shell, a migration run by hand).
 
 The wait has no timeout of its own: it lasts as long as the holder's transaction, and our
 transactions wait on nothing but SQLite (bounded by its busy timeout: a statement that
-times out ends the transaction, and the lock is let go), so a wait ends when the holder
-commits, rolls back or dies (the kernel drops a dead process's ``flock``).
+times out fails its transaction, which the store rolls back, letting the lock go), so a
+wait ends when the holder commits, rolls back or dies (the kernel drops a dead process's
+``flock``).
 """
 
 from __future__ import annotations
