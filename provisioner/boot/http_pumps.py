@@ -25,9 +25,10 @@ MAX_COPY = 4 << 20  # bytes one sendfile call may copy
 MAX_TURN = 4 << 20  # bytes one download gets per turn (the other writable ones after it)
 #: A pump's niceness (its thread's alone): when the CPUs are short, the boot path's small
 #: answers (DHCP, TFTP blocks, scripts) go before more bulk copying. In a 1,000-client
-#: storm on 2 cores, +5 gave 0.96-1.02x nginx's stack for the last client and 0.96-1.00x
-#: for the median one, against 0.90-1.01x and 0.91-0.94x at 0, and +10 0.96x and 0.84x
-#: (docs/performance.md, "Boot storm"); with CPUs to spare it changes nothing.
+#: storm on 2 cores (medians of three runs against nginx's stack), +5 gave 1.02x for the
+#: last client and 0.96x for the median one, against 0.91x and 0.92x at 0; +10 (one run)
+#: 0.96x and 0.84x (docs/performance.md, "Boot storm"). With CPUs to spare it changes
+#: nothing.
 NICENESS = 5  # added to the daemon's own
 
 

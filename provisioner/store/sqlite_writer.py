@@ -30,9 +30,10 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-#: Statements that never take SQLite's write lock (read-only ``PRAGMA`` in the connect hook
-#: run through the plain cursor and never reach this check).
-_READS = ("SELECT", "WITH")
+#: The statements that never take SQLite's write lock. Anything else queues, a ``PRAGMA``
+#: or a read-only ``WITH`` too: queueing a read costs a turn, skipping a write would put it
+#: back in SQLite's busy handler.
+_READ = "SELECT"
 
 
 def queued_on(db_file: Path) -> type[WriterQueuedConnection]:
@@ -87,7 +88,7 @@ class WriterQueuedConnection(sqlite3.Connection):
 
     def queue_for(self, sql: str) -> None:
         """Wait for the writer lock before ``sql`` unless it only reads or we hold it."""
-        if self._held or self._lock_fd < 0 or sql.lstrip()[:6].upper().startswith(_READS):
+        if self._held or self._lock_fd < 0 or sql.lstrip()[:6].upper() == _READ:
             return
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)  # releases the GIL while it waits
         self._held = True
