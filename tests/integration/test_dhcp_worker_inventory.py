@@ -7,16 +7,21 @@ obeyed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import socket
 from typing import Any
 
 import pytest
 
 from provisioner.boot.dhcp_worker import ANSWER_TTL_S, WorkerInventory, dispatch
 from provisioner.boot.dhcp_workers import DhcpWorkers
+from provisioner.boot.worker_group import Worker
 from provisioner.domain import KnownNode, NewNode
 from provisioner.lifecycle.states import NodeState
 from provisioner.store.mac_lookup import MacLookup
 from provisioner.store.store import Store
+from tests.peers.dhcp_client import MemoryInventory
 
 MAC = "52:54:00:99:00:01"
 
@@ -80,6 +85,17 @@ async def test_a_change_told_while_the_read_is_out_is_not_lost(
     assert known is not None and known.hostname == "gpu-2" and macs.reads == 2
 
 
+class OneWorker(DhcpWorkers):
+    """The daemon's side with one worker at the end of a socket pair (no process)."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__([], init={}, inventory=MemoryInventory())
+        self._one = worker
+
+    def running(self) -> list[Worker]:
+        return [self._one]
+
+
 async def test_a_node_the_daemon_tells_is_the_answer_with_no_read(
         parts: tuple[WorkerInventory, CountingLookup, list[dict[str, Any]], Clock]) -> None:
     """What the conductor wrote reaches the worker as ``known`` (the daemon's side builds
@@ -89,14 +105,18 @@ async def test_a_node_the_daemon_tells_is_the_answer_with_no_read(
     assert await inventory.lookup(MAC) is None and await inventory.lookup(other) is None
     reading = asyncio.create_task(inventory.lookup("52:54:00:99:00:04"))
     await asyncio.sleep(0)  # a read out while the daemon tells that MAC's node
-    told: list[dict[str, Any]] = []
-    workers = DhcpWorkers([], init={}, inventory=None)  # type: ignore[arg-type]
-    workers.running = lambda: [None]  # type: ignore[method-assign]
-    workers.send = lambda _worker, message: told.append(message) or True  # type: ignore[method-assign,func-returns-value]
-    workers.changed({MAC: KnownNode("n-1", "gpu-1", "inspecting"), other: None,
-                     "52:54:00:99:00:04": KnownNode("n-4", None, "discovered")})
-    workers.changed({MAC: KnownNode("n-1", "gpu-1", "inspected")})  # the latest wins
-    await asyncio.sleep(0.05)  # told once this turn of the loop is over
+    daemon_end, worker_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    with daemon_end, worker_end:
+        workers = OneWorker(Worker(0, None, daemon_end))  # type: ignore[arg-type]
+        workers.changed({MAC: KnownNode("n-1", "gpu-1", "inspecting"), other: None,
+                         "52:54:00:99:00:04": KnownNode("n-4", None, "discovered")})
+        workers.changed({MAC: KnownNode("n-1", "gpu-1", "inspected")})  # the latest wins
+        await asyncio.sleep(0.05)  # told once this turn of the loop is over
+        worker_end.setblocking(False)
+        told = []
+        with contextlib.suppress(BlockingIOError):
+            while data := worker_end.recv(1 << 16):
+                told.append(json.loads(data))
     assert told == [{"forget": [other]},
                     {"known": [["52:54:00:99:00:01", "n-1", "gpu-1", "inspected"],
                                ["52:54:00:99:00:04", "n-4", None, "discovered"]]}]
