@@ -40,8 +40,8 @@ def make_engine(url: str) -> Engine:
                          connect_args=_PG_CONNECT_ARGS if url.startswith("postgresql") else {})
 
 
-#: A daemon cut off from PostgreSQL must not keep row locks (a lease row share-locked by a
-#: fenced write) on the server: its idle transaction ends after 5 s, and TCP keepalives
+#: A daemon cut off from PostgreSQL must not keep row locks (a lease row locked by a fenced
+#: write) on the server: its idle transaction ends after 5 s, and TCP keepalives
 #: find a dead peer on either side within ~15 s.
 _PG_CONNECT_ARGS: dict[str, Any] = {
     "options": "-c idle_in_transaction_session_timeout=5000",

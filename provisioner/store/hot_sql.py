@@ -37,16 +37,20 @@ READ_NODE: Select[Any] = select(NODE, MAC.c.mac).outerjoin(
 #: the node's row, locked for the read-modify-write of its facts (PostgreSQL)
 LOCK_NODE: Select[Any] = select(NODE).where(NODE.c.id == bindparam("b_id")).with_for_update()
 
-#: we hold the node's lease with this fence, the lease row share-locked (PostgreSQL) to
-#: the end of the transaction, so no claim slips in before the commit
+#: we hold the node's lease with this fence, the lease row locked ``FOR KEY SHARE``
+#: (PostgreSQL) to the end of the transaction, so no claim (``FOR UPDATE``) slips in before
+#: the commit. Not ``FOR SHARE``: that also blocks a renewal's ``UPDATE`` of the expiry, and a
+#: group commit share-locking several nodes' rows while a renewal updated the same rows in
+#: another order was PostgreSQL's ``deadlock detected``: the renewal failed, the leases lapsed
+#: and another daemon took live steps over
 HOLDS: Exists = select(LEASE.c.fence).where(
     LEASE.c.node_id == bindparam("b_id"), LEASE.c.owner == bindparam("b_owner"),
-    LEASE.c.fence == bindparam("b_fence")).with_for_update(read=True).exists()
+    LEASE.c.fence == bindparam("b_fence")).with_for_update(read=True, key_share=True).exists()
 
 #: the same, read: a fenced write that matched no row asks whether it lost its lease
 HELD: Select[Any] = select(LEASE.c.fence).where(
     LEASE.c.node_id == bindparam("b_id"), LEASE.c.owner == bindparam("b_owner"),
-    LEASE.c.fence == bindparam("b_fence")).with_for_update(read=True)
+    LEASE.c.fence == bindparam("b_fence")).with_for_update(read=True, key_share=True)
 
 #: a transition's compare-and-set on the version, unfenced and fenced
 CAS_VERSION: Update = update(NODE).where(NODE.c.id == bindparam("b_id"),

@@ -15,14 +15,24 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.bmc.base import Bmc, BmcFactory
 from provisioner.bmc.fake import fake_bmc_factory
 from provisioner.config import LifecycleSettings, Settings
-from provisioner.domain import BmcEndpoint, HistoryEntry, KnownNode, MacChanges, NewNode
+from provisioner.domain import (
+    BmcCredentials,
+    BmcEndpoint,
+    HistoryEntry,
+    KnownNode,
+    MacChanges,
+    NewNode,
+)
 from provisioner.errors import Fenced
 from provisioner.lifecycle.conductor import Conductor
 from provisioner.lifecycle.fleet import FleetMember, Singleton
 from provisioner.lifecycle.states import IN_FLIGHT, Event, NodeState
 from provisioner.simulation.world import SimWorld
+from provisioner.store import hot_sql
+from provisioner.store.models import utcnow
 from provisioner.store.store import Store, open_store
 from tests.conftest import fake_ports
 from tests.integration.conftest import _databases
@@ -107,6 +117,30 @@ async def test_concurrent_claims_are_disjoint(stores: dict[str, Store]) -> None:
     # a second round finds nothing free: every lease is live
     assert not any(await asyncio.gather(*(one.ownership.claim_orphans(states, 60)
                                           for one in stores.values())))
+
+
+async def test_a_renewal_does_not_wait_for_a_fenced_write_a_claim_does(
+        stores: dict[str, Store]) -> None:
+    """A write in progress holds its lease rows (``FOR KEY SHARE``) to its commit: another
+    daemon's claim waits for it, our renewal of the same leases does not. With ``FOR SHARE``
+    the renewal waited too, and a group commit of several nodes' writes and a renewal locking
+    the same rows in other orders was PostgreSQL's ``deadlock detected``: the renewal failed
+    and the leases lapsed under steps still running (a CI run of the stand-down test)."""
+    a, b = stores["A"], stores["B"]
+    ids = [(await a.nodes.create(_new(n, S.DEPLOYING), actor="test")).id for n in (1, 2)]
+    fences = {node_id: await a.ownership.claim(node_id) for node_id in ids}
+    with a.engine.connect() as conn:  # a group commit's fenced checks, not committed yet
+        for node_id in reversed(ids):
+            held = conn.execute(hot_sql.HELD, {"b_id": node_id, "b_owner": "A",
+                                               "b_fence": fences[node_id]}).first()
+            assert held is not None
+        async with asyncio.timeout(5):
+            assert await a.ownership.renew(fences) == set(ids)  # type: ignore[arg-type]
+        claim = asyncio.create_task(b.ownership.claim(ids[0], force=True))
+        await asyncio.sleep(0.5)
+        assert not claim.done()  # an operator's abort on B waits for A's write to commit
+        conn.commit()
+    assert await claim == fences[ids[0]] + 1  # type: ignore[operator]
 
 
 async def _until_all(store: Store, ids: list[str], state: NodeState, timeout_s: float) -> None:
@@ -402,8 +436,8 @@ async def test_a_daemon_cut_from_the_database_stops_its_bmc_calls_before_its_lea
                                                          f":{proxy.port}/"))
         a, b = open_store(via_proxy, instance="A"), open_store(pg_settings, instance="B")
         world = SimWorld(tmp_path / "world.sqlite")
-        a_calls = _BmcCalls(world)  # the BMC calls A makes, and when
-        ports = {"A": replace(fake_ports(world, delay_s=0.1), bmc=fake_bmc_factory(a_calls)),
+        a_calls = _BmcCalls(world, "A", b)  # the BMC calls A makes, when, and under which lease
+        ports = {"A": replace(fake_ports(world, delay_s=0.1), bmc=a_calls.factory()),
                  "B": fake_ports(world, delay_s=0.1)}
         conductors = {name: Conductor(one.nodes, ports[name], LifecycleSettings(),
                                       ownership=one.ownership)
@@ -429,8 +463,11 @@ async def test_a_daemon_cut_from_the_database_stops_its_bmc_calls_before_its_lea
             for conductor in conductors.values():
                 await conductor.stop()
         # A's steps ended at the cut: none woke when the database came back to call the BMC
-        # of a node B drives (a write of theirs still queued in the store is refused)
-        assert [op for op, at in a_calls.calls if at >= stood_down] == []
+        # of a node B drives (a write of theirs still queued in the store is refused). A
+        # may take a node back once it answers again, if B's lease on it lapsed: a call
+        # under a live lease of A's is its own
+        assert [(op, node) for op, node, at, held in a_calls.calls
+                if at >= stood_down and not held] == []
         assert a_calls.calls, "A drove nodes before the cut"
         for node_id in ids:
             history = await b.nodes.history(node_id)
@@ -444,17 +481,36 @@ async def test_a_daemon_cut_from_the_database_stops_its_bmc_calls_before_its_lea
 
 
 class _BmcCalls:
-    """The simulated machines, recording each BMC side effect asked through them."""
+    """The simulated machines as one daemon's BMCs, recording each side effect asked through
+    them: the operation, the node, when, and whether daemon ``instance`` held a live lease on
+    the node at that moment (read through ``leases``, another daemon's store)."""
 
-    def __init__(self, world: SimWorld) -> None:
+    def __init__(self, world: SimWorld, instance: str, leases: Store) -> None:
         self._world = world
-        self.calls: list[tuple[str, float]] = []
+        self._instance = instance
+        self._leases = leases
+        self._nodes: dict[str, str] = {}  # BMC address -> node id
+        self.calls: list[tuple[str, str, float, bool]] = []
+
+    def factory(self) -> BmcFactory:
+        fake = fake_bmc_factory(self)
+
+        def make(node_id: str, endpoint: BmcEndpoint, credentials: BmcCredentials) -> Bmc:
+            self._nodes[endpoint.address] = node_id
+            return fake(node_id, endpoint, credentials)
+
+        return make
 
     async def get(self, key: str, attr: str) -> str:
         return await self._world.get(key, attr)
 
     async def ensure(self, key: str, op: str, attr: str, value: str) -> bool:
-        self.calls.append((op, time.monotonic()))
+        at, node_id = time.monotonic(), self._nodes[key]
+        now = utcnow()
+        held = any(lease.node_id == node_id and lease.owner == self._instance
+                   and lease.expires_at is not None and lease.expires_at > now
+                   for lease in await self._leases.ownership.leases())
+        self.calls.append((op, node_id, at, held))
         return await self._world.ensure(key, op, attr, value)
 
 
