@@ -9,10 +9,10 @@ relay as far as the servers can tell); each server in turn gets a rate sweep (DO
 per second, each step ``--seconds`` long) and the best rate whose DISCOVER-OFFER and
 REQUEST-ACK drops both stay at or below 2.5 % is its score; then, ``--settle`` seconds
 after the sweep's last step (which overloaded it), a burst of ``--burst`` clients at once. The daemon runs for real (``provisioner serve`` with its SQLite store,
-discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``: once
-with the shipped ``dhcp.workers`` default (one worker process per CPU less one, at most 4:
-on 2 CPUs, DHCP in the daemon's own loop), once with ``dhcp.workers = --workers``
-(default 2; 0 leaves that row out).
+discovery inventory and leases), at log level WARNING like dnsmasq's ``quiet-dhcp``: with
+the shipped ``dhcp.workers`` default (the daemon's loop and one worker process per CPU less
+one, at most 4: on 2 CPUs, the loop and one process), and with ``--workers N`` once more
+with ``dhcp.workers = N`` (0: the daemon's loop alone).
 
 Run as root from the repository root:  python3 bench/dhcp_bench.py
 Needs: kea-admin (perfdhcp), kea-dhcp4-server, dnsmasq-base. Stops every process it starts
@@ -280,9 +280,9 @@ def main() -> int:
                         help="rounds; each runs every server in turn (ours, theirs, …)")
     parser.add_argument("--only", default="", help="run only servers whose name contains "
                         "this (several: comma-separated)")
-    parser.add_argument("--workers", type=int, default=2,
-                        help="dhcp.workers of the row 'provisioner serve (dhcp.workers = N)', "
-                             "beside the default's; 0: no such row")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="add a row 'provisioner serve (dhcp.workers = N)' beside the "
+                             "default's (0: the daemon's loop alone)")
     parser.add_argument("--serve-dhcp-only", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_dhcp_only is not None:
@@ -294,7 +294,8 @@ def main() -> int:
     servers: list[tuple[str, Callable[[str, Path], subprocess.Popen[bytes]]]] = [
         ("provisioner serve", start_ours),
         *([(f"provisioner serve (dhcp.workers = {args.workers})",
-            lambda ns, d: start_ours(ns, d, args.workers))] if args.workers > 0 else []),
+            lambda ns, d: start_ours(ns, d, args.workers))] if args.workers is not None
+          else []),
         ("DhcpServer alone", start_dhcp_only),
         ("dnsmasq (leasefile-ro)", lambda ns, d: start_dnsmasq(ns, d, leasefile=False)),
         ("dnsmasq (lease file)", lambda ns, d: start_dnsmasq(ns, d, leasefile=True)),

@@ -1,10 +1,13 @@
-"""DHCP beyond one core: ``dhcp.workers`` processes (``dhcp_worker.py``) answer the server
-port, each on its own ``SO_REUSEPORT`` socket, requests steered by the client's hardware
-address (``reuseport.py``; a relay's requests all come from one address). This is the
-daemon's side: it binds the group, starts the workers (``worker_group.py``), passes on
-the unknown MACs that booted (enrolment stays the conductor's), and tells the workers
-which MACs' nodes changed, with the node as the conductor wrote it when it has it (each
-keeps the answers to "whose MAC is this?"; a MAC told without a node it asks the store).
+"""DHCP beyond one core: the daemon's loop and ``dhcp.workers`` processes
+(``dhcp_worker.py``) answer the server port, each on its own ``SO_REUSEPORT`` socket,
+requests steered by the client's hardware address (``reuseport.py``; a relay's requests all
+come from one address), each handing new clients addresses from its own part of the pool
+(the loop the first). This is the daemon's side: it binds the group, answers the first
+socket in its own ``DhcpServer``, starts the workers on the others (``worker_group.py``),
+passes on the unknown MACs that booted (enrolment stays the conductor's), and tells the
+workers which MACs' nodes changed, with the node as the conductor wrote it when it has it
+(each keeps the answers to "whose MAC is this?"; a MAC told without a node it asks the
+store).
 
 Only authoritative mode runs in workers (proxy mode writes nothing and answers two
 ports: it stays in the daemon's loop).
@@ -19,12 +22,13 @@ import socket
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from provisioner.boot.dhcp import DhcpServer
 from provisioner.boot.inventory import BootInventory, UnknownReports
 from provisioner.boot.reuseport import reuseport_group
 from provisioner.boot.worker_group import Worker, WorkerGroup
 from provisioner.config import BootSettings, DhcpSettings
 from provisioner.domain import MacChanges
-from provisioner.store.leases import AddressRange
+from provisioner.store.leases import AddressRange, LeaseRepo
 
 log = logging.getLogger(__name__)
 
@@ -35,19 +39,20 @@ MAX_REPORTING = 1024  # unknown MACs being enrolled at once (as DhcpServer's own
 
 
 def worker_count(settings: DhcpSettings) -> int:
-    """How many processes answer DHCP; 1: the daemon's own loop does. ``dhcp.workers``, by
-    default one per CPU this process may run on less the one the daemon's loop needs (as
-    TFTP's), at most ``DEFAULT_MAX_WORKERS``. On 2 CPUs that is the loop: there two workers
-    answered twice the leases a second under perfdhcp, but a 1,000-client PXE storm, where
-    the loop also serves TFTP, HTTP and the enrolments, finished later with them
-    (docs/performance.md "DHCP"). Never more than the pool's addresses; proxy mode always
-    answers in the daemon."""
+    """How many processes answer DHCP beside the daemon's loop (0: the loop alone).
+    ``dhcp.workers``, by default one per CPU this process may run on less the one the
+    daemon's loop needs (as TFTP's), at most ``DEFAULT_MAX_WORKERS``: on 2 CPUs the loop and
+    one process. There two processes with the loop left out answered as many leases a
+    second under perfdhcp, but a 1,000-client PXE storm, where the loop also serves TFTP,
+    HTTP and the enrolments, finished later with them; the loop alone answered half as
+    many (docs/performance.md "DHCP"). Never more answerers than the pool's addresses (a
+    part each); proxy mode always answers in the loop alone."""
     if settings.mode != "authoritative":
-        return 1
+        return 0
     wanted = settings.workers if settings.workers is not None else max(
-        1, min(len(os.sched_getaffinity(0)) - 1, DEFAULT_MAX_WORKERS))
-    if settings.pool is not None:  # each worker needs a part of the pool of its own
-        wanted = min(wanted, len(AddressRange.parse(settings.pool, settings.netmask)))
+        0, min(len(os.sched_getaffinity(0)) - 1, DEFAULT_MAX_WORKERS))
+    if settings.pool is not None:  # each answerer needs a part of the pool of its own
+        wanted = min(wanted, len(AddressRange.parse(settings.pool, settings.netmask)) - 1)
     return wanted
 
 
@@ -63,7 +68,8 @@ class DhcpWorkers(WorkerGroup):
 
     def __init__(self, listening: list[socket.socket], *, init: dict[str, Any],
                  inventory: BootInventory) -> None:
-        """``init``: what every worker is told first (``dhcp_worker.py``)."""
+        """``init``: what every worker is told first (``dhcp_worker.py``). Worker ``k``
+        answers part ``k + 1`` of the pool: part 0 is the daemon's loop's."""
         super().__init__(listening)
         self._init = init
         self._unknown = UnknownReports(inventory, MAX_REPORTING)
@@ -72,7 +78,7 @@ class DhcpWorkers(WorkerGroup):
         self._flushing = False
 
     def arguments(self, slot: int) -> list[str]:
-        return ["--slot", str(slot), "--count", str(len(self._listening))]
+        return ["--slot", str(slot + 1), "--count", str(len(self._listening) + 1)]
 
     def started(self, worker: Worker) -> None:
         self.send(worker, {"init": self._init})
@@ -129,37 +135,61 @@ def _messages(changes: MacChanges) -> list[dict[str, Any]]:
 
 
 class DhcpProcesses:
-    """The boot stack's DHCP server when ``dhcp.workers`` > 1 (authoritative mode)."""
+    """The boot stack's DHCP server when ``dhcp.workers`` > 0 (authoritative mode): the
+    daemon's loop (with ``leases``, the daemon's own lease repository) and ``count`` worker
+    processes, each a member of the port's reuseport group answering its part of the
+    pool."""
 
     def __init__(self, settings: DhcpSettings, boot: BootSettings, *, http_base_url: str,
                  database_url: str, inventory: BootInventory, changes: ChangeFeed | None,
-                 count: int) -> None:
+                 count: int, leases: LeaseRepo) -> None:
         self._settings = settings
+        self._boot = boot
+        self._http_base_url = http_base_url
         self._init = {"dhcp": settings.model_dump(mode="json"),
                       "boot": boot.model_dump(mode="json"),
                       "http_base_url": http_base_url, "database_url": database_url}
         self._inventory = inventory
         self._changes = changes
         self._count = count
+        self._leases = leases
+        self._loop: DhcpServer | None = None
         self._workers: DhcpWorkers | None = None
 
     @property
     def workers(self) -> DhcpWorkers | None:
         return self._workers
 
+    @property
+    def loop_server(self) -> DhcpServer | None:
+        """The daemon's loop's own answerer (part 0), once started."""
+        return self._loop
+
     async def start(self) -> None:
-        group = reuseport_group("0.0.0.0", self._settings.port, self._count, by="chaddr",
+        parts = self._count + 1
+        group = reuseport_group("0.0.0.0", self._settings.port, parts, by="chaddr",
                                 interface=self._settings.interface, broadcast=True)
-        workers = DhcpWorkers(group, init=self._init, inventory=self._inventory)
+        loop = DhcpServer(self._settings, self._boot, http_base_url=self._http_base_url,
+                          inventory=self._inventory, leases=self._leases, part=(0, parts))
+        loop.serve_on(group[0])  # closed by its stop
+        self._loop = loop
+        workers = DhcpWorkers(group[1:], init=self._init, inventory=self._inventory)
         if self._changes is not None:
             self._changes.add_listener(workers.changed)
-        await workers.start()
+        try:
+            await workers.start()
+        except BaseException:
+            await self.stop()
+            raise
         self._workers = workers
-        log.info("DHCP authoritative on %s port %d (server id %s), %d worker processes",
-                 self._settings.interface or "all interfaces", self._settings.port,
-                 self._settings.server_address, self._count)
+        log.info("DHCP authoritative on %s port %d (server id %s): the daemon's loop and %d "
+                 "worker processes", self._settings.interface or "all interfaces",
+                 self._settings.port, self._settings.server_address, self._count)
 
     async def stop(self) -> None:
         if self._workers is not None:
             await self._workers.stop()
             self._workers = None
+        if self._loop is not None:
+            await self._loop.stop()
+            self._loop = None

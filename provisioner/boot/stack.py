@@ -185,11 +185,11 @@ def _network_servers(settings: Settings, discovery: Discovery, assets: Path,
             raise ConfigError("http.listen: needed when dhcp.mode is not off (iPXE scripts)")
         from provisioner.boot.dhcp_workers import DhcpProcesses, worker_count
 
-        if (count := worker_count(settings.dhcp)) > 1:
+        if (count := worker_count(settings.dhcp)) > 0 and leases is not None:
             servers.append(DhcpProcesses(
                 settings.dhcp, settings.boot, http_base_url=base_url(settings),
                 database_url=settings.sqlalchemy_url, inventory=discovery, changes=discovery,
-                count=count))
+                count=count, leases=leases))
         else:
             servers.append(DhcpServer(settings.dhcp, settings.boot,
                                       http_base_url=base_url(settings), inventory=discovery,

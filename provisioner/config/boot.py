@@ -34,11 +34,12 @@ class DhcpSettings(Section):
         600, ge=0, description="An address a client declined (in use) is not offered again "
         "for this long")
     workers: int | None = Field(
-        None, ge=1, le=32, description="Processes that answer DHCP in authoritative mode, "
-        "each on its own SO_REUSEPORT socket, a client's requests steered to one of them "
-        "by its MAC, each handing new clients addresses from its own part of the pool; "
-        "default: one per CPU less one (the daemon's loop), at most 4; 1: in the daemon's "
-        "process (docs/performance.md \"DHCP\")")
+        None, ge=0, le=32, description="Processes that answer DHCP in authoritative mode "
+        "beside the daemon's loop, which answers too: each on its own SO_REUSEPORT socket, "
+        "a client's requests steered to one of them by its MAC, each handing new clients "
+        "addresses from its own part of the pool; default: one per CPU less one (the "
+        "daemon's loop), at most 4 (on 2 CPUs: the loop and one process); 0: only the "
+        "daemon's loop (docs/performance.md \"DHCP\")")
     cache_threshold: float = Field(
         0.25, ge=0, lt=1, description="A renewal less than this fraction of a lease time "
         "after the lease was last written is answered with the time it has left and not "

@@ -23,9 +23,10 @@ from pathlib import Path
 import pytest
 
 from provisioner.boot.dhcp import DhcpServer
-from provisioner.boot.dhcp_codec import ZERO_IP, MessageType, Opt, ips
+from provisioner.boot.dhcp_codec import ZERO_IP, MessageType, Opt, encode, ips
 from provisioner.boot.dhcp_workers import DhcpProcesses
 from provisioner.boot.inventory import KnownNode
+from provisioner.boot.reuseport import chaddr_index
 from provisioner.config import BootSettings, DhcpSettings, Settings
 from provisioner.domain import MacChanges, NewNode
 from provisioner.lifecycle.states import NodeState
@@ -304,6 +305,13 @@ async def test_uefi_pxe_rom_gets_snponly_and_is_reported(pxe: ScriptedClient,
     assert (await served.leases.get(mac)).ip == ip  # type: ignore[union-attr]
 
 
+def _steered_to(part: int, parts: int) -> str:
+    """A MAC whose requests the port's reuseport group steers to answerer ``part``."""
+    return next(mac for mac in (f"52:54:00:77:01:{n:02x}" for n in range(256))
+                if chaddr_index(encode(request_packet(mac, MessageType.DISCOVER)),
+                                parts) == part)
+
+
 class Changes:
     """What the daemon's discovery cache tells the DHCP workers (``Discovery.add_listener``)."""
 
@@ -316,14 +324,16 @@ class Changes:
 
 async def test_worker_processes_serve_known_nodes_and_report_unknown_macs(
         segment: Segment, pxe: ScriptedClient, settings: Settings, store: Store) -> None:
-    """``dhcp.workers = 2``: a PXE ROM's DORA is answered by a worker process; the unknown
-    MAC reaches the daemon's inventory; once the node is enrolled and the daemon says its
-    MAC changed, the worker answers with its hostname and binds a reservation."""
-    mac = "52:54:00:77:00:35"
+    """``dhcp.workers = 2``: a PXE ROM's DORA is answered by the worker process its MAC is
+    steered to; the unknown MAC reaches the daemon's inventory; once the node is enrolled
+    and the daemon says its MAC changed, the worker answers with its hostname and binds a
+    reservation."""
+    mac = _steered_to(2, 3)
     inventory, changes = MemoryInventory(), Changes()
     server = DhcpProcesses(_settings(workers=2), BootSettings(), http_base_url=HTTP,
                            database_url=settings.sqlalchemy_url, inventory=inventory,
-                           changes=changes, count=2)
+                           changes=changes, count=2,
+                           leases=LeaseRepo(store.engine, store.boot_pool))
     with entered(segment.server):
         await server.start()
     try:
@@ -344,6 +354,36 @@ async def test_worker_processes_serve_known_nodes_and_report_unknown_macs(
         assert again == ip and ack.hostname == "gpu-35"  # type: ignore[attr-defined]
         lease = await LeaseRepo(store.engine, store.pool).get(mac)
         assert lease is not None and lease.node_id == node.id and lease.ip == ip
+    finally:
+        await server.stop()
+
+
+async def test_the_daemons_loop_answers_its_part_beside_a_worker(
+        segment: Segment, pxe: ScriptedClient, settings: Settings, store: Store) -> None:
+    """Two answerers, the daemon's loop and one worker process (the 2-CPU default): each
+    client is answered by the one its MAC is steered to, from that one's part of the pool
+    (the loop: the first half), and both unknown MACs reach the daemon's inventory."""
+    macs = {part: _steered_to(part, 2) for part in (0, 1)}
+    inventory, changes = MemoryInventory(), Changes()
+    leases = LeaseRepo(store.engine, store.boot_pool)
+    server = DhcpProcesses(_settings(workers=1), BootSettings(), http_base_url=HTTP,
+                           database_url=settings.sqlalchemy_url, inventory=inventory,
+                           changes=changes, count=1, leases=leases)
+    with entered(segment.server):
+        await server.start()
+    try:
+        assert server.workers is not None and len(server.workers.pids) == 1
+        loop_ip, _ = await _dora(pxe, macs[0], PXE_UEFI_X64)
+        worker_ip, _ = await _dora(pxe, macs[1], PXE_UEFI_X64)
+        assert IPv4Address("10.77.0.100") <= loop_ip <= IPv4Address("10.77.0.149")
+        assert IPv4Address("10.77.0.150") <= worker_ip <= IPv4Address("10.77.0.199")
+        for _ in range(250):  # the worker's report, through the daemon's loop
+            if len(inventory.unknown) == 2:
+                break
+            await asyncio.sleep(0.02)
+        assert sorted(inventory.unknown) == sorted((macs[k], "uefi_x64") for k in (0, 1))
+        for part, ip in ((0, loop_ip), (1, worker_ip)):
+            assert (await leases.get(macs[part])).ip == ip  # type: ignore[union-attr]
     finally:
         await server.stop()
 

@@ -7,8 +7,8 @@ server B (10.77.0.3), each a ``DhcpServer`` of this test's event loop with its o
 ``perfdhcp`` (a relay) runs against each server at the same time with the same simulated
 MACs, so both servers allocate from one pool for one set of clients at once; then a third
 run broadcasts on the segment, so every DISCOVER reaches both servers. Run twice: each
-server in this test's loop, then each as two DHCP worker processes (``dhcp.workers = 2``:
-four lease repositories on one database). Afterwards every
+server in this test's loop alone, then each in its loop and two DHCP worker processes
+(``dhcp.workers = 2``: six lease repositories on one database). Afterwards every
 address each server acknowledged (its log) went to one MAC only, and the shared ``lease``
 table agrees with every acknowledgement."""
 
@@ -93,13 +93,13 @@ def stores(database_url: str, tmp_path: Path) -> Iterator[dict[str, Store]]:
         one.close()
 
 
-@pytest.fixture(params=[1, 2], ids=["in-process", "2-workers"])
+@pytest.fixture(params=[0, 2], ids=["in-process", "2-workers"])
 async def servers(request: pytest.FixtureRequest, segment: Segment, stores: dict[str, Store],
                   database_url: str, postgres: PostgresServer,
                   caplog: pytest.LogCaptureFixture) -> AsyncIterator[
         dict[str, Server]]:
-    """Each server in this test's loop, or as two worker processes of its own (their log
-    records come back to this process: INFO, for the "bound" lines)."""
+    """Each server in this test's loop, or there and in two worker processes of its own
+    (their log records come back to this process: INFO, for the "bound" lines)."""
     caplog.set_level(logging.INFO, logger="provisioner")
     started: dict[str, Server] = {}
     try:
@@ -111,10 +111,11 @@ async def servers(request: pytest.FixtureRequest, segment: Segment, stores: dict
             server: Server = DhcpServer(
                 settings, BootSettings(), http_base_url=url, inventory=MemoryInventory(),
                 leases=LeaseRepo(stores[name].engine, stores[name].pool),
-            ) if request.param == 1 else DhcpProcesses(
+            ) if request.param == 0 else DhcpProcesses(
                 settings, BootSettings(), http_base_url=url,
                 database_url=postgres.unix_url(database_url),  # workers start in the namespace
-                inventory=MemoryInventory(), changes=None, count=request.param)
+                inventory=MemoryInventory(), changes=None, count=request.param,
+                leases=LeaseRepo(stores[name].engine, stores[name].pool))
             with entered(segment.servers[name]):
                 await server.start()
             started[name] = server
