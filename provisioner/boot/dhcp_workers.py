@@ -160,11 +160,6 @@ class DhcpProcesses:
     def workers(self) -> DhcpWorkers | None:
         return self._workers
 
-    @property
-    def loop_server(self) -> DhcpServer | None:
-        """The daemon's loop's own answerer (part 0), once started."""
-        return self._loop
-
     async def start(self) -> None:
         parts = self._count + 1
         group = reuseport_group("0.0.0.0", self._settings.port, parts, by="chaddr",
