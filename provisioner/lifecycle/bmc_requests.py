@@ -29,14 +29,19 @@ class BmcRequests:
     _ports: Ports
     _locks: defaultdict[str, asyncio.Lock]
 
-    async def record_power(self, node_id: str, state: str, *,
-                           actor: str = SYNC_ACTOR) -> Node | None:
+    async def record_power(self, node_id: str, state: str, *, actor: str = SYNC_ACTOR,
+                           against: str | None = None) -> Node | None:
         """Record a power state read from the node's BMC. A change goes into the history
         (event ``power_sync``); None when nothing was recorded: no change, or a step is in
-        flight (it owns the power). A first reading is stored without a history row."""
+        flight (it owns the power), or (``against``: the recorded state the reading was
+        taken against, ``""`` for none) another state was recorded while the BMC was read,
+        so the reading may be older than it (an operator's power on during a sync's
+        read). A first reading is stored without a history row."""
         async with self._locks[node_id]:
             node = await self._repo.get(node_id)
             if node.state in IN_FLIGHT or node.power_state == state:
+                return None
+            if against is not None and (node.power_state or "") != against:
                 return None
             if node.power_state is None:
                 await self._repo.note_power(node_id, state)

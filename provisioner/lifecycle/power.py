@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from provisioner.bmc.base import (
     Bmc,
@@ -48,8 +49,13 @@ async def apply_power(bmc: Bmc, action: PowerAction, *,
     return want
 
 
-RecordPower = Callable[[str, str], Awaitable[object]]
-"""(node id, power state) -> anything: ``Conductor.record_power`` with its default actor."""
+class RecordPower(Protocol):
+    """``Conductor.record_power`` with its default actor: the state read, and the recorded
+    state it was read against (``""``: none; a reading older than a state recorded since is
+    dropped)."""
+
+    def __call__(self, node_id: str, state: str, *,
+                 against: str | None = None) -> Awaitable[object]: ...
 
 
 @dataclass
@@ -99,7 +105,8 @@ class PowerSync:
                 return
             report.read += 1
             changed = str(state) != node.power_state
-            if changed and await self._record(node.id, str(state)) is not None:
+            if changed and await self._record(node.id, str(state),
+                                              against=node.power_state or "") is not None:
                 report.changed += 1
 
         # nodes and credentials in one read; no write unless a state differs

@@ -4,11 +4,13 @@ and the power-state sync recording an out-of-band change."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from provisioner.bmc.base import PowerState
 from provisioner.config import BmcSettings
 from provisioner.domain import BmcEndpoint, NewNode, Role
 from provisioner.lifecycle.power import PowerSync
@@ -108,3 +110,38 @@ async def test_power_sync_records_out_of_band_changes_only_for_idle_nodes(
     assert last["reason"] == "power on\u2192off out of band"
     assert (await api.store.nodes.get(busy.id)).power_state is None  # its step owns it
     assert (await sync.sweep()).changed == 0  # recorded once
+
+
+async def test_a_sync_reading_overtaken_by_an_operators_power_on_is_not_recorded(
+        api: Api, world: SimWorld) -> None:
+    """A node with no power state recorded yet: the sync reads "off"; before it records,
+    an operator powers the node on (recorded "on"): the older reading is dropped, not
+    recorded as "on→off out of band" (a CI run saw that history)."""
+    node = await enroll(api, "S3")
+    conductor = api.conductor
+    real = conductor._ports.bmc
+    read, go_on = asyncio.Event(), asyncio.Event()
+
+    class HeldRead:
+        def __init__(self, bmc: Any) -> None:
+            self._bmc = bmc
+
+        async def power_state(self) -> PowerState:
+            state = await self._bmc.power_state()
+            read.set()
+            await go_on.wait()
+            return state  # type: ignore[no-any-return]
+
+        async def aclose(self) -> None:
+            await self._bmc.aclose()
+
+    sync = PowerSync(api.store.nodes, lambda *args: HeldRead(real(*args)),  # type: ignore[arg-type,return-value]
+                     conductor.record_power, BmcSettings())
+    sweep = asyncio.create_task(sync.sweep())
+    await read.wait()  # the sync has read "off"
+    assert (await api.post(f"{NODES}/{node['id']}/power", {"action": "on"})).status == 200
+    go_on.set()
+    assert (await sweep).changed == 0
+    assert (await api.store.nodes.get(node["id"])).power_state == "on"
+    last = (await api.get(f"{NODES}/{node['id']}/history")).body["items"][-1]
+    assert last["event"] == "power_on"
