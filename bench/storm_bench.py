@@ -15,7 +15,10 @@ Each simulated client does what a machine's firmware and then iPXE do:
 5. HTTP GETs of the ``kernel`` and ``initrd`` URLs in that script (each byte counted).
 
 The clients run on asyncio in one process (DHCP packets built here with ``struct``, not the
-project's codec; TFTP over its own UDP socket per transfer; HTTP over raw sockets, the
+project's codec, on one port-68 socket that reads every datagram waiting at each wake-up:
+asyncio's datagram transport reads one per loop iteration, and with a thousand downloads in
+the same loop the replies then queued for seconds and the clients retransmitted replies
+they had been sent; TFTP over its own UDP socket per transfer; HTTP over raw sockets, the
 kernel and initrd bytes counted and dropped in the kernel with ``MSG_TRUNC`` so that the
 clients take as little of the servers' CPU as they can), in a network namespace joined to
 the servers' namespace by a veth pair. Every client has its own
@@ -50,12 +53,14 @@ Reported per stack: the time until the last client has everything, the p50 / p99
 client's own time (its start to its last initrd byte), DHCP and TFTP retransmissions by the
 clients, TCP segments the servers' namespace retransmitted, UDP datagrams either side's
 sockets had no room for, the median time at which each phase ended, failures (a client not done
-after ``--deadline`` s, or a wrong size), and the load average. The ratio is the reference
-stack's time over ours (higher is better for us), for the last client (``ratio``) and for the
-median client (``ratio p50``: the p50 of the clients' own times). ``--rounds`` (3) rounds run
-interleaved (ours, theirs, ours, …); each round's ratios are taken within that round, and the
-bench prints every round's ratios and their median with its spread (min–max); the table
-shows the medians over the rounds.
+after ``--deadline`` s, or a wrong size), the CPU time the servers' processes used while the
+clients ran (user + system, their children's included; the loopback's and the veth's softirq
+work lands on whichever process the kernel interrupted) and the load average. The ratio is
+the reference stack's time over ours (higher is better for us), for the last client
+(``ratio``) and for the median client (``ratio p50``: the p50 of the clients' own times).
+``--rounds`` (3) rounds run interleaved (ours, theirs, ours, …); each round's ratios are
+taken within that round, and the bench prints every round's ratios and their median with
+its spread (min–max); the table shows the medians over the rounds.
 
 Run as root from the repository root:  python3 bench/storm_bench.py [--clients 1000]
 (``--verbose``: every network counter that moved, per namespace; ``--logs DIR``: the servers'
@@ -132,6 +137,7 @@ class ClientResult:
     start: float  # scheduled start, seconds after the run's zero
     done: float | None = None  # when the last initrd byte came, same clock
     dhcp_retx: int = 0
+    ipxe_dhcp_retx: int = 0  # of dhcp_retx, those of iPXE's own DHCP
     tftp_retx: int = 0
     http_retries: int = 0
     script_retries: int = 0
@@ -211,25 +217,37 @@ def parse_dhcp(data: bytes) -> tuple[int, DhcpReply] | None:
                           options.get(56, b"").decode("ascii", "replace"))
 
 
-class DhcpPort(asyncio.DatagramProtocol):
-    """Port 68 on the client end of the veth: every client's replies, by xid."""
+class DhcpPort:
+    """Port 68 on the client end of the veth: every client's replies, by xid. All the
+    datagrams waiting are read at each wake-up (asyncio's datagram transport reads one per
+    loop iteration: with a thousand downloads in the same loop, replies queued behind each
+    other for seconds and the clients' own timers fired before their replies were read)."""
 
-    def __init__(self, macs: list[bytes]) -> None:
+    def __init__(self, sock: socket.socket, macs: list[bytes]) -> None:
+        self.sock = sock
         self.macs = macs
         self.waiting: dict[int, asyncio.Queue[DhcpReply]] = {}
-        self.transport: asyncio.DatagramTransport | None = None
+        sock.setblocking(False)
+        asyncio.get_running_loop().add_reader(sock.fileno(), self._readable)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def _readable(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(2048)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                continue
+            self.datagram_received(data)
 
-    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+    def datagram_received(self, data: bytes) -> None:
         parsed = parse_dhcp(data)
         if parsed is not None and (queue := self.waiting.get(parsed[0])) is not None:
             queue.put_nowait(parsed[1])
 
     def send(self, packet: bytes) -> None:
-        assert self.transport is not None
-        self.transport.sendto(packet, ("255.255.255.255", 67))
+        with suppress(BlockingIOError):  # a full buffer drops it, as a network may
+            self.sock.sendto(packet, ("255.255.255.255", 67))
 
 
 async def dhcp_lease(port: DhcpPort, result: ClientResult, xid: int, arch: int,
@@ -515,9 +533,11 @@ async def one_client(index: int, plan: ClientPlan, port: DhcpPort, zero: float,
             if size != plan.sizes.get(ack.bootfile, -1):
                 raise RuntimeError(f"TFTP {ack.bootfile}: {size} bytes")
             mark("tftp")
+            before_ipxe = result.dhcp_retx
             ack = await dhcp_lease(port, result, (salt + 4 * index + 1) & 0xFFFFFFFF, arch,
                                    True)
             mark("ipxe_dhcp")
+            result.ipxe_dhcp_retx = result.dhcp_retx - before_ipxe
             source, url = socket.inet_ntoa(ack.yiaddr), ack.bootfile
             while True:
                 _, body = await get(source, url, keep=True)
@@ -556,7 +576,7 @@ async def run_clients(plan: ClientPlan) -> dict[str, object]:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b"vc0")
     sock.bind(("0.0.0.0", 68))
     macs = client_macs(plan.clients)
-    _, port = await loop.create_datagram_endpoint(lambda: DhcpPort(macs), sock=sock)
+    port = DhcpPort(sock, macs)
     sink = bytearray(4 << 20)
     salt = random.getrandbits(32)
     cpu = time.process_time()
@@ -703,10 +723,37 @@ class StackRun:
     script_retries: int
     failures: int
     client_cpu_s: float
+    server_cpu_s: float
     load: str
     phases: dict[str, float]
     spans: dict[str, float]
     errors: list[str]
+    ipxe_dhcp_retx: int = 0  # of dhcp_retx
+
+
+def tree_cpu_s(roots: list[int]) -> float:
+    """CPU seconds (user + system) the processes ``roots`` and all their descendants used,
+    the reaped ones' included (a process's ``cutime``/``cstime``: tftpd-hpa's forks)."""
+    stats: dict[int, tuple[int, float]] = {}  # pid: (ppid, its CPU with its reaped children)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
+        ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
+        stats[int(entry.name)] = (int(fields[1]), ticks / os.sysconf("SC_CLK_TCK"))
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in stats.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, [pid for pid in roots if pid in stats]
+    while todo:
+        pid = todo.pop()
+        total += stats[pid][1]
+        todo.extend(children.get(pid, ()))
+    return total
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -726,12 +773,14 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
             wait_ready(srv, procs)
             time.sleep(1.0)
             before = {ns: counters(ns) for ns in (srv, cli)}
+            server_cpu = tree_cpu_s([p.pid for p in procs])
             out = subprocess.run(
                 ["ip", "netns", "exec", cli, sys.executable, __file__, "--client-run",
                  json.dumps(asdict(plan))], capture_output=True, text=True,
                 timeout=plan.deadline_s + 120)
             if out.returncode != 0:
                 raise RuntimeError(f"clients failed:\n{out.stderr}")
+            server_cpu = tree_cpu_s([p.pid for p in procs]) - server_cpu
             after = {ns: counters(ns) for ns in (srv, cli)}
             delta = {ns: {k: v - before[ns].get(k, 0) for k, v in after[ns].items()}
                      for ns in after}
@@ -769,14 +818,18 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
         sum(r.tftp_retx for r in results), tcp, syn, udp_drops[srv], udp_drops[cli],
         sum(r.http_retries for r in results),
         sum(r.script_retries for r in results), len(results) - len(done), data["cpu_s"],
-        " ".join(load), phases, spans, [f"{n} × {e}" for e, n in sorted(errors.items())])
+        server_cpu, " ".join(load), phases, spans,
+        [f"{n} × {e}" for e, n in sorted(errors.items())],
+        ipxe_dhcp_retx=sum(r.ipxe_dhcp_retx for r in results))
     print(f"{name}: last client done at {run.total_s:.2f} s, p50 {run.p50_s:.2f} s, p99 "
           f"{run.p99_s:.2f} s, {run.failures} failed, DHCP/TFTP/TCP retransmits "
-          f"{run.dhcp_retx}/{run.tftp_retx}/{run.tcp_retx} ({run.syn_retx} SYN-ACKs), "
+          f"{run.dhcp_retx}/{run.tftp_retx}/{run.tcp_retx} (DHCP: {run.ipxe_dhcp_retx} by iPXE; "
+          f"TCP: {run.syn_retx} SYN-ACKs), "
           "UDP receive-buffer drops "
           f"servers {run.server_udp_drops} / clients {run.client_udp_drops}, HTTP retries "
           f"{run.http_retries}, script retries {run.script_retries}, client CPU "
-          f"{run.client_cpu_s:.1f} s, load {run.load}", file=sys.stderr)
+          f"{run.client_cpu_s:.1f} s, server CPU {run.server_cpu_s:.1f} s, load {run.load}",
+          file=sys.stderr)
     print("  median phase ends (s after the client's start): " + ", ".join(
         f"{p} {t:.2f}" for p, t in phases.items()), file=sys.stderr)
     print("  median phase durations (s): " + ", ".join(
@@ -841,7 +894,8 @@ def report(every: dict[str, list[StackRun]], clients: int) -> str:
     lines.append("")
     for name, rs in every.items():
         lines.append(f"{name}: last client " + ", ".join(f"{r.total_s:.2f}" for r in rs)
-                     + " s; p50 " + ", ".join(f"{r.p50_s:.2f}" for r in rs) + " s; median "
+                     + " s; p50 " + ", ".join(f"{r.p50_s:.2f}" for r in rs) + " s; server "
+                     "CPU " + ", ".join(f"{r.server_cpu_s:.1f}" for r in rs) + " s; median "
                      "phase ends (median over the rounds): " + ", ".join(
                          f"{p} {_rounds.median([r.phases.get(p, float('nan')) for r in rs]):.2f}"
                          for p in PHASES) + "; median phase durations: " + ", ".join(
