@@ -236,7 +236,9 @@ class DhcpPort:
                 data = self.sock.recv(2048)
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError:
+            except OSError:  # an ICMP error queued for the socket: one per recv
+                if self.sock.fileno() < 0:
+                    return
                 continue
             self.datagram_received(data)
 
