@@ -60,6 +60,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import _proc
+
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "health"
 TREE = FIXTURES / "redfish" / "gb200-leak"
@@ -80,11 +82,6 @@ def free_port() -> int:
 def pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered))) - 1))]
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- classify ---------------------------------------------------------------------------------
@@ -170,11 +167,12 @@ def bench_intake(nodes: int, findings: int) -> dict[str, float]:
         while not notify.recv(4096).startswith(b"READY=1"):
             pass
         for phase in ("new", "repeat"):
-            cpu, started = cpu_s(proc.pid), time.perf_counter()
+            cpu, started = _proc.cpu_seconds(proc.pid), time.perf_counter()
             post_all(port, token, bodies, 8)
             seconds = time.perf_counter() - started
             result[f"{phase}_per_s"] = findings / seconds
-            result[f"{phase}_cpu_ms"] = (cpu_s(proc.pid) - cpu) * 1000 / findings
+            result[f"{phase}_cpu_ms"] = \
+                (_proc.cpu_seconds(proc.pid) - cpu) * 1000 / findings
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)
@@ -486,13 +484,13 @@ async def bench_ipmi(reads: int) -> dict[str, float]:
             cursor = (await bmc.read_health(None)).cursor  # login, baseline
             worker = workers.pid(0)
             assert worker is not None
-            cpu, worker_cpu = time.process_time(), cpu_s(worker)
+            cpu, worker_cpu = time.process_time(), _proc.cpu_seconds(worker)
             started = time.perf_counter()
             for _ in range(reads):
                 reading = await bmc.read_health(cursor)
                 assert not reading.events and reading.cursor == cursor
             seconds = time.perf_counter() - started
-            ours, theirs = time.process_time() - cpu, cpu_s(worker) - worker_cpu
+            ours, theirs = time.process_time() - cpu, _proc.cpu_seconds(worker) - worker_cpu
     finally:
         await driver.aclose()
         await workers.aclose()

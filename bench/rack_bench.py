@@ -19,9 +19,9 @@ import _env  # noqa: I001  (first: may re-run this bench in the project's virtua
 
 _env.ensure_project_python()
 
+import _proc
 import _profile
 import argparse
-import os
 import shutil
 import signal
 import socket
@@ -32,38 +32,10 @@ import tempfile
 import time
 from pathlib import Path
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU of a process, its reaped children and its live ones (PostgreSQL's postmaster and
-    its backends)."""
-    def stat(path: Path) -> list[str]:
-        return path.read_text().rpartition(")")[2].split()
-
-    fields = stat(Path(f"/proc/{pid}/stat"))
-    total = sum(int(fields[i]) for i in (11, 12, 13, 14))  # utime stime cutime cstime
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            child = stat(entry / "stat")
-        except OSError:  # exited meanwhile
-            continue
-        if int(child[1]) == pid:  # ppid
-            total += sum(int(child[i]) for i in (11, 12, 13, 14))
-    return total / CLOCK_TICKS
 
 
 def rss_mib(pid: int) -> float:
@@ -114,7 +86,7 @@ def main() -> None:
                 raise SystemExit("the daemon exited")
             time.sleep(0.5)
         wall = time.monotonic() - started
-        cpu = cpu_seconds(proc.pid)
+        cpu = _proc.cpu_seconds(proc.pid)
         _profile.stop([sampler])
     finally:
         proc.send_signal(signal.SIGTERM)

@@ -98,6 +98,7 @@ from pathlib import Path
 from typing import Any
 
 import _netns
+import _proc
 import _rounds
 from _netns import listening, sh, veth_pair
 
@@ -570,7 +571,6 @@ async def one_client(index: int, plan: ClientPlan, port: DhcpPort, zero: float,
 async def run_clients(plan: ClientPlan) -> dict[str, object]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    loop = asyncio.get_running_loop()
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
@@ -733,31 +733,6 @@ class StackRun:
     ipxe_dhcp_retx: int = 0  # of dhcp_retx
 
 
-def tree_cpu_s(roots: list[int]) -> float:
-    """CPU seconds (user + system) the processes ``roots`` and all their descendants used,
-    the reaped ones' included (a process's ``cutime``/``cstime``: tftpd-hpa's forks)."""
-    stats: dict[int, tuple[int, float]] = {}  # pid: (ppid, its CPU with its reaped children)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            text = (entry / "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-        ticks = sum(int(v) for v in fields[11:15])  # utime stime cutime cstime
-        stats[int(entry.name)] = (int(fields[1]), ticks / os.sysconf("SC_CLK_TCK"))
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _) in stats.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [pid for pid in roots if pid in stats]
-    while todo:
-        pid = todo.pop()
-        total += stats[pid][1]
-        todo.extend(children.get(pid, ()))
-    return total
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -775,14 +750,14 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
             wait_ready(srv, procs)
             time.sleep(1.0)
             before = {ns: counters(ns) for ns in (srv, cli)}
-            server_cpu = tree_cpu_s([p.pid for p in procs])
+            server_cpu = _proc.tree_cpu_seconds([p.pid for p in procs])
             out = subprocess.run(
                 ["ip", "netns", "exec", cli, sys.executable, __file__, "--client-run",
                  json.dumps(asdict(plan))], capture_output=True, text=True,
                 timeout=plan.deadline_s + 120)
             if out.returncode != 0:
                 raise RuntimeError(f"clients failed:\n{out.stderr}")
-            server_cpu = tree_cpu_s([p.pid for p in procs]) - server_cpu
+            server_cpu = _proc.tree_cpu_seconds([p.pid for p in procs]) - server_cpu
             after = {ns: counters(ns) for ns in (srv, cli)}
             delta = {ns: {k: v - before[ns].get(k, 0) for k, v in after[ns].items()}
                      for ns in after}
