@@ -64,7 +64,9 @@ its spread (min–max); the table shows the medians over the rounds.
 
 Run as root from the repository root:  python3 bench/storm_bench.py [--clients 1000]
 (``--verbose``: every network counter that moved, per namespace; ``--logs DIR``: the servers'
-logs; ``--ours-toml``: TOML appended to the daemon's config, for experiments.)
+logs and every client's phase ends per round, which ``bench/storm_progress.py`` turns into a
+second-by-second table; ``--ours-toml``: TOML appended to the daemon's config, for
+experiments.)
 Needs: dnsmasq-base, tftpd-hpa, nginx, ipxe (/usr/lib/ipxe). Stops every process it starts
 and deletes its namespaces. Traffic stays inside the namespaces.
 """
@@ -778,6 +780,10 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
                 for log in d.glob("*.log"):
                     shutil.copyfile(log, target / log.name)
     data = json.loads(out.stdout)
+    if logs is not None:  # every client's phase ends, a file a round (clients-1.json, ...)
+        target = logs / name.split()[0]
+        rounds = len(list(target.glob("clients-*.json")))
+        (target / f"clients-{rounds + 1}.json").write_text(out.stdout)
     results = [ClientResult(**r) for r in data["clients"]]
     done = [r for r in results if r.done is not None and r.error is None]
     own = [r.done - r.start for r in done if r.done is not None]
@@ -905,7 +911,8 @@ def main() -> int:
                         help="print every network counter that moved, per namespace")
     parser.add_argument("--ours-toml", default="", help="TOML appended to the daemon's "
                         "config (experiments, e.g. '[lifecycle]\\nauto_inspect = false')")
-    parser.add_argument("--logs", type=Path, help="copy the servers' logs here")
+    parser.add_argument("--logs", type=Path, help="copy the servers' logs here, and every "
+                        "client's phase ends of each round (clients-N.json)")
     parser.add_argument("--only", default="", help="run only stacks whose name has this")
     parser.add_argument("--client-run", help=argparse.SUPPRESS)
     args = parser.parse_args()

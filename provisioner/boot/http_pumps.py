@@ -6,8 +6,11 @@ back once, when it is sent; the thread pool of ``http_sendfile.py`` instead take
 through the loop and the pool for every chunk (in a storm of 200 clients such a trip took
 12-60 ms of queueing and GIL hand-offs against 1.5-3 ms of copying; docs/performance.md,
 "Boot storm"). A pump never waits for a slow client, so a few pumps serve any number of
-downloads. On by default since a storm on an idle machine showed it helps; a pump runs at
-``NICENESS``, below the loop and the DHCP and TFTP workers.
+downloads. On by default since a storm on an idle machine showed it helps. A pump runs at
+the daemon's own priority: made 5 nicer (session 15), it let the boot path of late clients
+go first and every download of the early ones spread to the end of a storm (in a
+1,000-client storm on 2 cores, the median client 0.75x nginx's stack nice, 0.89x not;
+docs/performance.md, "Boot storm", session 18).
 """
 
 from __future__ import annotations
@@ -23,13 +26,6 @@ from dataclasses import dataclass, field
 
 MAX_COPY = 4 << 20  # bytes one sendfile call may copy
 MAX_TURN = 4 << 20  # bytes one download gets per turn (the other writable ones after it)
-#: A pump's niceness (its thread's alone): when the CPUs are short, the boot path's small
-#: answers (DHCP, TFTP blocks, scripts) go before more bulk copying. In a 1,000-client
-#: storm on 2 cores (medians of three runs against nginx's stack), +5 gave 1.02x for the
-#: last client and 0.96x for the median one, against 0.91x and 0.92x at 0; +10 (one run)
-#: 0.96x and 0.84x (docs/performance.md, "Boot storm"). With CPUs to spare it changes
-#: nothing.
-NICENESS = 5  # added to the daemon's own
 
 
 class Pumps:
@@ -136,10 +132,6 @@ class Pump(threading.Thread):
             os.write(self._wake_w, b"\0")
 
     def run(self) -> None:
-        me = threading.get_native_id()
-        with suppress(OSError):  # raising one's own niceness needs no privilege
-            os.setpriority(os.PRIO_PROCESS, me,
-                           min(19, os.getpriority(os.PRIO_PROCESS, me) + NICENESS))
         try:
             while not self._stopping:
                 for fd, _ in self._epoll.poll():

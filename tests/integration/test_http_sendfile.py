@@ -11,14 +11,13 @@ import asyncio
 import hashlib
 import os
 import socket
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
-from provisioner.boot.http_pumps import NICENESS, Pumps
+from provisioner.boot.http_pumps import Pumps
 from provisioner.boot.http_sendfile import SendfileThreads
 
 SIZE = 24 << 20
@@ -145,23 +144,5 @@ async def test_a_cancelled_pump_copy_lets_go_and_the_pump_serves_on(blob: Path,
                 await asyncio.wait_for(pumps.copy(sender.fileno(), fobj.fileno(), 0, SIZE), 30)
                 await asyncio.wait_for(draining, 30)
                 assert digest(bytes(received)) == digest(data)
-    finally:
-        pumps.close()
-
-
-def test_pumps_yield_the_cpu_to_the_boot_path() -> None:
-    """Each pump thread runs ``NICENESS`` nicer than the daemon (its thread alone): when the
-    CPUs are short, DHCP, TFTP and the scripts go before more bulk copying."""
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    pumps = Pumps(2)
-    try:
-        for pump in pumps._pumps:
-            assert pump.native_id is not None
-            for _ in range(500):  # set by the thread itself as it starts
-                if os.getpriority(os.PRIO_PROCESS, pump.native_id) != own:
-                    break
-                time.sleep(0.01)
-            assert os.getpriority(os.PRIO_PROCESS, pump.native_id) == min(own + NICENESS, 19)
-        assert os.getpriority(os.PRIO_PROCESS, 0) == own  # the loop's thread unchanged
     finally:
         pumps.close()
