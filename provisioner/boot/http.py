@@ -79,7 +79,7 @@ class BootHttpConfig:
     kernel_arm64: str = "inspect/arm64/vmlinuz"
     initrd_arm64: str = "inspect/arm64/initrd.gz"
     kernel_args_arm64: str = "console=ttyAMA0"
-    sendfile_threads: int = 4  # 0: aiohttp's sendfile in the loop's thread
+    sendfile_threads: int = 3  # 0: aiohttp's sendfile in the loop's thread
     sendfile_pumps: bool = True  # the threads own their downloads (boot/http_pumps.py)
 
 

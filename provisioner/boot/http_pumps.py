@@ -10,7 +10,9 @@ downloads. On by default since a storm on an idle machine showed it helps. A pum
 the daemon's own priority: made 5 nicer (session 15), it let the boot path of late clients
 go first and every download of the early ones spread to the end of a storm (in a
 1,000-client storm on 2 cores, the median client 0.75x nginx's stack nice, 0.89x not;
-docs/performance.md, "Boot storm", session 18).
+docs/performance.md, "Boot storm", session 18). Three by default (``http.sendfile_threads``):
+on 2 CPUs, four took enough of them from the late clients' boot path to cost the last
+client, two left the downloads short.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class HttpSettings(Section):
                                "scripts, kernels, images, agent); unset: no boot HTTP")
     public_url: str | None = Field(None, description="URL nodes use to reach it; default "
                                    "http://<dhcp.server_address>:<port>")
-    sendfile_threads: int = Field(4, ge=0, description="Threads that copy kernels, initrds "
+    sendfile_threads: int = Field(3, ge=0, description="Threads that copy kernels, initrds "
                                   "and images to clients (sendfile) beside the event loop; "
                                   "0: in the loop's thread")
     sendfile_pumps: bool = Field(True, description="Those threads each own their downloads "
