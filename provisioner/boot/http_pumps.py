@@ -7,12 +7,12 @@ through the loop and the pool for every chunk (in a storm of 200 clients such a 
 12-60 ms of queueing and GIL hand-offs against 1.5-3 ms of copying; docs/performance.md,
 "Boot storm"). A pump never waits for a slow client, so a few pumps serve any number of
 downloads. On by default since a storm on an idle machine showed it helps. A pump runs at
-the daemon's own priority: made 5 nicer (session 15), it let the boot path of late clients
-go first and every download of the early ones spread to the end of a storm (in a
-1,000-client storm on 2 cores, the median client 0.75x nginx's stack nice, 0.89x not;
-docs/performance.md, "Boot storm", session 18). Three by default (``http.sendfile_threads``):
-on 2 CPUs, four took enough of them from the late clients' boot path to cost the last
-client, two left the downloads short.
+the daemon's own priority: made 5 nicer (session 15), pumps let the late clients' DHCP and
+TFTP go first, and the early clients' downloads dragged on to the end of a storm (1,000
+clients on 2 cores: the median client at 0.75x the speed of dnsmasq + tftpd-hpa + nginx
+with the niceness, 0.89-0.96x without; docs/performance.md, "Boot storm", session 18).
+Three by default (``http.sendfile_threads``): on 2 CPUs, four took enough CPU from the late
+clients' boot path to cost the last client, two left the downloads short.
 """
 
 from __future__ import annotations
