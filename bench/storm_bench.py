@@ -783,7 +783,8 @@ def measure(name: str, start: Callable[[Path], list[subprocess.Popen[bytes]]], s
     if logs is not None:  # every client's phase ends, a file a round (clients-1.json, ...)
         target = logs / name.split()[0]
         rounds = len(list(target.glob("clients-*.json")))
-        (target / f"clients-{rounds + 1}.json").write_text(out.stdout)
+        (target / f"clients-{rounds + 1}.json").write_text(json.dumps(
+            {"kernel_bytes": plan.sizes[KERNEL], "initrd_bytes": plan.sizes[INITRD], **data}))
     results = [ClientResult(**r) for r in data["clients"]]
     done = [r for r in results if r.done is not None and r.error is None]
     own = [r.done - r.start for r in done if r.done is not None]

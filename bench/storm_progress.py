@@ -17,11 +17,9 @@ import json
 import math
 from pathlib import Path
 
-KERNEL_MIB, INITRD_MIB = 8, 40  # the bench's defaults
 
-
-def progress(clients: list[dict[str, object]], kernel_mib: int = KERNEL_MIB,
-             initrd_mib: int = INITRD_MIB) -> list[tuple[int, int, int, int, int]]:
+def progress(clients: list[dict[str, object]], kernel_mib: float,
+             initrd_mib: float) -> list[tuple[int, int, int, int, int]]:
     """``(second, in TFTP, in HTTP, done, MiB finished)`` for each whole second."""
     ends = []
     for c in clients:
@@ -38,20 +36,19 @@ def progress(clients: list[dict[str, object]], kernel_mib: int = KERNEL_MIB,
         done = sum(1 for e in ends if e["initrd"] <= t)
         mib = sum((kernel_mib if e["kernel"] <= t else 0) + (initrd_mib if e["initrd"] <= t
                                                             else 0) for e in ends)
-        rows.append((t, tftp, http, done, mib))
+        rows.append((t, tftp, http, done, round(mib)))
     return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", type=Path, nargs="+")
-    parser.add_argument("--kernel-mib", type=int, default=KERNEL_MIB)
-    parser.add_argument("--initrd-mib", type=int, default=INITRD_MIB)
     args = parser.parse_args()
     for path in args.files:
-        clients = json.loads(path.read_text())["clients"]
+        run = json.loads(path.read_text())  # the round's artefact sizes and its clients
         print(f"{path}\n| s | in TFTP | in HTTP | done | MiB finished |\n|---|---|---|---|---|")
-        for row in progress(clients, args.kernel_mib, args.initrd_mib):
+        for row in progress(run["clients"], run["kernel_bytes"] / (1 << 20),
+                            run["initrd_bytes"] / (1 << 20)):
             print("| " + " | ".join(str(v) for v in row) + " |")
 
 
